@@ -1,0 +1,44 @@
+"""The bridge: the one walled-off place where megatron-core's CUDA assumptions meet the active backend.
+
+``activate(backend)`` installs the backend's bridge (cpu.py, cuda.py, musa.py) and the version-guarded
+patches; it is idempotent, and ``deactivate()`` undoes it so tests can switch backends in one process.
+May assume: torch and megatron-core are importable.
+"""
+
+from __future__ import annotations
+
+from mtmegatron.backends import Backend, select_backend
+
+_active: Backend | None = None
+
+
+def active_backend() -> Backend | None:
+    return _active
+
+
+def activate(backend: Backend | str | None = None) -> Backend:
+    """Select (``--backend`` > env > entry points > auto-detect) and install a backend; returns it."""
+    global _active
+    from mtmegatron import patches
+
+    if not isinstance(backend, Backend):
+        backend = select_backend(backend)
+    if _active == backend:
+        return backend
+    patches.check_megatron_version()
+    deactivate()
+    backend.bridge().install(backend)
+    patches.apply_all(backend)
+    _active = backend
+    return backend
+
+
+def deactivate() -> None:
+    global _active
+    if _active is None:
+        return
+    from mtmegatron import patches
+
+    patches.revert_all()
+    _active.bridge().uninstall()
+    _active = None

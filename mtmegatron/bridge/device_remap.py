@@ -1,0 +1,78 @@
+"""Rewrites accelerator device literals to the CPU while the CPU bridge is installed.
+
+Megatron-core writes ``device='cuda'``, ``device=torch.cuda.current_device()`` (an int), ``tensor.cuda()``,
+``tensor.to('cuda')`` and compares ``param.type()`` with ``'torch.cuda.FloatTensor'``. A TorchFunctionMode
+sees every torch call with its arguments, so these are remapped in one place instead of patched per file:
+device arguments naming cuda (or a bare index) become ``cpu``, ``.cuda()``/``.pin_memory()`` and
+``record_stream`` are identities, ``pin_memory=True`` is dropped, and ``Tensor.type()`` reports the
+accelerator type name (on this backend the CPU is the accelerator).
+May assume: torch >= 2.6 (TorchFunctionMode). The mode is per thread: it is entered on the thread that
+activates the bridge (the training thread; CPU autograd runs backward on the same thread).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+_ACCELERATOR_TYPES = ("cuda",)
+
+
+def _is_accelerator(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type in _ACCELERATOR_TYPES
+    if isinstance(device, str):
+        return device.split(":", 1)[0] in _ACCELERATOR_TYPES
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+def _remap_to_args(args):
+    """Tensor.to(device, ...) / Tensor.to(other_tensor) / Tensor.to(dtype): remap a positional device."""
+    if len(args) > 1 and _is_accelerator(args[1]):
+        return (args[0], _CPU, *args[2:])
+    return args
+
+
+class CpuDeviceMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs:
+            device = kwargs.get("device")
+            if device is not None and _is_accelerator(device):
+                kwargs = {**kwargs, "device": _CPU}
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+        else:
+            kwargs = {}
+        special = _SPECIAL.get(func)
+        if special is not None:
+            return special(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _identity(func, args, kwargs):
+    return args[0]
+
+
+def _ignore(func, args, kwargs):
+    return None
+
+
+def _to(func, args, kwargs):
+    return func(*_remap_to_args(args), **kwargs)
+
+
+def _type(func, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        name = func(*args)
+        return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
+    return func(*args, **kwargs)
+
+
+_SPECIAL = {
+    torch.Tensor.cuda: _identity,
+    torch.Tensor.pin_memory: _identity,
+    torch.Tensor.record_stream: _ignore,
+    torch.Tensor.to: _to,
+    torch.Tensor.type: _type,
+}
