@@ -1,0 +1,102 @@
+"""Builds megatron-core GPT models (Llama-3, Mixtral shapes) from parsed pretrain flags.
+
+One ``TransformerConfig`` from the flags, one layer spec (megatron-core's local spec, or ours with fused
+kernels for ``--transformer-impl mtmegatron``), one ``GPTModel`` per virtual pipeline stage.
+May assume: megatron-core parallel state is initialised and the backend bridge is active.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+
+
+def transformer_config(args: argparse.Namespace) -> TransformerConfig:
+    moe = {}
+    if args.num_experts:
+        moe = dict(
+            num_moe_experts=args.num_experts,
+            moe_router_topk=args.moe_router_topk,
+            moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+            moe_ffn_hidden_size=args.moe_ffn_hidden_size or args.ffn_hidden_size,
+            moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+            moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+            moe_grouped_gemm=False,
+            expert_model_parallel_size=args.expert_model_parallel_size,
+        )
+    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        kv_channels=args.hidden_size // args.num_attention_heads,
+        normalization=args.normalization,
+        layernorm_epsilon=args.norm_epsilon,
+        gated_linear_unit=args.swiglu,
+        activation_func=F.silu if args.swiglu else F.gelu,
+        add_bias_linear=not args.disable_bias_linear,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        init_method_std=args.init_method_std,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=True,
+        **moe,
+    )
+
+
+def layer_spec(args: argparse.Namespace):
+    if args.transformer_impl == "mtmegatron":
+        from mtmegatron.models.fused_spec import get_gpt_layer_fused_spec
+
+        return get_gpt_layer_fused_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
+    return get_gpt_layer_local_spec(
+        num_experts=args.num_experts, moe_grouped_gemm=False, normalization=args.normalization
+    )
+
+
+def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
+    """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP)."""
+    spec = layer_spec(args)
+    num_chunks = args.virtual_pipeline_model_parallel_size or 1
+    chunks = []
+    for vp_stage in range(num_chunks):
+        vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
+        chunks.append(
+            GPTModel(
+                config=config,
+                transformer_layer_spec=spec,
+                vocab_size=args.vocab_size,
+                max_sequence_length=args.max_position_embeddings,
+                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                position_embedding_type=args.position_embedding_type,
+                rotary_base=args.rotary_base,
+                vp_stage=vp,
+            )
+        )
+    return chunks

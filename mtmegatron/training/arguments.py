@@ -1,0 +1,206 @@
+"""Command-line flags of ``mtmegatron.pretrain`` (Megatron-LM spellings) and their validation.
+
+Model fields default to None so a ``--model`` preset can fill them; explicit flags always win. Every user
+mistake is reported as one ``ConfigError`` message before any process group exists.
+May assume: WORLD_SIZE/RANK come from torchrun (single process when absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from mtmegatron.models.presets import preset
+
+
+class ConfigError(ValueError):
+    """A bad flag combination; the message is meant for the user as is."""
+
+
+# Fields a preset may fill, with the value used when neither flag nor preset sets them.
+MODEL_FIELDS = {
+    "num_layers": None, "hidden_size": None, "ffn_hidden_size": None, "num_attention_heads": None,
+    "num_query_groups": None, "group_query_attention": False, "seq_length": None,
+    "max_position_embeddings": None, "vocab_size": None, "normalization": "LayerNorm", "norm_epsilon": 1e-5,
+    "swiglu": False, "position_embedding_type": "learned_absolute", "rotary_base": 10000,
+    "disable_bias_linear": False, "untie_embeddings_and_output_weights": False, "num_experts": None,
+    "moe_router_topk": 2, "moe_token_dispatcher_type": "allgather", "moe_ffn_hidden_size": None,
+    "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.0,
+}
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="llama3", help="model family preset (llama3, mixtral)")
+    g.add_argument("--model-size", default="tiny", help="preset size (llama3: tiny/8b/70b; mixtral: tiny/8x7b)")
+    for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
+                 "seq-length", "max-position-embeddings", "vocab-size", "rotary-base", "num-experts",
+                 "moe-router-topk", "moe-ffn-hidden-size"):
+        g.add_argument(f"--{name}", type=int, default=None)
+    g.add_argument("--norm-epsilon", type=float, default=None)
+    g.add_argument("--moe-aux-loss-coeff", type=float, default=None)
+    g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default=None)
+    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope"], default=None)
+    g.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall"], default=None)
+    g.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "none"], default=None)
+    for name in ("group-query-attention", "swiglu", "disable-bias-linear", "untie-embeddings-and-output-weights"):
+        g.add_argument(f"--{name}", action="store_true", default=None)
+    g.add_argument("--hidden-dropout", type=float, default=0.0)
+    g.add_argument("--attention-dropout", type=float, default=0.0)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--transformer-impl", choices=["local", "mtmegatron"], default="local",
+                   help="layer implementation: megatron-core's local spec, or ours with fused kernels")
+
+
+def _add_parallel(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    g.add_argument("--expert-model-parallel-size", type=int, default=1)
+    g.add_argument("--context-parallel-size", type=int, default=1)
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--overlap-grad-reduce", action="store_true")
+    g.add_argument("--overlap-param-gather", action="store_true")
+
+
+def _add_training(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=int, default=2)
+    g.add_argument("--global-batch-size", type=int, default=8)
+    g.add_argument("--train-iters", type=int, default=100)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+                   default="cosine")
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--fp16", action="store_true")
+
+
+def _add_io(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data, checkpoints, logging")
+    g.add_argument("--mock-data", action="store_true", help="megatron-core's mock GPT dataset")
+    g.add_argument("--save", default=None, help="checkpoint directory to write")
+    g.add_argument("--load", default=None, help="checkpoint directory to resume from")
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--finetune", action="store_true", help="load model weights only; start at iteration 0")
+    g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--log-interval", type=int, default=1)
+    g.add_argument("--log-dir", default=None, help="where metrics.jsonl goes (default ./runs/<model>)")
+    g.add_argument("--backend", choices=None, default=None, help="cpu, cuda or musa (default: auto-detect)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mtmegatron.pretrain", description="Pretrain a GPT-style model with megatron-core")
+    _add_model(p)
+    _add_parallel(p)
+    _add_training(p)
+    _add_io(p)
+    return p
+
+
+def _fill_from_preset(args: argparse.Namespace) -> None:
+    values = preset(args.model, args.model_size)
+    for field, fallback in MODEL_FIELDS.items():
+        if getattr(args, field) is None:
+            setattr(args, field, values.get(field, fallback))
+    if args.ffn_hidden_size is None and args.hidden_size:
+        args.ffn_hidden_size = 4 * args.hidden_size
+    if args.num_query_groups is None or not args.group_query_attention:
+        args.num_query_groups = args.num_attention_heads
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+
+
+def validate(args: argparse.Namespace, world_size: int) -> None:
+    """Raise ConfigError on any inconsistent combination; derive data_parallel_size etc."""
+    for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+        if getattr(args, field) is None:
+            raise ConfigError(f"--{field.replace('_', '-')} is required (no preset value)")
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    ep = args.expert_model_parallel_size
+    if min(tp, pp, cp, ep) < 1:
+        raise ConfigError("parallel sizes must be >= 1")
+    if cp != 1:
+        raise ConfigError("--context-parallel-size > 1 is not supported yet (needs our CP attention)")
+    if world_size % (tp * pp * cp):
+        raise ConfigError(f"world size {world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
+    args.data_parallel_size = world_size // (tp * pp * cp)
+    if args.num_attention_heads % tp:
+        raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --num-attention-heads "
+                          f"{args.num_attention_heads}")
+    if args.num_query_groups % tp:
+        raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --num-query-groups "
+                          f"{args.num_query_groups}")
+    if args.num_attention_heads % args.num_query_groups:
+        raise ConfigError(f"--num-query-groups {args.num_query_groups} does not divide --num-attention-heads "
+                          f"{args.num_attention_heads}")
+    if args.num_layers % pp:
+        raise ConfigError(f"--pipeline-model-parallel-size {pp} does not divide --num-layers {args.num_layers}")
+    args.virtual_pipeline_model_parallel_size = None
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        per_stage = args.num_layers // pp
+        if pp < 2:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size >= 2")
+        if per_stage % args.num_layers_per_virtual_pipeline_stage:
+            raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {args.num_layers_per_virtual_pipeline_stage}"
+                              f" does not divide the {per_stage} layers of each pipeline stage")
+        args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
+    if args.sequence_parallel and tp == 1:
+        args.sequence_parallel = False  # as Megatron-LM: SP is a TP feature
+    if args.num_experts:
+        if args.num_experts % ep:
+            raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")
+        if world_size % (ep * pp):
+            raise ConfigError(f"world size {world_size} is not divisible by EP {ep} x PP {pp}")
+        if args.moe_router_topk > args.num_experts:
+            raise ConfigError(f"--moe-router-topk {args.moe_router_topk} exceeds --num-experts {args.num_experts}")
+    elif ep != 1:
+        raise ConfigError("--expert-model-parallel-size needs --num-experts")
+    dp, mbs, gbs = args.data_parallel_size, args.micro_batch_size, args.global_batch_size
+    if gbs % (mbs * dp):
+        raise ConfigError(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "
+                          f"size {dp}")
+    args.num_microbatches = gbs // (mbs * dp)
+    if args.virtual_pipeline_model_parallel_size and args.num_microbatches % pp:
+        raise ConfigError(f"interleaved pipeline needs the number of micro-batches ({args.num_microbatches}) to be a "
+                          f"multiple of --pipeline-model-parallel-size {pp}")
+    if args.seq_length > args.max_position_embeddings:
+        raise ConfigError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
+                          f"{args.max_position_embeddings}")
+    if args.bf16 and args.fp16:
+        raise ConfigError("--bf16 and --fp16 are mutually exclusive")
+    if args.train_iters < 0:
+        raise ConfigError("--train-iters must be >= 0")
+    if args.save_interval is not None and (args.save_interval <= 0 or not args.save):
+        raise ConfigError("--save-interval needs a positive value and --save DIR")
+    if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
+        raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+    if not args.mock_data:
+        raise ConfigError("no data given: pass --mock-data (real --data-path datasets are not wired in yet)")
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = max(args.train_iters, 1)
+
+
+def parse_args(argv=None, world_size: int | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    try:
+        _fill_from_preset(args)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
+    if args.log_dir is None:
+        args.log_dir = os.path.join("runs", args.model)
+    return args

@@ -1,0 +1,121 @@
+"""Checkpoints through megatron-core ``dist_checkpointing`` (so any TP/PP/DP layout can load any other).
+
+Layout (Megatron-LM's): ``<save>/iter_0000010/`` plus ``<save>/latest_checkpointed_iteration.txt``. A
+checkpoint is written to ``iter_XXXXXXX.partial`` and renamed only after every rank finished, then the
+tracker file is replaced atomically: a crash mid-save never leaves a "latest" that is incomplete.
+May assume: process groups and the model/optimizer exist; called on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+
+import numpy as np
+import torch
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def checkpoint_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def latest_iteration(root: str) -> int | None:
+    tracker = os.path.join(root, TRACKER)
+    if not os.path.isfile(tracker):
+        return None
+    with open(tracker) as f:
+        text = f.read().strip()
+    if not text.isdigit():
+        raise ValueError(f"{tracker} is corrupt (expected an iteration number, found {text!r})")
+    return int(text)
+
+
+def _model_state(model) -> dict:
+    if len(model) == 1:
+        return {"model": model[0].sharded_state_dict()}
+    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(model)}
+
+
+def _rng_state() -> ShardedObject:
+    state = {
+        "random": random.getstate(),
+        "np": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    pp, tp = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
+    pp_n, tp_n = parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_world_size()
+    return ShardedObject("rng_state", state, (pp_n, tp_n), (pp, tp),
+                         replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True))
+
+
+def save(root: str, iteration: int, model, optimizer, scheduler, args) -> str:
+    rank = torch.distributed.get_rank()
+    final = checkpoint_dir(root, iteration)
+    partial = final + ".partial"
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+    torch.distributed.barrier()
+    state = _model_state(model)
+    state["optimizer"] = optimizer.sharded_state_dict(state)
+    state["rng_state"] = _rng_state()
+    state["scheduler"] = scheduler.state_dict()
+    state["iteration"] = iteration
+    state["args"] = {k: getattr(args, k) for k in ("num_layers", "hidden_size", "num_attention_heads",
+                                                   "num_query_groups", "ffn_hidden_size", "vocab_size",
+                                                   "num_experts", "swiglu", "normalization")}
+    dist_checkpointing.save(state, partial)
+    torch.distributed.barrier()
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        tmp = os.path.join(root, TRACKER + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(str(iteration))
+        os.replace(tmp, os.path.join(root, TRACKER))
+    torch.distributed.barrier()
+    return final
+
+
+def load(root: str, model, optimizer, scheduler, args) -> int:
+    """Load the latest complete checkpoint under ``root``; returns the iteration to continue from."""
+    iteration = latest_iteration(root)
+    if iteration is None:
+        raise FileNotFoundError(f"--load {root}: no {TRACKER} there (no complete checkpoint)")
+    directory = checkpoint_dir(root, iteration)
+    saved_args = dist_checkpointing.load_common_state_dict(directory).get("args", {})
+    mismatched = {k: (v, getattr(args, k)) for k, v in saved_args.items() if getattr(args, k) != v}
+    if mismatched:
+        details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
+        raise ValueError(f"checkpoint {directory} was written for a different model ({details})")
+    state = _model_state(model)
+    load_optim = not (args.finetune or args.no_load_optim)
+    load_rng = not (args.finetune or args.no_load_rng)
+    if load_optim:
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True)
+    if load_rng:
+        state["rng_state"] = _rng_state()
+    loaded = dist_checkpointing.load(state, directory)
+    if len(model) == 1:
+        model[0].load_state_dict(loaded["model"])
+    else:
+        for i, chunk in enumerate(model):
+            chunk.load_state_dict(loaded[f"model{i}"])
+    if load_optim:
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(loaded["scheduler"])
+    else:  # the optimizer's fp32 main copies must follow the freshly loaded weights
+        optimizer.reload_model_params()
+    if load_rng:
+        rng = loaded["rng_state"]
+        random.setstate(rng["random"])
+        np.random.set_state(rng["np"])
+        torch.set_rng_state(rng["torch"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+    return 0 if args.finetune else loaded["iteration"]

@@ -1,0 +1,59 @@
+"""Training data: megatron-core's GPT datasets, read in an order that does not depend on the parallel layout.
+
+Global batch ``i`` is always samples ``[i*G, (i+1)*G)`` of the dataset (G = global batch size); data-parallel
+rank ``d`` takes the ``d``-th contiguous slice of it, cut into micro-batches. So any TP/PP/DP layout sees the
+same global batch, and resuming at iteration ``i`` is exact without saving iterator state.
+May assume: megatron-core's dataset builder; mock data needs no files.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Iterator
+
+import numpy as np
+import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+
+
+class MockTokenizer:
+    """The two facts megatron-core's mock dataset needs from a tokenizer."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.eod = vocab_size - 1
+        self.pad = 0
+        self.unique_identifiers = {"class": "MockTokenizer", "vocab_size": vocab_size}
+
+
+def build_mock_dataset(args: argparse.Namespace, num_samples: int):
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        split="1,0,0",
+        tokenizer=MockTokenizer(args.vocab_size),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    train, _, _ = BlendedMegatronDatasetBuilder(
+        MockGPTDataset, [num_samples, None, None], lambda: True, config
+    ).build()
+    return train
+
+
+def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int) -> Iterator[dict]:
+    """Yield this DP rank's micro-batches for iterations ``start_iteration, start_iteration+1, ...``."""
+    gbs, mbs, dp = args.global_batch_size, args.micro_batch_size, args.data_parallel_size
+    per_rank = gbs // dp
+    iteration = start_iteration
+    while True:
+        first = iteration * gbs + dp_rank * per_rank
+        for offset in range(0, per_rank, mbs):
+            samples = [dataset[first + offset + k] for k in range(mbs)]
+            yield {key: torch.from_numpy(np.stack([s[key].numpy() if torch.is_tensor(s[key]) else s[key]
+                                                   for s in samples]))
+                   for key in ("tokens", "labels", "loss_mask", "position_ids")}
+        iteration += 1

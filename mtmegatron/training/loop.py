@@ -1,0 +1,72 @@
+"""One training iteration with megatron-core's pipeline schedules, and the loss that goes with it.
+
+``train_step`` runs forward/backward over all micro-batches (no pipelining, 1F1B or interleaved, chosen by
+megatron-core from the parallel state), the optimizer step and the LR schedule, and returns the LM loss
+averaged over the global batch on every rank.
+May assume: DDP-wrapped model chunks, megatron optimizer and scheduler, parallel state initialised.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Mean token loss of one micro-batch (megatron-core divides by the number of micro-batches)."""
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask) / mask.sum()
+    # clone: the schedule divides the returned loss in place by the number of micro-batches
+    return loss, {"lm loss": loss.detach().clone()}
+
+
+def forward_step(data_iterator, model):
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def _global_mean_loss(losses_reduced: list[dict], args) -> float:
+    """Average the last stage's micro-batch losses, then over data-parallel ranks, visible on every rank."""
+    contribution = torch.zeros(1, dtype=torch.float64)
+    is_reporter = (
+        parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+        and parallel_state.get_tensor_model_parallel_rank() == 0
+        and parallel_state.get_context_parallel_rank() == 0
+    )
+    if is_reporter and losses_reduced:
+        mean = torch.stack([d["lm loss"].double() for d in losses_reduced]).mean()
+        contribution += mean / args.data_parallel_size
+    torch.distributed.all_reduce(contribution)
+    return contribution.item()
+
+
+def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    forward_backward = get_forward_backward_func()
+    losses_reduced = forward_backward(
+        forward_step_func=forward_step,
+        data_iterator=data_iterators if len(model) > 1 else data_iterators[0],
+        model=model if len(model) > 1 else model[0],
+        num_microbatches=args.num_microbatches,
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+        decoder_seq_length=args.seq_length,
+        forward_only=False,
+    )
+    lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
+    update_successful, grad_norm, _ = optimizer.step()
+    if update_successful:
+        scheduler.step(increment=args.global_batch_size)
+    return {
+        "loss": _global_mean_loss(losses_reduced, args),
+        "grad_norm": float(grad_norm) if grad_norm is not None else None,
+        "lr": lr,
+        "skipped": not update_successful,
+    }

@@ -1,0 +1,105 @@
+"""Process groups, model, optimizer and LR schedule for a pretrain run, all from megatron-core.
+
+May assume: flags already validated (arguments.py) and the backend bridge active.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.module import Float16Module
+
+from mtmegatron.models.gpt import build_model_chunks, transformer_config
+
+
+def init_distributed(args, backend) -> None:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend.set_device(local_rank)
+    if not torch.distributed.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # a plain `python -m mtmegatron.pretrain`: one process
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29517"),
+                              RANK="0", WORLD_SIZE="1")
+        torch.distributed.init_process_group(backend=backend.dist_backend,
+                                             timeout=datetime.timedelta(minutes=10))
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+    )
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+
+
+def build(args):
+    """Returns (model chunks wrapped in DDP, optimizer, scheduler, transformer config)."""
+    config = transformer_config(args)
+    chunks = build_model_chunks(args, config)
+    if args.bf16 or args.fp16:
+        chunks = [Float16Module(config, chunk) for chunk in chunks]
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+    )
+    model = [
+        DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=(i > 0))
+        for i, chunk in enumerate(chunks)
+    ]
+    for chunk in model:
+        chunk.broadcast_params()
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=args.lr,
+            min_lr=args.min_lr,
+            weight_decay=args.weight_decay,
+            adam_beta1=args.adam_beta1,
+            adam_beta2=args.adam_beta2,
+            adam_eps=args.adam_eps,
+            clip_grad=args.clip_grad,
+            bf16=args.bf16,
+            fp16=args.fp16,
+            params_dtype=config.params_dtype,
+            use_distributed_optimizer=args.use_distributed_optimizer,
+        ),
+        model,
+    )
+    gbs = args.global_batch_size
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * gbs,
+        lr_decay_steps=args.lr_decay_iters * gbs,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=args.weight_decay,
+        end_wd=args.weight_decay,
+        wd_incr_steps=args.train_iters * gbs,
+        wd_incr_style="constant",
+    )
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    if args.overlap_grad_reduce:
+        config.no_sync_func = [chunk.no_sync for chunk in model]
+        config.grad_sync_func = [chunk.start_grad_sync for chunk in model]
+        if len(model) == 1:
+            config.no_sync_func, config.grad_sync_func = config.no_sync_func[0], config.grad_sync_func[0]
+    return model, optimizer, scheduler, config
+
+
+def count_parameters(model) -> int:
+    """Parameters of the whole model (summed over TP and PP ranks, experts counted once per EP rank)."""
+    local = sum(p.numel() for chunk in model for p in chunk.parameters())
+    total = torch.tensor([local], dtype=torch.float64)
+    groups = [parallel_state.get_tensor_model_parallel_group(), parallel_state.get_pipeline_model_parallel_group()]
+    for group in groups:
+        torch.distributed.all_reduce(total, group=group)
+    return int(total.item())
