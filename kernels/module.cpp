@@ -2,6 +2,8 @@
 // in the linked sources) and exposes build facts for `mtmegatron env`.
 #include <pybind11/pybind11.h>
 
+#include "mtm/cpu.h"
+
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C, m) {
@@ -18,5 +20,6 @@ PYBIND11_MODULE(_C, m) {
   info["cuda"] = false;
 #endif
   info["compiler"] = __VERSION__;
+  info["cpu_isa"] = mtm::cpu::isa();
   m.attr("build_info") = info;
 }
