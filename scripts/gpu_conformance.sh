@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run the GPU-marked backend conformance tests (tests/conformance, `-m gpu`) on a machine with a device.
+#
+#   scripts/gpu_conformance.sh                 # requires the cuda backend; extra args go to pytest
+#   MTMEGATRON_REQUIRE_BACKENDS=musa scripts/gpu_conformance.sh
+#
+# Needs: a CUDA (or torch_musa) build of torch, megatron-core 0.16.x and mtmegatron installed
+# (`pip install --no-build-isolation -e .`). MTMEGATRON_REQUIRE_BACKENDS makes collection fail, instead of
+# deselecting the tests, when a required backend is unavailable, so a missing GPU cannot pass silently.
+# Multi-rank tests need one device per rank (NCCL); with fewer devices they are skipped and `-rs` says so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export MTMEGATRON_REQUIRE_BACKENDS="${MTMEGATRON_REQUIRE_BACKENDS:-cuda}"
+
+if ! python -c "import mtmegatron.backends, megatron.core" 2>/dev/null; then
+    echo "gpu_conformance: cannot import mtmegatron.backends and megatron.core;" >&2
+    echo "  pip install 'megatron-core>=0.16,<0.17' && pip install --no-build-isolation -e ." >&2
+    exit 2
+fi
+python - <<'PY'
+import torch
+print(f"torch {torch.__version__}, cuda {torch.version.cuda}, devices {torch.cuda.device_count()}")
+PY
+
+exec python -m pytest -m gpu tests/conformance -p no:cacheprovider -rs -v "$@"
