@@ -138,3 +138,22 @@ struct AdamArgs {
 };
 
 }  // namespace mtm
+
+// Every kernel core entry point (name, argument block); CPU and GPU implement the same list.
+#define MTM_KERNEL_OPS(X)                       \
+  X(rms_norm_fwd, RmsNormFwdArgs)               \
+  X(rms_norm_bwd, RmsNormBwdArgs)               \
+  X(swiglu_fwd, SwigluArgs)                     \
+  X(swiglu_bwd, SwigluArgs)                     \
+  X(rope, RopeArgs)                             \
+  X(softmax_fwd, SoftmaxArgs)                   \
+  X(softmax_bwd, SoftmaxArgs)                   \
+  X(cross_entropy_stats, CrossEntropyStatsArgs) \
+  X(cross_entropy_bwd, CrossEntropyBwdArgs)     \
+  X(moe_index, MoeIndexArgs)                    \
+  X(moe_permute, MoePermuteArgs)                \
+  X(moe_unpermute_fwd, MoeUnpermuteArgs)        \
+  X(moe_unpermute_bwd, MoeUnpermuteArgs)        \
+  X(router_topk_fwd, RouterArgs)                \
+  X(router_topk_bwd, RouterArgs)                \
+  X(adam_step, AdamArgs)
