@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from mtmegatron.ops import activation
 
-from conftest import BF16_ATOL, BF16_RTOL, randn
+from kutil import BF16_ATOL, BF16_RTOL, randn
 
 
 def _megatron_glu(x):

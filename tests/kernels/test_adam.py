@@ -5,7 +5,7 @@ import torch
 
 from mtmegatron.ops import adam
 
-from conftest import randn
+from kutil import randn
 
 
 def test_opcheck(gen):

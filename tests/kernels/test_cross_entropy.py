@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from mtmegatron.ops import cross_entropy as ce
 from mtmegatron.ops.vocab_parallel import vocab_parallel_cross_entropy
 
-from conftest import randn
+from kutil import randn
 
 
 def test_opcheck(gen):

@@ -6,7 +6,7 @@ from megatron.core.transformer.moe import moe_utils
 
 from mtmegatron.ops import moe
 
-from conftest import BF16_ATOL, BF16_RTOL, randn
+from kutil import BF16_ATOL, BF16_RTOL, randn
 
 
 def _routing(gen, tokens, experts, topk):

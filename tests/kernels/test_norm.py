@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from mtmegatron.ops import norm
 
-from conftest import BF16_ATOL, BF16_RTOL, randn
+from kutil import BF16_ATOL, BF16_RTOL, randn
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 7), (3, 2, 67), (5, 257)])

@@ -6,7 +6,7 @@ from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_
 
 from mtmegatron.ops import rope
 
-from conftest import BF16_ATOL, BF16_RTOL, randn
+from kutil import BF16_ATOL, BF16_RTOL, randn
 
 
 def _freqs(gen, s, rot, interleaved, batch=1):

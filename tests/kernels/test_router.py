@@ -6,7 +6,7 @@ from megatron.core.transformer.moe import moe_utils
 
 from mtmegatron.ops import router
 
-from conftest import randn
+from kutil import randn
 
 
 def test_opcheck(gen):

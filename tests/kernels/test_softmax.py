@@ -8,7 +8,7 @@ from megatron.core.transformer.utils import attention_mask_func
 
 from mtmegatron.ops import softmax
 
-from conftest import BF16_ATOL, BF16_RTOL, randn
+from kutil import BF16_ATOL, BF16_RTOL, randn
 
 
 def _megatron(mask_type, dtype, scale):
