@@ -33,9 +33,10 @@ inline float bf16_to_float(bf16 v) {
 inline bf16 float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return bf16{static_cast<uint16_t>(u >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;                     // NaN stays NaN
+  const bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return bf16{static_cast<uint16_t>(is_nan ? quiet_nan : rounded)};
 }
 
 template <typename T> struct AccOf { using type = float; };
