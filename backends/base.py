@@ -26,7 +26,7 @@ class Backend:
     device_type:          torch device type that tensors live on ("cpu", "cuda", "musa").
     visible_devices_env:  env var that restricts visible devices (None for cpu).
     kernel_dispatch_key:  dispatch key our native kernels register under ("CPU", "CUDA", "PrivateUse1").
-    bridge_module:        module whose ``install()``/``uninstall()`` make megatron-core's torch.cuda calls
+    bridge_module:        module whose ``install()``/``uninstall()`` make megatron-core's CUDA calls
                           resolve to this backend.
     fp8_executors:        FP8 executors this backend may offer, in order of preference.
     """

@@ -7,9 +7,11 @@ May assume: launched by torchrun (or as a single plain process).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
+import warnings
 
 from mtmegatron.backends import BackendUnavailableError, select_backend
 from mtmegatron.training.arguments import ConfigError, parse_args
@@ -21,7 +23,16 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _quiet_known_noise() -> None:
+    """Silence notices that repeat on every rank and say nothing actionable on a run that works."""
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed", category=UserWarning)
+    warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"full scope is deprecated", category=UserWarning)
+    logging.getLogger("megatron.core.datasets").setLevel(logging.ERROR)
+
+
 def main(argv=None) -> int:
+    _quiet_known_noise()
     try:
         args = parse_args(argv)
         backend = select_backend(args.backend)
@@ -29,6 +40,9 @@ def main(argv=None) -> int:
         _fail(str(e))
     import mtmegatron
     from mtmegatron.patches import UnsupportedMegatronVersion
+
+    if backend.device_type == "cpu":  # there are no CUDA connections to tune on the host
+        warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS", category=UserWarning)
 
     try:
         mtmegatron.activate(backend)

@@ -8,13 +8,12 @@ May assume: torch; megatron-core importable (imported here).
 
 from __future__ import annotations
 
+import importlib
 import logging
-import sys
 
 import torch
 
-from . import collectives, cpu_device
-from .device_remap import CpuDeviceMode
+from . import collectives, cpu_device, device_remap
 
 # Inside the RNG tracker's fork() the "device" RNG *is* the CPU RNG on this backend, so megatron-core's
 # "CPU RNG state changed within GPU RNG context" warning is expected there and says nothing.
@@ -26,26 +25,34 @@ class _DropRngWarning(logging.Filter):
         return _RNG_WARNING not in record.getMessage()
 
 
+# Modules that bound torch.cuda._lazy_call/_lazy_init at import time (torch queues those calls until CUDA
+# initialises, which never happens on this backend, so RNG state changes would be silently dropped).
+_LAZY_CALL_MODULES = (
+    "megatron.core.tensor_parallel.random",
+    "megatron.core.distributed.fsdp.src.megatron_fsdp.utils",
+)
+
 _state: dict = {}
 
 
 def install(backend) -> None:
     if _state:
         return
-    import megatron.core.tensor_parallel.random as mcore_random
-
+    problem = device_remap.supported()
+    if problem:
+        raise RuntimeError(problem)
+    lazy_modules = [importlib.import_module(name) for name in _LAZY_CALL_MODULES]
     real_cuda = torch.cuda
-    shim = cpu_device.build_module(real_cuda)
     _state.update(
         real_cuda=real_cuda,
-        real_module=sys.modules["torch.cuda"],
-        random_refs=(mcore_random._lazy_call, mcore_random._lazy_init),
-        mode=CpuDeviceMode(),
+        lazy_refs=[(m, m._lazy_call, m._lazy_init) for m in lazy_modules],
+        mode=device_remap.CpuDeviceMode(),
         filter=_DropRngWarning(),
     )
-    torch.cuda = shim
-    mcore_random._lazy_call, mcore_random._lazy_init = cpu_device._lazy_call, cpu_device._lazy_init
-    logging.getLogger(mcore_random.__name__).addFilter(_state["filter"])
+    torch.cuda = cpu_device.build_module(real_cuda)
+    for module in lazy_modules:
+        module._lazy_call, module._lazy_init = cpu_device._lazy_call, cpu_device._lazy_init
+    logging.getLogger(_LAZY_CALL_MODULES[0]).addFilter(_state["filter"])
     _state["mode"].__enter__()
     collectives.install(backend.dist_backend)
 
@@ -53,11 +60,10 @@ def install(backend) -> None:
 def uninstall() -> None:
     if not _state:
         return
-    import megatron.core.tensor_parallel.random as mcore_random
-
     collectives.uninstall()
     _state["mode"].__exit__(None, None, None)
-    logging.getLogger(mcore_random.__name__).removeFilter(_state["filter"])
-    mcore_random._lazy_call, mcore_random._lazy_init = _state["random_refs"]
+    logging.getLogger(_LAZY_CALL_MODULES[0]).removeFilter(_state["filter"])
+    for module, lazy_call, lazy_init in _state["lazy_refs"]:
+        module._lazy_call, module._lazy_init = lazy_call, lazy_init
     torch.cuda = _state["real_cuda"]
     _state.clear()

@@ -21,11 +21,16 @@ from dataclasses import dataclass
 import torch
 
 
-class Stream:
-    """A synchronous stream: work submitted on the CPU has finished when the call returns."""
+class Stream(torch.Stream):
+    """A synchronous stream: work submitted on the CPU has finished when the call returns.
+
+    A real ``torch.Stream`` (on cpu) so torch's own argument checks, e.g. ``Tensor.record_stream``, accept it.
+    """
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        return super().__new__(cls, "cpu", priority=priority)
 
     def __init__(self, device=None, priority: int = 0, **kwargs):
-        self.device = torch.device("cpu")
         self.priority = priority
 
     def wait_stream(self, stream) -> None:
@@ -232,14 +237,16 @@ memory_reserved = memory_allocated
 
 
 def max_memory_allocated(device=None) -> int:
-    return _max_rss_bytes()
+    # ru_maxrss is sampled by the kernel and can trail the current RSS while memory grows
+    return max(_max_rss_bytes(), _rss_bytes())
 
 
 max_memory_reserved = max_memory_allocated
 
 
 def memory_stats(device=None) -> dict:
-    current, peak = _rss_bytes(), _max_rss_bytes()
+    current = _rss_bytes()
+    peak = max(_max_rss_bytes(), current)
     return {
         "allocated_bytes.all.current": current,
         "allocated_bytes.all.peak": peak,

@@ -6,8 +6,12 @@ sees every torch call with its arguments, so these are remapped in one place ins
 device arguments naming cuda (or a bare index) become ``cpu``, ``.cuda()``/``.pin_memory()`` and
 ``record_stream`` are identities, ``pin_memory=True`` is dropped, and ``Tensor.type()`` reports the
 accelerator type name (on this backend the CPU is the accelerator).
-May assume: torch >= 2.6 (TorchFunctionMode). The mode is per thread: it is entered on the thread that
-activates the bridge (the training thread; CPU autograd runs backward on the same thread).
+The mode is per thread and is entered on the thread that activates the bridge (the training thread; CPU
+autograd runs backward on the same thread). torch's dispatch pops a mode while its handler runs, so the
+autograd entry points (``Tensor.backward``, ``torch.autograd.backward/grad``) are re-run with the mode pushed
+again: otherwise every custom ``Function.backward`` in megatron-core would allocate on "cuda" unremapped.
+May assume: torch with ``torch.overrides.redispatch_function`` (torch 2.13 has it; the CPU backend checks
+at install time and says so otherwise).
 """
 
 from __future__ import annotations
@@ -34,8 +38,21 @@ def _remap_to_args(args):
     return args
 
 
+_AUTOGRAD_ENTRIES = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+
+
+def supported() -> str | None:
+    """None if this torch can run the mode, else why not."""
+    if not hasattr(torch.overrides, "redispatch_function"):
+        return f"the cpu bridge needs torch.overrides.redispatch_function, which torch {torch.__version__} lacks"
+    return None
+
+
 class CpuDeviceMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _AUTOGRAD_ENTRIES:
+            with self:  # redispatch skips this mode once, so this does not recurse
+                return torch.overrides.redispatch_function(func, types, args, kwargs or {})
         if kwargs:
             device = kwargs.get("device")
             if device is not None and _is_accelerator(device):
