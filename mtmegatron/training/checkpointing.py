@@ -35,10 +35,19 @@ def latest_iteration(root: str) -> int | None:
     return int(text)
 
 
+def _unwrap(chunk):
+    """The GPTModel inside DDP / Float16Module wrappers (their state dicts would add 'module.' prefixes)."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
+def _model_keys(model) -> list[str]:
+    return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+
+
 def _model_state(model) -> dict:
-    if len(model) == 1:
-        return {"model": model[0].sharded_state_dict()}
-    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(model)}
+    return {key: _unwrap(chunk).sharded_state_dict() for key, chunk in zip(_model_keys(model), model)}
 
 
 def _rng_state() -> ShardedObject:
@@ -102,11 +111,8 @@ def load(root: str, model, optimizer, scheduler, args) -> int:
     if load_rng:
         state["rng_state"] = _rng_state()
     loaded = dist_checkpointing.load(state, directory)
-    if len(model) == 1:
-        model[0].load_state_dict(loaded["model"])
-    else:
-        for i, chunk in enumerate(model):
-            chunk.load_state_dict(loaded[f"model{i}"])
+    for key, chunk in zip(_model_keys(model), model):
+        _unwrap(chunk).load_state_dict(loaded[key])
     if load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
         scheduler.load_state_dict(loaded["scheduler"])
