@@ -9,7 +9,8 @@ apex's FusedLayerNorm set that attribute and so support sequence parallelism. On
 TE and no apex, yet MoE with TP>1 requires sequence parallelism during training (MoELayer raises otherwise),
 so TP×EP MoE cannot be built at all. The replacement builds the same torch norm and marks its parameters
 ``sequence_parallel=True`` (what TENorm/FusedLayerNorm do); without sequence parallelism it is unchanged.
-Versions: megatron-core 0.16.x. Backends: cpu only (CUDA/MUSA runs use TE norms for sequence parallelism).
+Versions: megatron-core 0.16.x. Backends: all (it only matters where the local spec meets SP without TE/apex:
+CPU, and MUSA without MT-TransformerEngine; with TE the TE norm is used and this code is never reached).
 """
 
 import copy
@@ -46,5 +47,4 @@ PATCH = Patch(
     "attribute), so MoE with TP>1, which needs SP, cannot be built without TE/apex",
     versions=">=0.16,<0.17",
     apply=apply,
-    backends=("cpu",),
 )

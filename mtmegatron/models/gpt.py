@@ -72,7 +72,8 @@ def layer_spec(args: argparse.Namespace):
     if args.transformer_impl == "mtmegatron":
         from mtmegatron.models.fused_spec import get_gpt_layer_fused_spec
 
-        return get_gpt_layer_fused_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
+        return get_gpt_layer_fused_spec(num_experts=args.num_experts, moe_grouped_gemm=False,
+                                        qk_layernorm=False, multi_latent_attention=False)
     return get_gpt_layer_local_spec(
         num_experts=args.num_experts, moe_grouped_gemm=False, normalization=args.normalization
     )
@@ -81,6 +82,9 @@ def layer_spec(args: argparse.Namespace):
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP)."""
     spec = layer_spec(args)
+    fused = args.transformer_impl == "mtmegatron"
+    if fused:
+        from mtmegatron.models.fused_spec import install_fused_loss
     num_chunks = args.virtual_pipeline_model_parallel_size or 1
     chunks = []
     for vp_stage in range(num_chunks):
@@ -99,4 +103,6 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
                 vp_stage=vp,
             )
         )
+        if fused:
+            install_fused_loss(chunks[-1])
     return chunks

@@ -133,9 +133,6 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("parallel sizes must be >= 1")
     if cp != 1:
         raise ConfigError("--context-parallel-size > 1 is not supported yet (needs our CP attention)")
-    if world_size % (tp * pp * cp):
-        raise ConfigError(f"world size {world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
-    args.data_parallel_size = world_size // (tp * pp * cp)
     if args.num_attention_heads % tp:
         raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --num-attention-heads "
                           f"{args.num_attention_heads}")
@@ -147,6 +144,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                           f"{args.num_attention_heads}")
     if args.num_layers % pp:
         raise ConfigError(f"--pipeline-model-parallel-size {pp} does not divide --num-layers {args.num_layers}")
+    if world_size % (tp * pp * cp):
+        raise ConfigError(f"world size {world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
+    args.data_parallel_size = world_size // (tp * pp * cp)
     args.virtual_pipeline_model_parallel_size = None
     if args.num_layers_per_virtual_pipeline_stage is not None:
         per_stage = args.num_layers // pp

@@ -1,0 +1,80 @@
+"""The ``mtmegatron`` console command: ``env`` (what this machine offers) and ``patches`` (what is changed in
+megatron-core and why). Training itself is ``torchrun -m mtmegatron.pretrain``.
+May assume: torch installed; megatron-core imported only by the subcommands that need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def cmd_env(args) -> int:
+    import torch
+
+    from mtmegatron.backends import known_backends, select_backend
+
+    print(f"mtmegatron {_version('mtmegatron')} | python {sys.version.split()[0]}")
+    for dist in ("torch", "megatron-core", "torch_musa", "torchada", "transformer-engine"):
+        print(f"  {dist:20s} {_version(dist)}")
+    print("backends:")
+    for name, backend in known_backends().items():
+        reason = backend.missing()
+        state = "available" if reason is None else f"unavailable: {reason}"
+        print(f"  {name:5s} device={backend.device_type:5s} kernels={backend.kernel_dispatch_key:11s} {state}")
+    chosen = select_backend(args.backend)
+    print(f"selected: {chosen.name} (collectives: {chosen.dist_backend})")
+    from mtmegatron import ops
+
+    native = ops.native_available(chosen.device())
+    print(f"fused kernels on {chosen.device_type}: {'native' if native else 'python reference only'}"
+          f" | build {ops.BUILD_INFO}")
+    print(f"fp8 executors (preferred first): {', '.join(chosen.fp8_executors)}")
+    if chosen.device_type != "cpu":
+        print(f"devices: {chosen.device_module().device_count()}")
+    return 0
+
+
+def cmd_patches(args) -> int:
+    from mtmegatron import patches
+    from mtmegatron.backends import select_backend
+
+    backend = select_backend(args.backend)
+    version = patches.megatron_version()
+    print(f"megatron-core {version} (supported {patches.SUPPORTED_MEGATRON}), backend {backend.name}")
+    for patch in patches.all_patches():
+        mark = "applies" if patch.applies(version, backend.name) else "skipped"
+        print(f"- {patch.name} [{mark}; megatron-core {patch.versions}; backends {','.join(patch.backends)}]")
+        print(f"    target: {patch.target}")
+        print(f"    why:    {patch.reason}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="mtmegatron", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn, text in (("env", cmd_env, "show backends, versions, kernels"),
+                           ("patches", cmd_patches, "list megatron-core patches and why")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--backend", default=None)
+        p.set_defaults(fn=fn)
+    args = parser.parse_args(argv)
+    from mtmegatron.backends import BackendUnavailableError
+
+    try:
+        return args.fn(args)
+    except BackendUnavailableError as e:
+        print(f"mtmegatron: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

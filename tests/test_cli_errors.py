@@ -1,0 +1,91 @@
+"""Bad input to ``mtmegatron.pretrain`` exits non-zero with one clear message, before any process group."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.pretrain_runner import TINY, free_port
+
+BANNER = "mtmegatron: backend"  # printed only after process groups and the model exist
+
+
+def _pretrain(args: list[str], nproc: int = 1, python_prefix: list[str] | None = None):
+    if nproc == 1:
+        cmd = [sys.executable, *(python_prefix or ["-m", "mtmegatron.pretrain"])]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--master_port={free_port()}", "-m", "mtmegatron.pretrain"]
+    return subprocess.run(cmd + args, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _error_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("mtmegatron.pretrain: error:")]
+
+
+def _without_backend(args):
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == "--backend":
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
+BASE = _without_backend(TINY) + ["--train-iters", "1"]
+
+CASES = {
+    "musa_missing": (["--backend", "musa"], "musa requested but torch_musa is not installed"),
+    "cuda_missing": (["--backend", "cuda"], "cuda requested but"),
+    "unknown_backend": (["--backend", "tpu"], "unknown backend 'tpu' (known: cpu, cuda, musa)"),
+    "tp_heads": (["--backend", "cpu", "--num-attention-heads", "6", "--num-query-groups", "6",
+                  "--hidden-size", "96", "--tensor-model-parallel-size", "4"],
+                 "--tensor-model-parallel-size 4 does not divide --num-attention-heads 6"),
+    "pp_layers": (["--backend", "cpu", "--num-layers", "3", "--pipeline-model-parallel-size", "2"],
+                  "--pipeline-model-parallel-size 2 does not divide --num-layers 3"),
+    "gbs": (["--backend", "cpu", "--global-batch-size", "7"],
+            "--global-batch-size 7 is not divisible by --micro-batch-size 2 x data-parallel size 1"),
+    "ep_experts": (["--backend", "cpu", "--num-experts", "3", "--expert-model-parallel-size", "2"],
+                   "--expert-model-parallel-size 2 does not divide --num-experts 3"),
+    "unknown_model": (["--backend", "cpu", "--model", "gpt5"], "unknown --model 'gpt5'"),
+    "seq_too_long": (["--backend", "cpu", "--seq-length", "64"], "--seq-length 64 exceeds --max-position-embeddings 32"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_clear_error(case):
+    extra, message = CASES[case]
+    proc = _pretrain(BASE + extra)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = _error_lines(proc)
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert BANNER not in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_world_size_error_under_torchrun_is_printed_once():
+    # 2 ranks, PP 4: the layout cannot fit; only rank 0 speaks.
+    proc = _pretrain(BASE + ["--pipeline-model-parallel-size", "4"], nproc=2)
+    assert proc.returncode != 0
+    errors = _error_lines(proc)
+    assert errors == ["mtmegatron.pretrain: error: world size 2 is not divisible by TP 1 x PP 4 x CP 1"], proc.stderr[-3000:]
+    assert BANNER not in proc.stdout
+
+
+def test_unsupported_megatron_version_is_refused():
+    fake_old = ("import sys, runpy, megatron.core.package_info as info; info.__version__ = '0.15.0'; "
+                "sys.argv[0] = 'mtmegatron.pretrain'; runpy.run_module('mtmegatron.pretrain', run_name='__main__')")
+    proc = _pretrain(BASE + ["--backend", "cpu"], python_prefix=["-c", fake_old])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = _error_lines(proc)
+    assert len(errors) == 1 and "megatron-core 0.15.0 is not supported" in errors[0]
+    assert "MTMEGATRON_ALLOW_UNSUPPORTED_MEGATRON=1" in errors[0]
+    assert BANNER not in proc.stdout
