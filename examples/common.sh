@@ -1,0 +1,20 @@
+# Shared by the dist_run_pretrain_*.sh launchers: torchrun arguments from the usual cluster variables.
+# Single box by default; for several nodes export NNODES, NODE_RANK, MASTER_ADDR (and MASTER_PORT) on each.
+# Every argument given to a launcher is passed to mtmegatron.pretrain, after the example's defaults,
+# so any Megatron-LM flag (or --backend cpu|cuda|musa) overrides them.
+
+NPROC_PER_NODE=${NPROC_PER_NODE:-2}
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+MASTER_PORT=${MASTER_PORT:-29500}
+
+launch_pretrain() {
+  exec torchrun --nproc_per_node "$NPROC_PER_NODE" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
+    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m mtmegatron.pretrain "$@"
+}
+
+# MUSA/MCCL launch defaults (the values Moore Threads' launchers use); an exported value wins.
+export_musa_defaults() {
+  eval "$(python -c 'from mtmegatron.backends.musa import MUSA_ENV_DEFAULTS as d; print("\n".join(f"export {k}=${{{k}:-{v}}}" for k, v in d.items()))')"
+}

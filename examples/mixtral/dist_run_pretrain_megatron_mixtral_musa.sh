@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Mixtral (MoE) pretraining on Moore Threads GPUs (MUSA). Defaults: a tiny Mixtral (4 experts, top-2) on
+# mock data with expert parallelism 2 on 2 processes; with --backend cpu it finishes on a 2-core box.
+# Real shape: --model-size 8x7b with e.g. --expert-model-parallel-size 8 --tensor-model-parallel-size 2
+# --sequence-parallel --use-distributed-optimizer --bf16 on NPROC_PER_NODE=8 and several nodes.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../common.sh"
+export_musa_defaults
+launch_pretrain --backend "${BACKEND:-musa}" --model mixtral --model-size tiny \
+  --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall \
+  --micro-batch-size 2 --global-batch-size 8 --train-iters 30 --lr 1e-3 --lr-warmup-iters 2 \
+  --mock-data --log-interval 5 --log-dir "${LOG_DIR:-runs/mixtral}" "$@"
