@@ -1,7 +1,7 @@
 // CPU core of the multi-tensor fused AdamW step for fp32 master parameters (torch.optim.AdamW semantics:
 // decoupled weight decay, bias correction). Work is split into fixed-size chunks across all tensors.
 #include <vector>
-#include "mtm/cpu_common.h"
+#include "mtm/cpu_vec.h"
 
 namespace mtm {
 namespace MTM_CPU_NS {
@@ -14,8 +14,19 @@ void chunk(const AdamArgs& a, int64_t ti, int64_t b, int64_t e, float step_size,
   float* m = a.exp_avgs[ti];
   float* v = a.exp_avg_sqs[ti];
   const float b1 = a.beta1, b2 = a.beta2, decay = 1.0f - a.lr * a.weight_decay, eps = a.eps;
-#pragma omp simd
-  for (int64_t i = b; i < e; ++i) {
+  // One pass per element: read p, g, m, v once, write p, m, v once (kW lanes at a time).
+  const VF vb1 = vset(b1), vb2 = vset(b2), vc1 = vset(1.0f - b1), vc2 = vset(1.0f - b2), vdecay = vset(decay),
+           vstep = vset(-step_size), vinv = vset(inv_bc2_sqrt), veps = vset(eps);
+  int64_t i = b;
+  for (; i + kW <= e; i += kW) {
+    VF gi = vload(g + i);
+    VF mi = vfma(vb1, vload(m + i), vc1 * gi);
+    VF vi = vfma(vb2, vload(v + i), vc2 * gi * gi);
+    vstore(m + i, mi);
+    vstore(v + i, vi);
+    vstore(p + i, vfma(vstep, mi / vfma(vsqrt(vi), vinv, veps), vload(p + i) * vdecay));
+  }
+  for (; i < e; ++i) {
     float gi = ld(g, i);
     float mi = b1 * m[i] + (1.0f - b1) * gi;
     float vi = b2 * v[i] + (1.0f - b2) * gi * gi;

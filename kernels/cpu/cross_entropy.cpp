@@ -1,7 +1,9 @@
 // CPU core of the cross-entropy loss fused with log-softmax over the vocab. The forward produces per-row
 // partial statistics of this rank's vocab shard (max, sum exp(logit - max), target logit) which the Python side
 // combines across tensor-parallel ranks; the backward writes softmax - onehot scaled by the loss gradient.
-#include "mtm/cpu_common.h"
+// fp32/bf16 rows run kW-lane vector code (8 or 16 lanes) (mtm/cpu_vec.h); the max pass and the exp pass read the row twice
+// (a 32k-vocab bf16 row is 64 KiB and stays in L2 between them). fp64 keeps the scalar loops.
+#include "mtm/cpu_vec.h"
 
 namespace mtm {
 namespace MTM_CPU_NS {
@@ -18,15 +20,25 @@ void stats(const CrossEntropyStatsArgs& a) {
   parallel_chunks(a.rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* lr = logits + r * v;
-      A m = -INFINITY;
-#pragma omp simd reduction(max : m)
-      for (int64_t j = 0; j < v; ++j) {
-        A s = ld(lr, j);
-        m = s > m ? s : m;
+      A m = -INFINITY, sum = 0;
+      if constexpr (kVec<T>) {
+        VF mv = vset(-INFINITY);
+        for (int64_t j = 0; j < v; j += kW) mv = vmax(mv, vload_part(lr + j, v - j, -INFINITY));
+        m = hmax(mv);
+        const VF mb = vset(m);
+        VF sv = vset(0.0f);
+        for (int64_t j = 0; j < v; j += kW) {
+          VF e = vexp(vload_part(lr + j, v - j, 0.0f) - mb);
+          sv = sv + (v - j < kW ? vselect(vlanes_from(v - j), vset(0.0f), e) : e);
+        }
+        sum = hsum(sv);
+      } else {
+        for (int64_t j = 0; j < v; ++j) {
+          A s = ld(lr, j);
+          m = s > m ? s : m;
+        }
+        for (int64_t j = 0; j < v; ++j) sum += fast_exp(ld(lr, j) - m);
       }
-      A sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < v; ++j) sum += fast_exp(ld(lr, j) - m);
       mx[r] = m;
       se[r] = sum;
       const int64_t t = a.target[r] - a.vocab_start;
@@ -50,8 +62,12 @@ void bwd(const CrossEntropyBwdArgs& a) {
       const bool ignored = a.target[r] == a.ignore_index;
       const A g = ignored ? A(0) : gl[r];
       const A l = lse[r];
-#pragma omp simd
-      for (int64_t j = 0; j < v; ++j) st(o, j, g * fast_exp(ld(lr, j) - l));
+      if constexpr (kVec<T>) {
+        const VF gv = vset(g), lv = vset(l);
+        for (int64_t j = 0; j < v; j += kW) vstore_part(o + j, v - j, gv * vexp(vload_part(lr + j, v - j, 0.0f) - lv));
+      } else {
+        for (int64_t j = 0; j < v; ++j) st(o, j, g * fast_exp(ld(lr, j) - l));
+      }
       const int64_t t = a.target[r] - a.vocab_start;
       if (!ignored && t >= 0 && t < v) st(o, t, g * fast_exp(ld(lr, t) - l) - g);
     }

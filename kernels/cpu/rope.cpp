@@ -2,7 +2,7 @@
 // and MLA (de-interleave then rotate-half) layouts; dims past rot pass through. backward=true applies the
 // transposed rotation, which is the gradient with respect to t.
 #include <vector>
-#include "mtm/cpu_common.h"
+#include "mtm/cpu_vec.h"
 
 namespace mtm {
 namespace MTM_CPU_NS {
@@ -33,18 +33,48 @@ void run(const RopeArgs& a) {
     std::vector<int64_t> idx(4 * half);
     for (int64_t p = 0; p < half; ++p)
       pair_index(a.layout, p, half, idx[4 * p], idx[4 * p + 1], idx[4 * p + 2], idx[4 * p + 3]);
+    const A* last_f = nullptr;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t si = r / a.b, bi = r % a.b;
       const A* f = freqs + (a.freqs_b_stride ? (si * a.b + bi) * rot : si * rot);
-      for (int64_t i = 0; i < rot; ++i) {
-        cs[i] = std::cos(f[i]) * A(a.mscale);
-        cs[rot + i] = std::sin(f[i]) * A(a.mscale);
+      if (f != last_f) {  // batch rows of one position share freqs unless they come per batch
+        last_f = f;
+        for (int64_t i = 0; i < rot; ++i) {
+          // megatron's freqs repeat (cat([f, f]) or pairwise): reuse a computed angle instead of new trig
+          const int64_t same = (i >= half && f[i] == f[i - half]) ? i - half : (i > 0 && f[i] == f[i - 1]) ? i - 1 : -1;
+          if (same >= 0) {
+            cs[i] = cs[same];
+            cs[rot + i] = cs[rot + same];
+          } else {
+            cs[i] = std::cos(f[i]) * A(a.mscale);
+            cs[rot + i] = std::sin(f[i]) * A(a.mscale);
+          }
+        }
       }
       const A* c = cs.data();
       const A* sn = cs.data() + rot;
       for (int64_t hh = 0; hh < a.h; ++hh) {
         const T* x = t + (r * a.h + hh) * d;
         T* o = out + (r * a.h + hh) * d;
+        if constexpr (kVec<T>) {
+          if (a.layout == RopeLayout::RotateHalf) {
+            for (int64_t p = 0; p < half; p += kW) {
+              const int64_t k = half - p;
+              VF xa = vload_part(x + p, k, 0.0f), xb = vload_part(x + p + half, k, 0.0f);
+              VF ca = vload_part(c + p, k, 0.0f), cb = vload_part(c + p + half, k, 0.0f);
+              VF sa = vload_part(sn + p, k, 0.0f), sb = vload_part(sn + p + half, k, 0.0f);
+              if (!a.backward) {
+                vstore_part(o + p, k, xa * ca - xb * sa);
+                vstore_part(o + p + half, k, xb * cb + xa * sb);
+              } else {
+                vstore_part(o + p, k, xa * ca + xb * sb);
+                vstore_part(o + p + half, k, xb * cb - xa * sa);
+              }
+            }
+            for (int64_t i = rot; i < d; ++i) o[i] = x[i];
+            continue;
+          }
+        }
         if (a.layout == RopeLayout::RotateHalf && !a.backward) {
 #pragma omp simd
           for (int64_t p = 0; p < half; ++p) {

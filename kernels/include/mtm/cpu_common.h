@@ -13,7 +13,7 @@
 #include "mtm/args.h"
 
 #ifndef MTM_CPU_NS
-#error "MTM_CPU_NS must name the ISA namespace (cpu_base or cpu_avx2)"
+#error "MTM_CPU_NS must name the ISA namespace (cpu_base, cpu_avx2 or cpu_avx512)"
 #endif
 
 namespace mtm {
