@@ -48,7 +48,12 @@ def main(argv=None) -> int:
         mtmegatron.activate(backend)
     except UnsupportedMegatronVersion as e:
         _fail(str(e))
-    return run(args, backend)
+    from mtmegatron.training.checkpointing import CheckpointError
+
+    try:
+        return run(args, backend)
+    except CheckpointError as e:
+        _fail(str(e))
 
 
 def run(args, backend) -> int:
@@ -84,8 +89,10 @@ def run(args, backend) -> int:
 
     writer = MetricsWriter(args.log_dir, rank, args.train_iters, args.log_interval, resume=start > 0)
     tokens_per_step = args.global_batch_size * args.seq_length
+    last = min(args.train_iters, args.exit_interval or args.train_iters)
+    saved_at = None
     try:
-        for iteration in range(start + 1, args.train_iters + 1):
+        for iteration in range(start + 1, last + 1):
             t0 = time.perf_counter()
             stats = train_step(iterators, model, optimizer, scheduler, args)
             elapsed = time.perf_counter() - t0
@@ -97,8 +104,9 @@ def run(args, backend) -> int:
             })
             if args.save and args.save_interval and iteration % args.save_interval == 0:
                 checkpointing.save(args.save, iteration, model, optimizer, scheduler, args)
-        if args.save and (not args.save_interval or args.train_iters % args.save_interval):
-            path = checkpointing.save(args.save, args.train_iters, model, optimizer, scheduler, args)
+                saved_at = iteration
+        if args.save and saved_at != last and (last > start or last == 0):  # 0: an initial checkpoint
+            path = checkpointing.save(args.save, last, model, optimizer, scheduler, args)
             print_rank0(rank, f"mtmegatron: saved {path}")
     finally:
         writer.close()

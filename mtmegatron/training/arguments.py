@@ -92,6 +92,8 @@ def _add_io(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", default=None, help="checkpoint directory to write")
     g.add_argument("--load", default=None, help="checkpoint directory to resume from")
     g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--exit-interval", type=int, default=None,
+                   help="stop after this iteration (saving a checkpoint when --save is given)")
     g.add_argument("--finetune", action="store_true", help="load model weights only; start at iteration 0")
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
@@ -184,6 +186,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("--train-iters must be >= 0")
     if args.save_interval is not None and (args.save_interval <= 0 or not args.save):
         raise ConfigError("--save-interval needs a positive value and --save DIR")
+    if args.exit_interval is not None and args.exit_interval <= 0:
+        raise ConfigError("--exit-interval must be positive")
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     if args.overlap_param_gather and not args.use_distributed_optimizer:

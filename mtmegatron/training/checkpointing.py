@@ -18,6 +18,14 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# The distributed optimizer's default format in megatron-core 0.16 ('fully_sharded_model_space') relies on
+# ShardedTensor.flattened_range, which its own validation now rejects; 'fully_reshardable' is the format that
+# loads under any TP/PP/DP layout.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used as asked (missing, corrupt, other model); the message says why."""
 
 
 def checkpoint_dir(root: str, iteration: int) -> str:
@@ -31,7 +39,7 @@ def latest_iteration(root: str) -> int | None:
     with open(tracker) as f:
         text = f.read().strip()
     if not text.isdigit():
-        raise ValueError(f"{tracker} is corrupt (expected an iteration number, found {text!r})")
+        raise CheckpointError(f"{tracker} is corrupt (expected an iteration number, found {text!r})")
     return int(text)
 
 
@@ -72,7 +80,7 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args) -> str:
         os.makedirs(partial)
     torch.distributed.barrier()
     state = _model_state(model)
-    state["optimizer"] = optimizer.sharded_state_dict(state)
+    state["optimizer"] = optimizer.sharded_state_dict(state, metadata=OPTIMIZER_METADATA)
     state["rng_state"] = _rng_state()
     state["scheduler"] = scheduler.state_dict()
     state["iteration"] = iteration
@@ -92,22 +100,32 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args) -> str:
     return final
 
 
+def _materialize_optimizer_state(optimizer) -> None:
+    """A fresh DistributedOptimizer has no per-param state (not even 'step'), and its sharded_state_dict
+    for loading reads that state to build the template; give it placeholder state, as megatron-core itself
+    does for its FSDP format. The placeholders are overwritten by the load."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(inner, "_init_optimizer_states_with_dummy_values") and not inner.optimizer.state:
+            inner._init_optimizer_states_with_dummy_values()
+
+
 def load(root: str, model, optimizer, scheduler, args) -> int:
     """Load the latest complete checkpoint under ``root``; returns the iteration to continue from."""
     iteration = latest_iteration(root)
     if iteration is None:
-        raise FileNotFoundError(f"--load {root}: no {TRACKER} there (no complete checkpoint)")
+        raise CheckpointError(f"--load {root}: no {TRACKER} there (no complete checkpoint)")
     directory = checkpoint_dir(root, iteration)
     saved_args = dist_checkpointing.load_common_state_dict(directory).get("args", {})
     mismatched = {k: (v, getattr(args, k)) for k, v in saved_args.items() if getattr(args, k) != v}
     if mismatched:
         details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
-        raise ValueError(f"checkpoint {directory} was written for a different model ({details})")
+        raise CheckpointError(f"checkpoint {directory} was written for a different model ({details})")
     state = _model_state(model)
     load_optim = not (args.finetune or args.no_load_optim)
     load_rng = not (args.finetune or args.no_load_rng)
     if load_optim:
-        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True)
+        _materialize_optimizer_state(optimizer)
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=OPTIMIZER_METADATA)
     if load_rng:
         state["rng_state"] = _rng_state()
     loaded = dist_checkpointing.load(state, directory)
