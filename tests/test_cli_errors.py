@@ -55,6 +55,8 @@ CASES = {
             "--global-batch-size 7 is not divisible by --micro-batch-size 2 x data-parallel size 1"),
     "ep_experts": (["--backend", "cpu", "--num-experts", "3", "--expert-model-parallel-size", "2"],
                    "--expert-model-parallel-size 2 does not divide --num-experts 3"),
+    "ep_layout": (["--backend", "cpu", "--num-experts", "4", "--expert-model-parallel-size", "2"],
+                  "world size 1 is not divisible by EP 2 x expert-TP 1 x PP 1"),
     "unknown_model": (["--backend", "cpu", "--model", "gpt5"], "unknown --model 'gpt5'"),
     "seq_too_long": (["--backend", "cpu", "--seq-length", "64"], "--seq-length 64 exceeds --max-position-embeddings 32"),
 }

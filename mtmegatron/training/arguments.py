@@ -163,8 +163,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.num_experts:
         if args.num_experts % ep:
             raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")
-        if world_size % (ep * pp):
-            raise ConfigError(f"world size {world_size} is not divisible by EP {ep} x PP {pp}")
+        if world_size % (ep * tp * pp):  # expert TP defaults to TP, as in megatron-core
+            raise ConfigError(f"world size {world_size} is not divisible by EP {ep} x expert-TP {tp} x PP {pp}")
         if args.moe_router_topk > args.num_experts:
             raise ConfigError(f"--moe-router-topk {args.moe_router_topk} exceeds --num-experts {args.num_experts}")
     elif ep != 1:

@@ -96,10 +96,21 @@ def build(args):
 
 
 def count_parameters(model) -> int:
-    """Parameters of the whole model (summed over TP and PP ranks, experts counted once per EP rank)."""
-    local = sum(p.numel() for chunk in model for p in chunk.parameters())
-    total = torch.tensor([local], dtype=torch.float64)
-    groups = [parallel_state.get_tensor_model_parallel_group(), parallel_state.get_pipeline_model_parallel_group()]
-    for group in groups:
-        torch.distributed.all_reduce(total, group=group)
+    """Parameters of the whole model, each counted once: TP-sharded ones summed over TP, replicated ones
+    taken from TP rank 0, experts (not all-reduced over DP) summed over EP; then summed over PP."""
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    dense = torch.zeros(1, dtype=torch.float64)
+    experts = torch.zeros(1, dtype=torch.float64)
+    for chunk in model:
+        for p in chunk.parameters():
+            if not getattr(p, "allreduce", True):
+                # expert weights: sharded over expert-TP, distinct per EP rank
+                experts += p.numel()
+            elif getattr(p, "tensor_model_parallel", False) or tp_rank == 0:
+                dense += p.numel()
+    torch.distributed.all_reduce(dense, group=parallel_state.get_tensor_model_parallel_group())
+    if parallel_state.get_expert_model_parallel_world_size() > 1 or parallel_state.get_expert_tensor_parallel_world_size() > 1:
+        torch.distributed.all_reduce(experts, group=parallel_state.get_expert_tensor_and_model_parallel_group())
+    total = dense + experts
+    torch.distributed.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
     return int(total.item())
