@@ -45,6 +45,15 @@ def resolve(dotted: str):
     return owner, name
 
 
+def current(dotted: str):
+    """The object ``dotted`` names now; PatchTargetMissing if megatron-core no longer has it."""
+    owner, name = resolve(dotted)
+    found = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else getattr(owner, name, _MISSING)
+    if found is _MISSING:
+        raise PatchTargetMissing(f"{dotted} no longer exists in this megatron-core; the patch needs review")
+    return found
+
+
 def set_attr(dotted: str, value, must_exist: bool = True) -> Callable[[], None]:
     """Set ``dotted`` to ``value``; returns the undo. Raises PatchTargetMissing if the target vanished."""
     owner, name = resolve(dotted)

@@ -11,16 +11,13 @@ Versions: megatron-core 0.16.x.
 
 import torch
 
-from .base import Patch, resolve, set_attr
+from .base import Patch, current, set_attr
 
 TARGET = "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer.load_state_dict"
 
 
 def apply():
-    owner, name = resolve(TARGET)
-    original = owner.__dict__.get(name)
-    if original is None:
-        raise RuntimeError(f"{TARGET} is gone; review this patch")
+    original = current(TARGET)
 
     def load_state_dict(self, state_dict):
         result = original(self, state_dict)

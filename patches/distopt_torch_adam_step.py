@@ -9,16 +9,13 @@ apex/TE (CPU, MUSA without MT-TE). The replacement hides "step" from that copy a
 Versions: megatron-core 0.16.x.
 """
 
-from .base import Patch, resolve, set_attr
+from .base import Patch, current, set_attr
 
 TARGET = "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer._set_main_param_and_optimizer_states"
 
 
 def apply():
-    owner, name = resolve(TARGET)
-    original = owner.__dict__.get(name)
-    if original is None:
-        raise RuntimeError(f"{TARGET} is gone; review this patch")
+    original = current(TARGET)
 
     def _set_main_param_and_optimizer_states(self, model_param, tensors):
         if "step" in tensors or self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:

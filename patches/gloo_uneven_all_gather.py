@@ -12,16 +12,14 @@ Versions: megatron-core 0.16.x. Backends: cpu only (gloo).
 
 import torch
 
-from .base import Patch, resolve, set_attr
+from .base import Patch, current, resolve, set_attr
 
 TARGET = "megatron.core.tensor_parallel.mappings:_gather_along_first_dim"
 
 
 def apply():
-    owner, name = resolve(TARGET)
-    original = getattr(owner, name, None)
-    if original is None:
-        raise RuntimeError(f"{TARGET} is gone; review this patch")
+    original = current(TARGET)
+    owner, _ = resolve(TARGET)
     get_global_memory_buffer = owner.get_global_memory_buffer
 
     def _gather_along_first_dim(input_, group, output_split_sizes=None, use_global_buffer=False):
