@@ -22,9 +22,10 @@ def init_distributed(args, backend) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend.set_device(local_rank)
     if not torch.distributed.is_initialized():
-        if "MASTER_ADDR" not in os.environ:  # a plain `python -m mtmegatron.pretrain`: one process
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29517"),
-                              RANK="0", WORLD_SIZE="1")
+        if "RANK" not in os.environ:  # a plain `python -m mtmegatron.pretrain`: one process
+            for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29517"), ("RANK", "0"),
+                               ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+                os.environ.setdefault(key, value)
         torch.distributed.init_process_group(backend=backend.dist_backend,
                                              timeout=datetime.timedelta(minutes=10))
     parallel_state.initialize_model_parallel(

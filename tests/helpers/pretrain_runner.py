@@ -18,6 +18,10 @@ TINY = [
 ]
 
 
+_LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                  "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -31,7 +35,9 @@ def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300,
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--master_port={free_port()}", "-m", "mtmegatron.pretrain"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
+    # a launcher's variables left in this process by other tests must not leak into the job
+    inherited = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env = {**inherited, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
     proc = subprocess.run(cmd + args + ["--log-dir", str(log_dir)], capture_output=True, text=True,
                           timeout=timeout, env=env)
     if expect_ok and proc.returncode != 0:
