@@ -175,3 +175,59 @@ def unpermute(
         )
     _, row_id_map = moe_permute_index_op(routing_map)
     return moe_unpermute_op(permuted_tokens, row_id_map, probs)
+
+
+# ---- TransformerEngine-compatible entry points (what megatron-core's moe_utils calls when
+# config.moe_permute_fusion is on; bound there by patches/moe_fused_permute.py). The "sorted_indices" TE hands
+# back is an opaque row map that only the matching unpermute reads: ours is the [tokens, experts] row_id_map.
+
+def _check_num_out(permuted, num_out_tokens):
+    if num_out_tokens is not None and int(num_out_tokens) not in (-1, permuted.shape[0]):
+        raise ValueError(
+            f"mtmegatron fused permute: num_out_tokens={int(num_out_tokens)} but the routing map selects "
+            f"{permuted.shape[0]} rows (token dropping without padding is not supported; use drop-and-pad or "
+            "moe_permute_fusion=False)"
+        )
+
+
+def fused_permute(tokens, routing_map, num_out_tokens=None):
+    """TE `moe_permute(tokens, routing_map, num_out_tokens)` contract: (permuted [N, H], row_id_map)."""
+    sorted_indices, row_id_map = moe_permute_index_op(routing_map)
+    permuted = moe_permute_op(tokens, sorted_indices, row_id_map)
+    _check_num_out(permuted, num_out_tokens)
+    return permuted, row_id_map
+
+
+def fused_permute_with_probs(tokens, probs, routing_map, num_out_tokens=None):
+    """TE `moe_permute_with_probs` contract: (permuted tokens, permuted probs [N], row_id_map)."""
+    permuted, row_id_map = fused_permute(tokens, routing_map, num_out_tokens)
+    permuted_probs = probs.T.contiguous().masked_select(routing_map.bool().T.contiguous())
+    return permuted, permuted_probs, row_id_map
+
+
+def fused_unpermute(permuted_tokens, sorted_indices, merging_probs=None, restore_shape=None):
+    """TE `moe_unpermute(inp, row_id_map, merging_probs, restore_shape)` contract; `sorted_indices` is the
+    row_id_map returned by fused_permute. Sums (probability-weighted) expert outputs per token."""
+    out = moe_unpermute_op(permuted_tokens, sorted_indices, merging_probs)
+    return out if restore_shape is None else out.view(restore_shape)
+
+
+def _chunk_rows(split_sizes, sorted_idxs, total):
+    sizes = split_sizes.to(torch.long)
+    starts = torch.cumsum(sizes, 0) - sizes
+    order = sorted_idxs.to(device=sizes.device, dtype=torch.long)
+    sizes_sorted, starts_sorted = sizes[order], starts[order]
+    out_starts = torch.cumsum(sizes_sorted, 0) - sizes_sorted
+    shift = torch.repeat_interleave(starts_sorted - out_starts, sizes_sorted, output_size=total)
+    return shift + torch.arange(total, device=sizes.device)
+
+
+def fused_sort_chunks_by_index(input, split_sizes, sorted_idxs):
+    """TE `moe_sort_chunks_by_index` contract: reorder the row chunks of `input` (sizes `split_sizes`) into the
+    order `sorted_idxs`, as one row gather (autograd through index_select). Python, no native kernel."""
+    return input.index_select(0, _chunk_rows(split_sizes, sorted_idxs, input.shape[0]))
+
+
+def fused_sort_chunks_by_index_with_probs(input, probs, split_sizes, sorted_idxs):
+    rows = _chunk_rows(split_sizes, sorted_idxs, input.shape[0])
+    return input.index_select(0, rows), probs.index_select(0, rows)

@@ -120,3 +120,30 @@ def topk_routing_with_score_function(
     return moe_router_topk_op(
         logits, expert_bias, topk, num_groups or 0, group_topk or 0, float(scaling_factor or 1.0)
     )
+
+
+# ---- TransformerEngine-compatible entry points (what megatron-core's moe_utils calls when
+# config.moe_router_fusion is on; bound there by patches/moe_fused_router.py).
+
+def fused_topk_with_score_function(logits, topk, use_pre_softmax=False, num_groups=None, group_topk=None,
+                                   scaling_factor=None, score_function="softmax", expert_bias=None):
+    """TE `fused_topk_with_score_function` contract: the sigmoid router runs mtmegatron::moe_router_topk, the
+    softmax router megatron-core's unfused code (no native kernel for it)."""
+    return topk_routing_with_score_function(logits, topk, use_pre_softmax, num_groups, group_topk, scaling_factor,
+                                            score_function, expert_bias)
+
+
+def fused_compute_score_for_moe_aux_loss(logits, topk, score_function):
+    """TE contract for the aux-loss scores; megatron-core's unfused formula (plain torch, no native kernel), so
+    that moe_router_fusion can be on for routers with a load-balancing loss."""
+    from megatron.core.transformer.moe import moe_utils
+
+    return moe_utils.compute_routing_scores_for_aux_loss(logits, topk, score_function, fused=False)
+
+
+def fused_moe_aux_loss(probs, tokens_per_expert, total_num_tokens, topk, num_experts, coeff):
+    """TE contract for the switch load-balancing loss; megatron-core's unfused formula (plain torch)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    return moe_utils.switch_load_balancing_loss_func(probs, tokens_per_expert, total_num_tokens, topk, num_experts,
+                                                     coeff, fused=False)
