@@ -25,7 +25,10 @@ def test_example_runs_on_cpu_with_passthrough_flags(script, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # --train-iters 4 overrode the default 30
-    assert all(r["loss"] > 0 for r in rows)
+    for row in rows:  # the metrics contract other tools rely on
+        assert {"iteration", "loss", "grad_norm", "lr", "tokens_per_sec"} <= row.keys()
+        assert row["loss"] > 0 and row["grad_norm"] > 0 and row["lr"] > 0 and row["tokens_per_sec"] > 0
+    assert "iteration      4/     4" in proc.stdout  # console progress
 
 
 def test_musa_defaults_are_exported_and_user_values_win():
