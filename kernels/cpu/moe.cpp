@@ -1,8 +1,9 @@
 // CPU core of MoE permute/unpermute by routing map (megatron's order: rows grouped by expert, tokens ascending
 // inside an expert). moe_index builds sorted_indices and the [tokens, experts] row map that lets unpermute and
 // the backward passes run per token without atomics.
+#include <algorithm>
 #include <vector>
-#include "mtm/cpu_common.h"
+#include "mtm/cpu_vec.h"
 
 namespace mtm {
 namespace MTM_CPU_NS {
@@ -50,21 +51,28 @@ void unpermute_fwd(const MoeUnpermuteArgs& a) {
   T* out = static_cast<T*>(a.out);
   const int64_t h = a.hidden, E = a.experts;
   parallel_chunks(a.tokens, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<A> acc(h);
+    std::vector<A> acc(h + kW);  // padded: the vector loop reads and writes whole kW-lane blocks
     for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t i = 0; i < h; ++i) acc[i] = 0;
+      std::fill(acc.begin(), acc.end(), A(0));
       A* ac = acc.data();
       for (int64_t e = 0; e < E; ++e) {
         const int32_t r = a.row_id_map[t * E + e];
         if (r < 0) continue;
         const T* src = in + static_cast<int64_t>(r) * h;
         const A p = probs ? probs[t * E + e] : A(1);
-#pragma omp simd
-        for (int64_t i = 0; i < h; ++i) ac[i] += ld(src, i) * p;
+        if constexpr (kVec<T>) {
+          const VF pv = vset(p);
+          for (int64_t i = 0; i < h; i += kW) vstore(ac + i, vfma(vload_part(src + i, h - i, 0.0f), pv, vload(ac + i)));
+        } else {
+          for (int64_t i = 0; i < h; ++i) ac[i] += ld(src, i) * p;
+        }
       }
       T* o = out + t * h;
-#pragma omp simd
-      for (int64_t i = 0; i < h; ++i) st(o, i, ac[i]);
+      if constexpr (kVec<T>) {
+        for (int64_t i = 0; i < h; i += kW) vstore_part(o + i, h - i, vload(ac + i));
+      } else {
+        for (int64_t i = 0; i < h; ++i) st(o, i, ac[i]);
+      }
     }
   });
 }

@@ -2,7 +2,7 @@
 Each variant, forced with MTMEGATRON_CPU_ISA in a fresh process, must (a) round fp32 -> bf16 exactly like
 PyTorch (nearest even, NaN stays NaN): swiglu on bf16 input equals swiglu on the same values in fp32 rounded by
 torch, bit for bit, over widths that exercise every vector tail; (b) match the references for softmax (masked,
-causal), cross-entropy, rms_norm and adam at tail-heavy shapes."""
+causal), cross-entropy, rms_norm, MoE unpermute and adam at tail-heavy shapes."""
 import json
 import os
 import subprocess
@@ -13,7 +13,7 @@ import pytest
 _CHILD = r"""
 import json, torch
 from mtmegatron import ops
-from mtmegatron.ops import activation, cross_entropy, norm, softmax, adam
+from mtmegatron.ops import activation, cross_entropy, moe, norm, softmax, adam
 out = {"isa": ops.BUILD_INFO.get("cpu_isa")}
 g = torch.Generator().manual_seed(0)
 bad = []
@@ -48,6 +48,13 @@ for dt, rtol, atol in ((torch.float32, 1e-5, 1e-6), (torch.bfloat16, 2**-7, 1e-2
         xn, w = torch.randn(5, sk * 3, generator=g).to(dt), torch.randn(sk * 3, generator=g).to(dt)
         for a, b in zip(norm.rms_norm_op(xn, w, 1e-5), norm.rms_norm_reference(xn, w, 1e-5)):
             close(f"rms_norm {dt} {sk}", a, b, rtol, atol)
+    for hidden in (5, 37):
+        rmap = torch.rand(9, 4, generator=g) > 0.5
+        _, row_id_map = moe.moe_permute_index_op(rmap)
+        perm = torch.randn(int(rmap.sum()), hidden, generator=g).to(dt)
+        pr = torch.rand(9, 4, generator=g)
+        close(f"unpermute {dt} {hidden}", moe.moe_unpermute_op(perm, row_id_map, pr),
+              moe.moe_unpermute_reference(perm, row_id_map, pr), rtol, atol)
 p = [torch.randn(n, generator=g) for n in (1, 13, 1000)]
 gr = [torch.randn_like(t) for t in p]
 m, v = [torch.rand_like(t) for t in p], [torch.rand_like(t) for t in p]
