@@ -30,6 +30,11 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
             moe_grouped_gemm=False,
             expert_model_parallel_size=args.expert_model_parallel_size,
         )
+    fusion = {"apply_rope_fusion": False}
+    if args.transformer_impl == "mtmegatron":  # megatron-core's fusion switches, served by mtmegatron.ops
+        fusion["apply_rope_fusion"] = args.position_embedding_type == "rope"
+        if args.num_experts:
+            fusion.update(moe_permute_fusion=True, moe_router_fusion=True)
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     return TransformerConfig(
         num_layers=args.num_layers,
@@ -61,10 +66,10 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         bias_dropout_fusion=False,
-        apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
         **moe,
+        **fusion,
     )
 
 

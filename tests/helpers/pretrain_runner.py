@@ -18,7 +18,7 @@ TINY = [
 ]
 
 
-_LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                   "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
 
 
@@ -36,7 +36,7 @@ def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300,
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--master_port={free_port()}", "-m", "mtmegatron.pretrain"]
     # a launcher's variables left in this process by other tests must not leak into the job
-    inherited = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    inherited = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env = {**inherited, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
     proc = subprocess.run(cmd + args + ["--log-dir", str(log_dir)], capture_output=True, text=True,
                           timeout=timeout, env=env)
