@@ -84,6 +84,8 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--fp16", action="store_true")
+    g.add_argument("--loss-scale", type=float, default=None, help="static fp16 loss scale (default: dynamic)")
+    g.add_argument("--initial-loss-scale", type=float, default=2.0**32, help="start of the dynamic fp16 loss scale")
 
 
 def _add_io(p: argparse.ArgumentParser) -> None:

@@ -34,6 +34,8 @@ class MetricsWriter:
             grad_norm = row["grad_norm"]
             norm = "   n/a" if grad_norm is None or math.isnan(grad_norm) else f"{grad_norm:7.3f}"
             extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss",) if k in row)
+            if row.get("skipped"):
+                extra += " | step skipped (inf/nan gradients, loss scale lowered)"
             print(f" iteration {it:6d}/{self.train_iters:6d} | loss {row['loss']:.5f} | grad norm {norm}"
                   f" | lr {row['lr']:.3e} | {row['tokens_per_sec']:9.1f} tokens/s"
                   f" | {row['step_time_ms']:8.1f} ms/it{extra}", flush=True)

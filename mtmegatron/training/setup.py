@@ -67,6 +67,8 @@ def build(args):
             clip_grad=args.clip_grad,
             bf16=args.bf16,
             fp16=args.fp16,
+            loss_scale=args.loss_scale,
+            initial_loss_scale=args.initial_loss_scale,
             params_dtype=config.params_dtype,
             use_distributed_optimizer=args.use_distributed_optimizer,
         ),
