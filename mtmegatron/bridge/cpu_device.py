@@ -196,8 +196,14 @@ def initial_seed() -> int:
     return torch.default_generator.initial_seed()
 
 
-get_rng_state_all = lambda: [get_rng_state()]  # noqa: E731
-set_rng_state_all = lambda states: set_rng_state(states[0])  # noqa: E731
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states) -> None:
+    set_rng_state(states[0])
+
+
 default_generators = (torch.default_generator,)
 
 random = types.SimpleNamespace(
