@@ -13,16 +13,14 @@ Versions: megatron-core 0.16.x. Backends: cpu only (on CUDA/MUSA the tensors are
 
 import torch
 
-from .base import Patch, resolve, set_attr
+from .base import Patch, current, set_attr
 
 TARGET = "megatron.core.transformer.moe.token_dispatcher:maybe_move_tensor_to_cpu"
 
 
 def apply():
-    owner, name = resolve(TARGET)
-    original = getattr(owner, name, None)
-    if original is None or not hasattr(owner, "MoEAlltoAllTokenDispatcher"):
-        raise RuntimeError(f"{TARGET} or MoEAlltoAllTokenDispatcher is gone; review this patch")
+    original = current(TARGET)
+    current(TARGET.split(":")[0] + ":MoEAlltoAllTokenDispatcher")  # the caller this patch exists for
 
     def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
         if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":

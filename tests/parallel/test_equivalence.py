@@ -60,17 +60,14 @@ def _assert_same_curve(reference: list[float], losses: list[float], layout: str)
     assert worst <= RTOL, f"{layout}: max relative loss difference {worst:.2e} > {RTOL}\n{reference}\n{losses}"
 
 
-@pytest.mark.parametrize("layout", list(DENSE_LAYOUTS))
-def test_dense_layout_matches_single_rank(dense_reference, layout):
-    root, args, reference = dense_reference
-    nproc, extra = DENSE_LAYOUTS[layout]
-    _, rows = run_pretrain(nproc, args + extra, root / layout)
-    _assert_same_curve(reference, [r["loss"] for r in rows], layout)
+CASES = [("dense_reference", DENSE_LAYOUTS, name) for name in DENSE_LAYOUTS] + [
+    ("moe_reference", MOE_LAYOUTS, name) for name in MOE_LAYOUTS
+]
 
 
-@pytest.mark.parametrize("layout", list(MOE_LAYOUTS))
-def test_moe_layout_matches_single_rank(moe_reference, layout):
-    root, args, reference = moe_reference
-    nproc, extra = MOE_LAYOUTS[layout]
+@pytest.mark.parametrize("reference_fixture,layouts,layout", CASES, ids=[case[2] for case in CASES])
+def test_layout_matches_single_rank(request, reference_fixture, layouts, layout):
+    root, args, reference = request.getfixturevalue(reference_fixture)
+    nproc, extra = layouts[layout]
     _, rows = run_pretrain(nproc, args + extra, root / layout)
     _assert_same_curve(reference, [r["loss"] for r in rows], layout)
