@@ -16,6 +16,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
+from mtmegatron.attention.spec import apply_attention_to_spec
+
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     moe = {}
@@ -55,6 +57,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size,
+        cp_comm_type=args.cp_comm_type,
         sequence_parallel=args.sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -86,7 +89,7 @@ def layer_spec(args: argparse.Namespace):
 
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP)."""
-    spec = layer_spec(args)
+    spec = apply_attention_to_spec(layer_spec(args), args)
     fused = args.transformer_impl == "mtmegatron"
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss

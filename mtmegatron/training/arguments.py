@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.models.presets import preset
 
 
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtmegatron.pretrain", description="Pretrain a GPT-style model with megatron-core")
     _add_model(p)
     _add_parallel(p)
+    add_attention_args(p)
     _add_training(p)
     _add_io(p)
     return p
@@ -135,8 +137,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     ep = args.expert_model_parallel_size
     if min(tp, pp, cp, ep) < 1:
         raise ConfigError("parallel sizes must be >= 1")
-    if cp != 1:
-        raise ConfigError("--context-parallel-size > 1 is not supported yet (needs our CP attention)")
+    check_attention_args(args, ConfigError)
     if args.num_attention_heads % tp:
         raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --num-attention-heads "
                           f"{args.num_attention_heads}")

@@ -14,18 +14,22 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
+
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     """Mean token loss of one micro-batch (megatron-core divides by the number of micro-batches)."""
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
+    if parallel_state.get_context_parallel_world_size() > 1:  # this rank holds part of each sequence
+        return cp_loss(losses, mask)
     loss = torch.sum(losses * mask) / mask.sum()
     # clone: the schedule divides the returned loss in place by the number of micro-batches
     return loss, {"lm loss": loss.detach().clone()}
 
 
 def forward_step(data_iterator, model):
-    batch = next(data_iterator)
+    batch = batch_on_this_cp_rank(next(data_iterator))
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 
