@@ -74,6 +74,7 @@ def run(args, backend) -> int:
                 f"{torch.distributed.get_world_size()} = TP {args.tensor_model_parallel_size} x PP "
                 f"{args.pipeline_model_parallel_size}"
                 f"{' (VPP ' + str(args.virtual_pipeline_model_parallel_size) + ')' if args.virtual_pipeline_model_parallel_size else ''}"
+                f"{' x CP ' + str(args.context_parallel_size) if args.context_parallel_size > 1 else ''}"
                 f" x DP {args.data_parallel_size}, EP {args.expert_model_parallel_size} | {args.model}"
                 f" {num_params / 1e6:.2f}M params | {args.num_microbatches} micro-batches of {args.micro_batch_size}")
 

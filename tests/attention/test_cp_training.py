@@ -22,6 +22,8 @@ LAYOUTS = {
     "cp2_all_gather": (2, ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"]),
     "cp2_tp2_sp": (4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2",
                        "--sequence-parallel"]),
+    "cp2_pp2": (4, ["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
+    "cp2_dp2_distopt": (4, ["--context-parallel-size", "2", "--use-distributed-optimizer"]),
 }
 
 
