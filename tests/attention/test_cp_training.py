@@ -4,8 +4,7 @@ Pattern of tests/parallel/test_equivalence.py: one initial checkpoint loaded int
 batches, fp32, dropout 0, 8 iterations of a tiny Llama-3 (GQA, RoPE, SwiGLU) with our SDPA attention. The
 reference is a single rank; the layouts split each sequence over CP ranks (load-balanced chunks) with ring
 (p2p) or all-gather K/V attention, also combined with TP2+SP, PP2 and DP2 + distributed optimizer.
-Tolerance: 1e-4 relative per iteration
-(measured 2.8e-08 to 5.8e-08). Each layout is a real ``torchrun -m mtmegatron.pretrain``.
+Tolerance: 1e-4 relative per iteration (measured 2.8e-08 to 5.8e-08). Each layout is a real ``torchrun -m mtmegatron.pretrain``.
 """
 
 from __future__ import annotations
