@@ -76,6 +76,10 @@ def run(args, backend) -> int:
                 f"{' (VPP ' + str(args.virtual_pipeline_model_parallel_size) + ')' if args.virtual_pipeline_model_parallel_size else ''}"
                 f" x DP {args.data_parallel_size}, EP {args.expert_model_parallel_size} | {args.model}"
                 f" {num_params / 1e6:.2f}M params | {args.num_microbatches} micro-batches of {args.micro_batch_size}")
+    if args.fp8_format:
+        from mtmegatron.fp8.spec import describe
+
+        print_rank0(rank, describe(args))
 
     start = 0
     if args.load:
