@@ -66,7 +66,8 @@ def gemm_scaled_mm(a: QTensor, b: QTensor) -> torch.Tensor:
     for j in range(scale_a.shape[1]):
         cols = slice(j * block_k, (j + 1) * block_k)
         out += torch._scaled_mm(a.data[:, cols].contiguous(), b.data[:, cols].contiguous().t(),
-                                scale_a=scale_a[:, j:j + 1].contiguous(), scale_b=scale_b[:, j].reshape(1, -1).contiguous(),
+                                scale_a=scale_a[:, j:j + 1].contiguous(),
+                                scale_b=scale_b[:, j].reshape(1, -1).contiguous(),
                                 out_dtype=torch.float32)
     return out
 

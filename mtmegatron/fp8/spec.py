@@ -105,4 +105,5 @@ def describe(args) -> str:
     recipe = recipe_from_args(args)
     bf16_layers = (f", first {args.num_layers_at_start_in_bf16}/last {args.num_layers_at_end_in_bf16} layers in "
                    "high precision" if args.first_last_layers_bf16 else "")
-    return f"mtmegatron: FP8 {recipe.name} recipe, {args.fp8_format} format, executor {resolve_executor(args)}{bf16_layers}"
+    return (f"mtmegatron: FP8 {recipe.name} recipe, {args.fp8_format} format, executor {resolve_executor(args)}"
+            f"{bf16_layers}")
