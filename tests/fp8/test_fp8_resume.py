@@ -12,8 +12,9 @@ ARGS = TINY + ["--num-layers", "2", "--global-batch-size", "4", "--bf16", "--ten
 
 
 def test_delayed_scaling_resume_reproduces_losses(tmp_path):
-    _, full = run_pretrain(2, ARGS, tmp_path / "full")
-    run_pretrain(2, ARGS + ["--exit-interval", "3", "--save", str(tmp_path / "ckpt")], tmp_path / "first")
+    ckpt = tmp_path / "ckpt"
+    _, full = run_pretrain(2, ARGS + ["--save", str(ckpt), "--save-interval", "3"], tmp_path / "full")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("3")  # resume from the mid-run checkpoint
     _, resumed = run_pretrain(2, ARGS + ["--load", str(tmp_path / "ckpt")], tmp_path / "second")
     assert [r["iteration"] for r in resumed] == [4, 5, 6]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full[3:]]
