@@ -48,6 +48,13 @@ def main(argv=None) -> int:
         mtmegatron.activate(backend)
     except UnsupportedMegatronVersion as e:
         _fail(str(e))
+    if args.fp8_format:  # the FP8 executor depends on the active backend
+        from mtmegatron.fp8.spec import resolve_executor
+
+        try:
+            resolve_executor(args)
+        except ValueError as e:
+            _fail(str(e))
     from mtmegatron.training.checkpointing import CheckpointError
 
     try:

@@ -64,3 +64,13 @@ def test_spec_swap_reaches_dense_and_expert_linears():
     assert experts.linear_fc1.params["fp8_recipe"].name == "tensorwise"
     # the input spec is left untouched
     assert block.layer_specs[0].submodules.self_attention.submodules.linear_qkv.__name__ == "ColumnParallelLinear"
+
+
+def test_unavailable_executor_is_one_clear_error(tmp_path):
+    from helpers.pretrain_runner import run_pretrain
+
+    proc, _ = run_pretrain(1, BASE + ["--train-iters", "1", "--fp8-format", "hybrid", "--fp8-executor",
+                                      "transformer_engine"], tmp_path, expect_ok=False)
+    assert proc.returncode == 2
+    assert ("mtmegatron.pretrain: error: --fp8-executor transformer_engine is not offered by backend cpu "
+            "(offers: scaled_mm, emulated)") in proc.stderr
