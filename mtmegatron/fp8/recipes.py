@@ -17,7 +17,6 @@ import torch
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 FORMATS = ("e4m3", "hybrid")
 RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
-AMAX_ALGOS = ("max", "most_recent")
 
 
 @dataclass(frozen=True)
