@@ -48,6 +48,13 @@ def main(argv=None) -> int:
         mtmegatron.activate(backend)
     except UnsupportedMegatronVersion as e:
         _fail(str(e))
+    if args.fp8_format:  # the FP8 executor depends on the active backend
+        from mtmegatron.fp8.spec import resolve_executor
+
+        try:
+            resolve_executor(args)
+        except ValueError as e:
+            _fail(str(e))
     from mtmegatron.training.checkpointing import CheckpointError
 
     try:
@@ -77,6 +84,10 @@ def run(args, backend) -> int:
                 f"{' x CP ' + str(args.context_parallel_size) if args.context_parallel_size > 1 else ''}"
                 f" x DP {args.data_parallel_size}, EP {args.expert_model_parallel_size} | {args.model}"
                 f" {num_params / 1e6:.2f}M params | {args.num_microbatches} micro-batches of {args.micro_batch_size}")
+    if args.fp8_format:
+        from mtmegatron.fp8.spec import describe
+
+        print_rank0(rank, describe(args))
 
     start = 0
     if args.load:

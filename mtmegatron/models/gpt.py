@@ -17,6 +17,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
 from mtmegatron.attention.spec import apply_attention_to_spec
+from mtmegatron.fp8.spec import apply_fp8_to_spec, keep_layers_in_bf16, te_config_fields
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
@@ -73,6 +74,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         deallocate_pipeline_outputs=True,
         **moe,
         **fusion,
+        **te_config_fields(args),
     )
 
 
@@ -89,7 +91,7 @@ def layer_spec(args: argparse.Namespace):
 
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP)."""
-    spec = apply_attention_to_spec(layer_spec(args), args)
+    spec = apply_fp8_to_spec(apply_attention_to_spec(layer_spec(args), args), args)
     fused = args.transformer_impl == "mtmegatron"
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss
@@ -113,4 +115,5 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
         )
         if fused:
             install_fused_loss(chunks[-1])
+        keep_layers_in_bf16(chunks[-1], args)
     return chunks

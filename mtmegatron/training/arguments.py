@@ -105,6 +105,45 @@ def _add_io(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", choices=None, default=None, help="cpu, cuda or musa (default: auto-detect)")
 
 
+def _add_fp8(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fp8 (see docs/fp8.md)")
+    g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
+                   help="train linears in FP8: e4m3 everywhere, or hybrid (E4M3 forward, E5M2 gradients)")
+    g.add_argument("--fp8-recipe", choices=["delayed", "tensorwise", "blockwise", "mxfp8"], default=None,
+                   help="scaling recipe (default delayed)")
+    g.add_argument("--fp8-margin", type=int, default=0)
+    g.add_argument("--fp8-amax-history-len", type=int, default=1)
+    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent")
+    g.add_argument("--tp-only-amax-red", action="store_true", help="reduce amax over TP (x CP) only, not DP")
+    g.add_argument("--first-last-layers-bf16", action="store_true",
+                   help="keep the first/last transformer layers' linears in high precision")
+    g.add_argument("--num-layers-at-start-in-bf16", type=int, default=1)
+    g.add_argument("--num-layers-at-end-in-bf16", type=int, default=1)
+    g.add_argument("--fp8-executor", choices=["auto", "transformer_engine", "scaled_mm", "emulated"],
+                   default="auto", help="who runs the FP8 GEMMs (default: the backend's first that works)")
+
+
+def _validate_fp8(args: argparse.Namespace) -> None:
+    if args.fp8_format is None:
+        if args.fp8_recipe or args.first_last_layers_bf16:
+            raise ConfigError("--fp8-recipe/--first-last-layers-bf16 need --fp8-format (e4m3 or hybrid)")
+        return
+    args.fp8_recipe = args.fp8_recipe or "delayed"
+    if args.fp16:
+        raise ConfigError("FP8 training needs --bf16 (or fp32) weights here, not --fp16")
+    if args.fp8_amax_history_len < 1 or args.fp8_margin < 0:
+        raise ConfigError("--fp8-amax-history-len must be >= 1 and --fp8-margin >= 0")
+    if args.first_last_layers_bf16:
+        per_stage = args.num_layers // args.pipeline_model_parallel_size
+        if args.fp8_recipe == "delayed":
+            raise ConfigError("--first-last-layers-bf16 is not supported with --fp8-recipe delayed (as in "
+                              "megatron-core)")
+        for flag in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if not 0 <= getattr(args, flag) <= per_stage:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be between 0 and the {per_stage} layers of a "
+                                  "pipeline stage")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtmegatron.pretrain", description="Pretrain a GPT-style model with megatron-core")
     _add_model(p)
@@ -112,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_attention_args(p)
     _add_training(p)
     _add_io(p)
+    _add_fp8(p)
     return p
 
 
@@ -199,6 +239,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("no data given: pass --mock-data (real --data-path datasets are not wired in yet)")
     if args.lr_decay_iters is None:
         args.lr_decay_iters = max(args.train_iters, 1)
+    _validate_fp8(args)
 
 
 def parse_args(argv=None, world_size: int | None = None) -> argparse.Namespace:
