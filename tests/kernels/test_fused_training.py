@@ -23,7 +23,9 @@ ENTRY = Path(__file__).with_name("fused_flags_pretrain.py")
 MOE = ["--model", "mixtral", "--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type",
        "alltoall", "--expert-model-parallel-size", "2"]
 CASES = {
-    "llama3_tp2_sp": (["--tensor-model-parallel-size", "2", "--sequence-parallel"], 20),
+    # attention-backend local: both runs keep the spec's own attention, so the fused causal softmax is compared
+    # with megatron-core's (the default backend would swap both for SDPA attention)
+    "llama3_tp2_sp": (["--tensor-model-parallel-size", "2", "--sequence-parallel", "--attention-backend", "local"], 20),
     "mixtral_ep2": (MOE, 10),
 }
 
@@ -60,6 +62,8 @@ def test_fused_impl_matches_local(tmp_path, case):
     assert len(calls) == 2, calls
     for rank in calls:
         assert rank["rope"] > 0, rank
+        if "--attention-backend" in extra:
+            assert rank["causal_softmax"] > 0, rank
         if "--num-experts" in extra:
             assert rank["moe_permute"] > 0 and rank["moe_unpermute"] > 0 and rank["router_topk"] > 0, rank
     print(f"{case}: max relative loss difference {worst:.2e}")
