@@ -90,7 +90,7 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 
 def _add_io(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data, checkpoints, logging")
-    g.add_argument("--mock-data", action="store_true", help="megatron-core's mock GPT dataset")
+    g.add_argument("--mock-data", action="store_true", help="megatron-core's mock GPT dataset (default: real data)")
     g.add_argument("--save", default=None, help="checkpoint directory to write")
     g.add_argument("--load", default=None, help="checkpoint directory to resume from")
     g.add_argument("--save-interval", type=int, default=None)
@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel(p)
     _add_training(p)
     _add_io(p)
+    from mtmegatron.training import run_args
+
+    run_args.add_flags(p)
     return p
 
 
@@ -194,8 +197,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     if args.overlap_param_gather and not args.use_distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-    if not args.mock_data:
-        raise ConfigError("no data given: pass --mock-data (real --data-path datasets are not wired in yet)")
+    from mtmegatron.training import run_args
+
+    run_args.validate(args, ConfigError)
     if args.lr_decay_iters is None:
         args.lr_decay_iters = max(args.train_iters, 1)
 

@@ -14,6 +14,8 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from mtmegatron.training import robustness
+
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     """Mean token loss of one micro-batch (megatron-core divides by the number of micro-batches)."""
@@ -61,7 +63,10 @@ def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
         forward_only=False,
     )
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
-    update_successful, grad_norm, _ = optimizer.step()
+    if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, getattr(args, "iteration", 0)):
+        update_successful, grad_norm = False, None  # inf/nan never reaches the weights (fp16: the optimizer's)
+    else:
+        update_successful, grad_norm, _ = optimizer.step()
     if update_successful:
         scheduler.step(increment=args.global_batch_size)
     return {
