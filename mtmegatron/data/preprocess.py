@@ -96,7 +96,8 @@ def preprocess(inputs: list[str], prefix: str, tokenizer: HFTokenizer, key: str 
     num_docs = num_tokens = 0
     bar = tqdm(desc=f"tokenizing -> {os.path.basename(out)}", unit=" docs", disable=not progress,
                file=sys.stderr)
-    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, (tokenizer.source,)) \
+    # fork: workers start in milliseconds (spawn would re-import torch in each)
+    with multiprocessing.get_context("fork").Pool(workers, _init_worker, (tokenizer.source,)) \
             if workers > 1 else _InProcess(tokenizer) as pool:
         for ids in pool.imap(_encode, iter_documents(inputs, key), chunksize=16):
             if append_eod:
