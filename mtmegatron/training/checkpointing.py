@@ -112,6 +112,11 @@ def _model_state(model) -> dict:
     return {key: _unwrap(chunk).sharded_state_dict() for key, chunk in zip(_model_keys(model), model)}
 
 
+def _layout() -> dict:
+    return {"tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp": parallel_state.get_pipeline_model_parallel_world_size()}
+
+
 def _rng_state() -> ShardedObject:
     state = {
         "random": random.getstate(),
@@ -140,6 +145,8 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
     state["iteration"] = iteration
     state["args"] = {k: getattr(args, k) for k in MODEL_FINGERPRINT}
     state["train_state"] = dict(train_state or {})
+    state["layout"] = _layout()
+    state["distributed_optimizer"] = bool(args.use_distributed_optimizer)
     dist_checkpointing.save(state, partial)
     _pause_for_test(root, iteration, rank)
     torch.distributed.barrier()
@@ -182,6 +189,18 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     state = _model_state(model)
     load_optim = not (args.finetune or args.no_load_optim)
     load_rng = not (args.finetune or args.no_load_rng)
+    saved_distopt = common.get("distributed_optimizer", bool(args.use_distributed_optimizer))
+    if load_optim and saved_distopt != bool(args.use_distributed_optimizer):
+        raise CheckpointError(f"checkpoint {directory} holds {'distributed' if saved_distopt else 'plain'}-optimizer "
+                              f"state; run with{'' if saved_distopt else 'out'} --use-distributed-optimizer, or "
+                              f"pass --no-load-optim to load the weights only")
+    saved_layout = common.get("layout", _layout())
+    if load_rng and saved_layout != _layout():
+        # RNG states are per (PP, TP) rank: they have no meaning under another layout (as in Megatron-LM)
+        load_rng = False
+        if torch.distributed.get_rank() == 0:
+            print(f"mtmegatron: checkpoint layout {saved_layout} differs from this run's {_layout()}: "
+                  f"RNG states not restored (dropout masks will differ from the original run)", flush=True)
     if load_optim:
         _materialize_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=OPTIMIZER_METADATA)
