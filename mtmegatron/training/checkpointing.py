@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from torch.distributed.checkpoint.api import CheckpointException
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # The distributed optimizer's default format in megatron-core 0.16 ('fully_sharded_model_space') relies on
@@ -172,6 +173,18 @@ def _materialize_optimizer_state(optimizer) -> None:
             inner._init_optimizer_states_with_dummy_values()
 
 
+def _describe(error: BaseException) -> str:
+    """The first underlying failure of a (possibly per-rank wrapped) checkpoint error, on one line."""
+    failures = getattr(error, "failures", None)  # torch's CheckpointException: {rank: exception}
+    if failures:
+        rank, error = next(iter(failures.items()))
+        if isinstance(error, tuple):  # (exception, its stack summary)
+            error = error[0]
+        return f"rank {rank}: {_describe(error)}"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}{': ' + text[0] if text else ''}"
+
+
 def load(root: str, model, optimizer, scheduler, args, train_state: dict | None = None) -> int:
     """Load the latest complete checkpoint under ``root``; returns the iteration to continue from.
     ``train_state`` (when given) is updated with the counters saved beside the weights."""
@@ -208,9 +221,11 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         state["rng_state"] = _rng_state()
     try:
         loaded = dist_checkpointing.load(state, directory)
-    except Exception as e:  # dist_checkpointing raises CheckpointingException, KeyError, RuntimeError, ...
-        raise CheckpointError(f"checkpoint {directory} cannot be loaded into this model/layout: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    # dist_checkpointing raises CheckpointingException, KeyError, RuntimeError, ... and torch's
+    # CheckpointException, which is a BaseException
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"checkpoint {directory} cannot be loaded into this model/layout (damaged files, "
+                              f"or written by another model): {_describe(e)}") from e
     for key, chunk in zip(_model_keys(model), model):
         _unwrap(chunk).load_state_dict(loaded[key])
     if load_optim:
