@@ -25,7 +25,7 @@ def write_outputs(model, tokenizer, args) -> None:
         return
     pairs = samples(model, tokenizer, args)
     if pairs is None:
-        print_rank0(rank, "mtmegatron: no samples: greedy decoding is not supported with pipeline parallelism")
+        print_rank0(rank, "mtmegatron: no samples: greedy decoding is not supported with pipeline or context parallelism")
         return
     text = "".join(f"--- prompt: {prompt!r}\n{prompt}{continuation}\n" for prompt, continuation in pairs)
     if rank == 0:

@@ -4,7 +4,8 @@ Every rank runs the same decode (tensor-parallel ranks must all take part in eac
 replicas simply repeat it); logits are gathered over TP by the model (``runtime_gather_output``). With
 sequence parallelism the input is right-padded to a multiple of TP (causal attention: padding after the last
 real token does not change its logits). Pipeline parallelism is not supported here (it would need the
-decode loop to pass activations between stages): the caller skips sampling with a message.
+decode loop to pass activations between stages), nor context parallelism (the sequence would have to be
+split as in training): the caller skips sampling with a message.
 May assume: one model chunk (PP 1), an HF tokenizer from mtmegatron.data.tokenizer, no KV cache (tiny
 models; each new token re-runs the whole context, at most seq_length tokens).
 """
@@ -39,7 +40,8 @@ def greedy_continue(model, tokenizer, prompt: str, num_tokens: int, args) -> str
 
 def samples(model, tokenizer, args) -> list[tuple[str, str]] | None:
     """(prompt, continuation) pairs; None when the layout cannot decode (pipeline parallelism)."""
-    if len(model) != 1 or parallel_state.get_pipeline_model_parallel_world_size() > 1:
+    if (len(model) != 1 or parallel_state.get_pipeline_model_parallel_world_size() > 1
+            or parallel_state.get_context_parallel_world_size() > 1):
         return None
     prompts = list(args.sample_prompt or DEFAULT_PROMPTS)[: args.num_samples]
     model[0].eval()
