@@ -23,6 +23,18 @@ import torch
 INJECT_ENV = "MTMEGATRON_TEST_INJECT_NAN"
 
 
+def _agreed(local: bool) -> bool:
+    """True on every rank when any rank passes True (one all-reduce MAX on the collective's device: NCCL/MCCL
+    reduce device tensors only)."""
+    from mtmegatron import active_backend
+
+    backend = active_backend()
+    device = backend.device(int(os.environ.get("LOCAL_RANK", "0"))) if backend else torch.device("cpu")
+    flag = torch.tensor([1.0 if local else 0.0], device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def _grad_buffers(model):
     for chunk in model:
         for buffer in list(getattr(chunk, "buffers", [])) + list(getattr(chunk, "expert_parallel_buffers", [])):
@@ -44,9 +56,7 @@ def nonfinite_step(model, losses_reduced: list[dict], iteration: int) -> bool:
     bad = any(not math.isfinite(float(d["lm loss"])) for d in losses_reduced)
     if not bad:
         bad = any(not torch.isfinite(grad).all() for grad in _grad_buffers(model))
-    flag = torch.tensor([1.0 if bad else 0.0])
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return bool(flag.item())
+    return _agreed(bad)
 
 
 class TerminationRequest:
@@ -60,9 +70,7 @@ class TerminationRequest:
         self._signalled = True
 
     def requested(self) -> bool:
-        flag = torch.tensor([1.0 if self._signalled else 0.0])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+        return _agreed(self._signalled)
 
     def restore(self) -> None:
         signal.signal(signal.SIGTERM, self._previous)
