@@ -55,7 +55,9 @@ def nonfinite_step(model, losses_reduced: list[dict], iteration: int) -> bool:
     _inject_nan(model, iteration)
     bad = any(not math.isfinite(float(d["lm loss"])) for d in losses_reduced)
     if not bad:
-        bad = any(not torch.isfinite(grad).all() for grad in _grad_buffers(model))
+        # the sum of a buffer is non-finite iff an element is (barring fp32 overflow of huge gradients), and
+        # needs no buffer-sized temporary
+        bad = any(not torch.isfinite(grad.sum()) for grad in _grad_buffers(model))
     return _agreed(bad)
 
 
