@@ -112,6 +112,7 @@ def run(args, backend, tokenizer=None) -> int:
     last = min(args.train_iters, args.exit_interval or args.train_iters)
     saved_at = None
     status = 0
+    terminated = False
     try:
         for iteration in range(start + 1, last + 1):
             args.iteration = iteration
@@ -136,7 +137,7 @@ def run(args, backend, tokenizer=None) -> int:
             if termination.requested():
                 print_rank0(rank, f"mtmegatron: SIGTERM received: stopping after iteration {iteration}"
                             f"{'' if args.save else ' (no --save given: no checkpoint written)'}")
-                last = iteration
+                last, terminated = iteration, True
                 break
         if status == 0 and args.save and saved_at != last and (last > start or last == 0):  # 0: initial ckpt
             path = checkpointing.save(args.save, last, model, optimizer, scheduler, args, train_state)
@@ -144,8 +145,8 @@ def run(args, backend, tokenizer=None) -> int:
     finally:
         writer.close()
         termination.restore()
-    if status == 0:
-        write_outputs(model, tokenizer, args)
+    if status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
+        write_outputs(model, None if terminated else tokenizer, args)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return status
