@@ -1,5 +1,6 @@
-"""The ``mtmegatron`` console command: ``env`` (what this machine offers) and ``patches`` (what is changed in
-megatron-core and why). Training itself is ``torchrun -m mtmegatron.pretrain``.
+"""The ``mtmegatron`` console command: ``env``/``doctor`` (what this machine offers), ``patches`` (what is
+changed in megatron-core and why) and ``preprocess`` (text -> indexed dataset). Training itself is
+``torchrun -m mtmegatron.pretrain``.
 May assume: torch installed; megatron-core imported only by the subcommands that need it.
 """
 
@@ -40,6 +41,9 @@ def cmd_env(args) -> int:
     print(f"fp8 executors (preferred first): {', '.join(chosen.fp8_executors)}")
     if chosen.device_type != "cpu":
         print(f"devices: {chosen.device_module().device_count()}")
+    from mtmegatron.data import doctor
+
+    doctor.report()
     return 0
 
 
@@ -62,10 +66,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mtmegatron", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (("env", cmd_env, "show backends, versions, kernels"),
+                           ("doctor", cmd_env, "same as env"),
                            ("patches", cmd_patches, "list megatron-core patches and why")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--backend", default=None)
         p.set_defaults(fn=fn)
+    from mtmegatron.data import preprocess
+
+    p = preprocess.build_parser(sub.add_parser("preprocess", help="JSONL/text -> megatron-core .bin/.idx"))
+    p.set_defaults(fn=preprocess.run)
     args = parser.parse_args(argv)
     from mtmegatron.backends import BackendUnavailableError
 

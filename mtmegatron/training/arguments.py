@@ -70,7 +70,7 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training")
     g.add_argument("--micro-batch-size", type=int, default=2)
     g.add_argument("--global-batch-size", type=int, default=8)
-    g.add_argument("--train-iters", type=int, default=100)
+    g.add_argument("--train-iters", type=int, default=1000)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--min-lr", type=float, default=0.0)
     g.add_argument("--lr-warmup-iters", type=int, default=0)
@@ -91,7 +91,7 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 
 def _add_io(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data, checkpoints, logging")
-    g.add_argument("--mock-data", action="store_true", help="megatron-core's mock GPT dataset")
+    g.add_argument("--mock-data", action="store_true", help="megatron-core's mock GPT dataset (default: real data)")
     g.add_argument("--save", default=None, help="checkpoint directory to write")
     g.add_argument("--load", default=None, help="checkpoint directory to resume from")
     g.add_argument("--save-interval", type=int, default=None)
@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training(p)
     _add_io(p)
     _add_fp8(p)
+    from mtmegatron.training import run_args
+
+    run_args.add_flags(p)
     return p
 
 
@@ -235,8 +238,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     if args.overlap_param_gather and not args.use_distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-    if not args.mock_data:
-        raise ConfigError("no data given: pass --mock-data (real --data-path datasets are not wired in yet)")
+    from mtmegatron.training import run_args
+
+    run_args.validate(args, ConfigError)
     if args.lr_decay_iters is None:
         args.lr_decay_iters = max(args.train_iters, 1)
     _validate_fp8(args)

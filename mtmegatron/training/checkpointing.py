@@ -2,7 +2,12 @@
 
 Layout (Megatron-LM's): ``<save>/iter_0000010/`` plus ``<save>/latest_checkpointed_iteration.txt``. A
 checkpoint is written to ``iter_XXXXXXX.partial`` and renamed only after every rank finished, then the
-tracker file is replaced atomically: a crash mid-save never leaves a "latest" that is incomplete.
+tracker file is replaced atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load``
+takes the newest *complete* checkpoint (the tracker's, or the newest renamed ``iter_*`` directory if the
+tracker's is gone); ``--keep-last N`` prunes older ones and stale ``.partial`` directories after each save.
+The model-defining flags are stored and compared on load, so a checkpoint of another model is one clear error.
+Test hook: ``MTMEGATRON_TEST_PAUSE_IN_SAVE=ITER:RANK`` makes that rank stop inside the save of ``ITER`` (its
+shard written, the checkpoint not yet complete) and write ``<save>/paused-rank<RANK>`` with its pid.
 May assume: process groups and the model/optimizer exist; called on every rank.
 """
 
@@ -10,18 +15,27 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
+import time
 
 import numpy as np
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from torch.distributed.checkpoint.api import CheckpointException
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # The distributed optimizer's default format in megatron-core 0.16 ('fully_sharded_model_space') relies on
 # ShardedTensor.flattened_range, which its own validation now rejects; 'fully_reshardable' is the format that
 # loads under any TP/PP/DP layout.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+# The flags that decide the model's parameters: stored in every checkpoint, compared on load.
+MODEL_FINGERPRINT = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                     "vocab_size", "num_experts", "swiglu", "normalization", "position_embedding_type",
+                     "untie_embeddings_and_output_weights", "moe_ffn_hidden_size")
+PAUSE_ENV = "MTMEGATRON_TEST_PAUSE_IN_SAVE"
+_ITER_DIR = re.compile(r"^iter_(\d{7})$")
 
 
 class CheckpointError(ValueError):
@@ -43,6 +57,47 @@ def latest_iteration(root: str) -> int | None:
     return int(text)
 
 
+def _is_complete(directory: str) -> bool:
+    # dist_checkpointing writes metadata.json last; the rename from .partial happens after every rank finished
+    return os.path.isfile(os.path.join(directory, "metadata.json"))
+
+
+def complete_iterations(root: str) -> list[int]:
+    """Iterations of the complete checkpoints under ``root``, oldest first (``.partial`` ones never count)."""
+    if not os.path.isdir(root):
+        return []
+    found = [int(m.group(1)) for name in os.listdir(root) if (m := _ITER_DIR.match(name))]
+    return sorted(it for it in found if _is_complete(checkpoint_dir(root, it)))
+
+
+def latest_complete_iteration(root: str) -> int | None:
+    """The tracker's iteration when that checkpoint is complete, else the newest complete one (a tracker
+    update lost in a crash, or a checkpoint deleted by hand), else None."""
+    tracked = latest_iteration(root)
+    if tracked is not None and _is_complete(checkpoint_dir(root, tracked)):
+        return tracked
+    complete = complete_iterations(root)
+    return complete[-1] if complete else None
+
+
+def prune(root: str, keep_last: int) -> list[str]:
+    """Remove all but the ``keep_last`` newest complete checkpoints and any leftover ``.partial`` directory."""
+    removed = [checkpoint_dir(root, it) for it in complete_iterations(root)[:-keep_last]]
+    removed += [os.path.join(root, name) for name in os.listdir(root) if name.endswith(".partial")]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def _pause_for_test(root: str, iteration: int, rank: int) -> None:
+    spec = os.environ.get(PAUSE_ENV, "")
+    if spec and spec == f"{iteration}:{rank}":
+        with open(os.path.join(root, f"paused-rank{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+        while True:  # until the test kills this process
+            time.sleep(1)
+
+
 def _unwrap(chunk):
     """The GPTModel inside DDP / Float16Module wrappers (their state dicts would add 'module.' prefixes)."""
     while hasattr(chunk, "module"):
@@ -58,6 +113,11 @@ def _model_state(model) -> dict:
     return {key: _unwrap(chunk).sharded_state_dict() for key, chunk in zip(_model_keys(model), model)}
 
 
+def _layout() -> dict:
+    return {"tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp": parallel_state.get_pipeline_model_parallel_world_size()}
+
+
 def _rng_state() -> ShardedObject:
     state = {
         "random": random.getstate(),
@@ -71,7 +131,7 @@ def _rng_state() -> ShardedObject:
                          replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True))
 
 
-def save(root: str, iteration: int, model, optimizer, scheduler, args) -> str:
+def save(root: str, iteration: int, model, optimizer, scheduler, args, train_state: dict | None = None) -> str:
     rank = torch.distributed.get_rank()
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
@@ -84,10 +144,12 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args) -> str:
     state["rng_state"] = _rng_state()
     state["scheduler"] = scheduler.state_dict()
     state["iteration"] = iteration
-    state["args"] = {k: getattr(args, k) for k in ("num_layers", "hidden_size", "num_attention_heads",
-                                                   "num_query_groups", "ffn_hidden_size", "vocab_size",
-                                                   "num_experts", "swiglu", "normalization")}
+    state["args"] = {k: getattr(args, k) for k in MODEL_FINGERPRINT}
+    state["train_state"] = dict(train_state or {})
+    state["layout"] = _layout()
+    state["distributed_optimizer"] = bool(args.use_distributed_optimizer)
     dist_checkpointing.save(state, partial)
+    _pause_for_test(root, iteration, rank)
     torch.distributed.barrier()
     if rank == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -96,6 +158,8 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args) -> str:
         with open(tmp, "w") as f:
             f.write(str(iteration))
         os.replace(tmp, os.path.join(root, TRACKER))
+        if getattr(args, "keep_last", None):
+            prune(root, args.keep_last)
     torch.distributed.barrier()
     return final
 
@@ -109,26 +173,59 @@ def _materialize_optimizer_state(optimizer) -> None:
             inner._init_optimizer_states_with_dummy_values()
 
 
-def load(root: str, model, optimizer, scheduler, args) -> int:
-    """Load the latest complete checkpoint under ``root``; returns the iteration to continue from."""
-    iteration = latest_iteration(root)
+def _describe(error: BaseException) -> str:
+    """The first underlying failure of a (possibly per-rank wrapped) checkpoint error, on one line."""
+    failures = getattr(error, "failures", None)  # torch's CheckpointException: {rank: exception}
+    if failures:
+        rank, error = next(iter(failures.items()))
+        if isinstance(error, tuple):  # (exception, its stack summary)
+            error = error[0]
+        return f"rank {rank}: {_describe(error)}"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}{': ' + text[0] if text else ''}"
+
+
+def load(root: str, model, optimizer, scheduler, args, train_state: dict | None = None) -> int:
+    """Load the latest complete checkpoint under ``root``; returns the iteration to continue from.
+    ``train_state`` (when given) is updated with the counters saved beside the weights."""
+    iteration = latest_complete_iteration(root)
     if iteration is None:
-        raise CheckpointError(f"--load {root}: no {TRACKER} there (no complete checkpoint)")
+        found = "" if latest_iteration(root) is None else f" ({TRACKER} names an incomplete checkpoint)"
+        raise CheckpointError(f"--load {root}: no {TRACKER} there (no complete checkpoint){found}")
     directory = checkpoint_dir(root, iteration)
-    saved_args = dist_checkpointing.load_common_state_dict(directory).get("args", {})
-    mismatched = {k: (v, getattr(args, k)) for k, v in saved_args.items() if getattr(args, k) != v}
+    common = dist_checkpointing.load_common_state_dict(directory)
+    saved_args = common.get("args", {})
+    mismatched = {k: (v, getattr(args, k)) for k, v in saved_args.items() if getattr(args, k, v) != v}
     if mismatched:
         details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
         raise CheckpointError(f"checkpoint {directory} was written for a different model ({details})")
     state = _model_state(model)
     load_optim = not (args.finetune or args.no_load_optim)
     load_rng = not (args.finetune or args.no_load_rng)
+    saved_distopt = common.get("distributed_optimizer", bool(args.use_distributed_optimizer))
+    if load_optim and saved_distopt != bool(args.use_distributed_optimizer):
+        raise CheckpointError(f"checkpoint {directory} holds {'distributed' if saved_distopt else 'plain'}-optimizer "
+                              f"state; run with{'' if saved_distopt else 'out'} --use-distributed-optimizer, or "
+                              f"pass --no-load-optim to load the weights only")
+    saved_layout = common.get("layout", _layout())
+    if load_rng and saved_layout != _layout():
+        # RNG states are per (PP, TP) rank: they have no meaning under another layout (as in Megatron-LM)
+        load_rng = False
+        if torch.distributed.get_rank() == 0:
+            print(f"mtmegatron: checkpoint layout {saved_layout} differs from this run's {_layout()}: "
+                  f"RNG states not restored (dropout masks will differ from the original run)", flush=True)
     if load_optim:
         _materialize_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=OPTIMIZER_METADATA)
     if load_rng:
         state["rng_state"] = _rng_state()
-    loaded = dist_checkpointing.load(state, directory)
+    try:
+        loaded = dist_checkpointing.load(state, directory)
+    # dist_checkpointing raises CheckpointingException, KeyError, RuntimeError, ... and torch's
+    # CheckpointException, which is a BaseException
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"checkpoint {directory} cannot be loaded into this model/layout (damaged files, "
+                              f"or written by another model): {_describe(e)}") from e
     for key, chunk in zip(_model_keys(model), model):
         _unwrap(chunk).load_state_dict(loaded[key])
     if load_optim:
@@ -142,4 +239,6 @@ def load(root: str, model, optimizer, scheduler, args) -> int:
         np.random.set_state(rng["np"])
         torch.set_rng_state(rng["torch"])
         tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+    if train_state is not None and not args.finetune:
+        train_state.update(common.get("train_state", {}))
     return 0 if args.finetune else loaded["iteration"]

@@ -3,7 +3,8 @@
 Global batch ``i`` is always samples ``[i*G, (i+1)*G)`` of the dataset (G = global batch size); data-parallel
 rank ``d`` takes the ``d``-th contiguous slice of it, cut into micro-batches. So any TP/PP/DP layout sees the
 same global batch, and resuming at iteration ``i`` is exact without saving iterator state.
-May assume: megatron-core's dataset builder; mock data needs no files.
+May assume: megatron-core's dataset builder; mock data needs no files. Real data (``--data-path``, or the
+embedded corpus) has been checked and its tokenizer resolved by ``mtmegatron.data.resolve``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Iterator
 import numpy as np
 import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.utils import get_blend_from_list
 
 
 class MockTokenizer:
@@ -42,6 +44,27 @@ def build_mock_dataset(args: argparse.Namespace, num_samples: int):
         MockGPTDataset, [num_samples, None, None], lambda: True, config
     ).build()
     return train
+
+
+def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int | None, tokenizer):
+    """(train, valid) GPTDatasets over ``--data-path`` (a prefix, or a weighted blend ``W1 P1 W2 P2 ...``)
+    with the ``--split`` train/valid/test proportions; valid is None when the split gives it nothing."""
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=get_blend_from_list(args.data_path),
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    train, valid, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, [num_train, num_valid, None], lambda: True, config
+    ).build()
+    return train, valid
 
 
 def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int) -> Iterator[dict]:

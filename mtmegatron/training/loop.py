@@ -15,6 +15,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
+from mtmegatron.training import robustness
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -65,7 +66,10 @@ def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
         forward_only=False,
     )
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
-    update_successful, grad_norm, _ = optimizer.step()
+    if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, getattr(args, "iteration", 0)):
+        update_successful, grad_norm = False, None  # inf/nan never reaches the weights (fp16: the optimizer's)
+    else:
+        update_successful, grad_norm, _ = optimizer.step()
     if update_successful:
         scheduler.step(increment=args.global_batch_size)
     return {
