@@ -16,6 +16,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
 from mtmegatron.training import robustness
+from mtmegatron.training.device import compute_device, to_compute_device
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -30,14 +31,14 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator, model):
-    batch = batch_on_this_cp_rank(next(data_iterator))
+    batch = batch_on_this_cp_rank(to_compute_device(next(data_iterator)))
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 
 
 def _global_mean_loss(losses_reduced: list[dict], args) -> float:
     """Average the last stage's micro-batch losses, then over data-parallel ranks, visible on every rank."""
-    contribution = torch.zeros(1, dtype=torch.float64)
+    contribution = torch.zeros(1, dtype=torch.float64, device=compute_device())
     is_reporter = (
         parallel_state.is_pipeline_last_stage(ignore_virtual=True)
         and parallel_state.get_tensor_model_parallel_rank() == 0

@@ -26,11 +26,9 @@ INJECT_ENV = "MTMEGATRON_TEST_INJECT_NAN"
 def _agreed(local: bool) -> bool:
     """True on every rank when any rank passes True (one all-reduce MAX on the collective's device: NCCL/MCCL
     reduce device tensors only)."""
-    from mtmegatron import active_backend
+    from mtmegatron.training.device import compute_device
 
-    backend = active_backend()
-    device = backend.device(int(os.environ.get("LOCAL_RANK", "0"))) if backend else torch.device("cpu")
-    flag = torch.tensor([1.0 if local else 0.0], device=device)
+    flag = torch.tensor([1.0 if local else 0.0], device=compute_device())
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
     return bool(flag.item())
 

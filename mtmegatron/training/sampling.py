@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
+from mtmegatron.training.device import compute_device
+
 DEFAULT_PROMPTS = ("In the beginning", "And the LORD said unto Moses,", "Blessed are the")
 
 
@@ -22,14 +24,15 @@ def greedy_continue(model, tokenizer, prompt: str, num_tokens: int, args) -> str
     tp = parallel_state.get_tensor_model_parallel_world_size()
     ids = tokenizer.tokenize(prompt)
     generated: list[int] = []
+    device = compute_device()
     with torch.no_grad():
         for _ in range(num_tokens):
             context = (ids + generated)[-args.seq_length:]
             length = len(context)
             padded = -(-length // tp) * tp if args.sequence_parallel else length
-            tokens = torch.full((1, padded), tokenizer.eod, dtype=torch.long)
-            tokens[0, :length] = torch.tensor(context)
-            positions = torch.arange(padded, dtype=torch.long).unsqueeze(0)
+            tokens = torch.full((1, padded), tokenizer.eod, dtype=torch.long, device=device)
+            tokens[0, :length] = torch.tensor(context, device=device)
+            positions = torch.arange(padded, dtype=torch.long, device=device).unsqueeze(0)
             logits = model(tokens, positions, None, runtime_gather_output=True)
             next_id = int(logits[0, length - 1].float().argmax())
             if next_id == tokenizer.eod:

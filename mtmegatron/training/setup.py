@@ -102,8 +102,10 @@ def count_parameters(model) -> int:
     """Parameters of the whole model, each counted once: TP-sharded ones summed over TP, replicated ones
     taken from TP rank 0, experts (not all-reduced over DP) summed over EP; then summed over PP."""
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    dense = torch.zeros(1, dtype=torch.float64)
-    experts = torch.zeros(1, dtype=torch.float64)
+    from mtmegatron.training.device import compute_device
+
+    dense = torch.zeros(1, dtype=torch.float64, device=compute_device())
+    experts = torch.zeros(1, dtype=torch.float64, device=compute_device())
     for chunk in model:
         for p in chunk.parameters():
             if not getattr(p, "allreduce", True):
