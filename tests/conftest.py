@@ -73,7 +73,7 @@ def _start_method(device_type: str) -> str:
     return "fork" if device_type == "cpu" else "spawn"  # a device context does not survive fork
 
 
-def run_ranks(worker, world_size: int, backend_name: str, *args, timeout: float = 120.0) -> list:
+def run_ranks(worker, world_size: int, backend_name: str, *args, timeout: float = 300.0) -> list:
     """Run ``worker`` on ``world_size`` ranks; return its results ordered by rank (see module docstring)."""
     import torch.multiprocessing as mp
 
