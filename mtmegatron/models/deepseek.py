@@ -60,8 +60,8 @@ def mla_fields(args: argparse.Namespace) -> dict:
 
 
 def needs_block_spec(args: argparse.Namespace) -> bool:
-    """Whether the stack is not one repeated layer (dense and MoE layers mixed)."""
-    return len(set(moe_layer_pattern(args))) > 1
+    """Whether a model with experts has dense layers too (then the stack is not one repeated layer)."""
+    return bool(args.num_experts) and 0 in moe_layer_pattern(args)
 
 
 def decoder_block_spec(config, args: argparse.Namespace, make_layer_spec, vp_stage: int | None):

@@ -34,6 +34,19 @@ def moe_layer_pattern(args: argparse.Namespace) -> list[int]:
     return list(freq)
 
 
+# flags where 0 means "off" (so an explicit flag can switch off what a preset turns on)
+_ZERO_IS_NONE = ("q_lora_rank", "moe_shared_expert_intermediate_size", "moe_router_num_groups",
+                 "moe_router_group_topk", "mtp_num_layers")
+
+
+def normalize_deepseek_args(args: argparse.Namespace) -> None:
+    """After preset filling: parse --moe-layer-freq; 0 -> None for the switch-off-able sizes."""
+    args.moe_layer_freq = parse_moe_layer_freq(args.moe_layer_freq)
+    for field in _ZERO_IS_NONE:
+        if getattr(args, field) == 0:
+            setattr(args, field, None)
+
+
 def check_deepseek_args(args: argparse.Namespace, error) -> None:
     """Raise ``error(message)`` for an inconsistent MLA / MoE-pattern / router / MTP combination."""
     if isinstance(args.moe_layer_freq, list) and len(args.moe_layer_freq) != args.num_layers:
@@ -61,7 +74,7 @@ def check_deepseek_args(args: argparse.Namespace, error) -> None:
             raise error("--multi-latent-attention needs --position-embedding-type rope (MLA applies RoPE itself)")
         if args.group_query_attention and args.num_query_groups != args.num_attention_heads:
             raise error("--multi-latent-attention does not take --group-query-attention (its KV is a latent)")
-    if args.mtp_num_layers is not None and args.mtp_num_layers < 1:
-        raise error("--mtp-num-layers must be >= 1")
+    if args.mtp_num_layers is not None and args.mtp_num_layers < 0:
+        raise error("--mtp-num-layers must be >= 0 (0: no MTP)")
     if args.mtp_num_layers and args.num_layers_per_virtual_pipeline_stage is not None:
         raise error("--mtp-num-layers with --num-layers-per-virtual-pipeline-stage is not supported here")

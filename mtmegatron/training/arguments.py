@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from mtmegatron.models.deepseek_args import check_deepseek_args, parse_moe_layer_freq
+from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.presets import preset
 
 
@@ -154,7 +154,7 @@ def _fill_from_preset(args: argparse.Namespace) -> None:
         args.num_query_groups = args.num_attention_heads
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
-    args.moe_layer_freq = parse_moe_layer_freq(args.moe_layer_freq)
+    normalize_deepseek_args(args)  # --moe-layer-freq parsing; 0 switches off a preset's q LoRA/groups/MTP
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
