@@ -1,5 +1,6 @@
-"""The ``mtmegatron`` console command: ``env`` (what this machine offers) and ``patches`` (what is changed in
-megatron-core and why). Training itself is ``torchrun -m mtmegatron.pretrain``.
+"""The ``mtmegatron`` console command: ``env`` (what this machine offers), ``patches`` (what is changed in
+megatron-core and why) and ``convert`` (HF <-> megatron-core checkpoints). Training itself is
+``torchrun -m mtmegatron.pretrain``.
 May assume: torch installed; megatron-core imported only by the subcommands that need it.
 """
 
@@ -66,12 +67,16 @@ def main(argv=None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("--backend", default=None)
         p.set_defaults(fn=fn)
+    from mtmegatron.convert.commands import add_parser as add_convert_parser
+
+    add_convert_parser(sub)
     args = parser.parse_args(argv)
     from mtmegatron.backends import BackendUnavailableError
+    from mtmegatron.convert.hf_config import ConversionError
 
     try:
         return args.fn(args)
-    except BackendUnavailableError as e:
+    except (BackendUnavailableError, ConversionError) as e:
         print(f"mtmegatron: error: {e}", file=sys.stderr)
         return 2
 

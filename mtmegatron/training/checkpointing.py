@@ -121,8 +121,9 @@ def load(root: str, model, optimizer, scheduler, args) -> int:
         details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
         raise CheckpointError(f"checkpoint {directory} was written for a different model ({details})")
     state = _model_state(model)
-    load_optim = not (args.finetune or args.no_load_optim)
-    load_rng = not (args.finetune or args.no_load_rng)
+    model_only = dist_checkpointing.load_common_state_dict(directory).get("model_only", False)  # convert's output
+    load_optim = not (args.finetune or args.no_load_optim or model_only)
+    load_rng = not (args.finetune or args.no_load_rng or model_only)
     if load_optim:
         _materialize_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=OPTIMIZER_METADATA)
@@ -142,4 +143,4 @@ def load(root: str, model, optimizer, scheduler, args) -> int:
         np.random.set_state(rng["np"])
         torch.set_rng_state(rng["torch"])
         tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
-    return 0 if args.finetune else loaded["iteration"]
+    return 0 if args.finetune or model_only else loaded["iteration"]

@@ -14,6 +14,8 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from mtmegatron.models.aux_losses import aux_loss_stats
+
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     """Mean token loss of one micro-batch (megatron-core divides by the number of micro-batches)."""
@@ -69,4 +71,5 @@ def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
         "grad_norm": float(grad_norm) if grad_norm is not None else None,
         "lr": lr,
         "skipped": not update_successful,
+        **aux_loss_stats(args),  # mtp_loss / moe_aux_loss when the model has them
     }

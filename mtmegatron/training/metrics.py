@@ -33,7 +33,7 @@ class MetricsWriter:
         if it % self.log_interval == 0 or it == self.train_iters:
             grad_norm = row["grad_norm"]
             norm = "   n/a" if grad_norm is None or math.isnan(grad_norm) else f"{grad_norm:7.3f}"
-            extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss",) if k in row)
+            extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss", "mtp_loss") if k in row)
             if row.get("skipped"):
                 extra += " | step skipped (inf/nan gradients, loss scale lowered)"
             print(f" iteration {it:6d}/{self.train_iters:6d} | loss {row['loss']:.5f} | grad norm {norm}"
