@@ -182,8 +182,8 @@ def to_hf(family: str, args, mcore: dict, rope_interleave: bool = True) -> dict:
                                ("final_layernorm", "shared_head.norm")):
             out[f"{hp}{h_name}.weight"] = mcore[f"mtp.layers.{k}.{m_name}.weight"]
         # DeepSeek's release stores the MTP layer's (shared) embedding and head with it
-        out[hp + "embed_tokens.weight"] = out["model.embed_tokens.weight"]
-        out[hp + "shared_head.head.weight"] = out.get("lm_head.weight", out["model.embed_tokens.weight"])
+        out[hp + "embed_tokens.weight"] = out["model.embed_tokens.weight"].clone()
+        out[hp + "shared_head.head.weight"] = out.get("lm_head.weight", out["model.embed_tokens.weight"]).clone()
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 

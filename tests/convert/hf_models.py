@@ -102,3 +102,19 @@ def save_tiny(family: str, directory: str, shard: bool = False):
 def hf_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(input_ids=tokens).logits.float()
+
+
+def main(argv: list[str]) -> None:
+    """``python hf_models.py FAMILY DIR [--shard]``: save the checkpoint and, next to it, ``reference.pt`` with
+    tokens (2 x SEQ), HF logits and HF's mean next-token loss. Run as a subprocess so that the test process
+    never runs torch compute before forking its rank processes (a forked OpenMP pool can hang)."""
+    family, directory = argv[0], argv[1]
+    model = save_tiny(family, directory, shard="--shard" in argv)
+    tokens = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(7))
+    torch.save({"tokens": tokens, "logits": hf_logits(model, tokens)}, os.path.join(directory, "reference.pt"))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
