@@ -19,7 +19,7 @@ MODEL_ONLY_KEY = "model_only"
 CHECKED_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
                 "vocab_size", "num_experts", "swiglu", "normalization", "multi_latent_attention", "q_lora_rank",
                 "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "moe_ffn_hidden_size",
-                "moe_shared_expert_intermediate_size", "moe_layer_freq", "mtp_num_layers",
+                "moe_shared_expert_intermediate_size", "moe_layer_freq",
                 "untie_embeddings_and_output_weights")
 
 

@@ -55,7 +55,9 @@ def _model_keys(model) -> list[str]:
 
 
 def _model_state(model) -> dict:
-    return {key: _unwrap(chunk).sharded_state_dict() for key, chunk in zip(_model_keys(model), model)}
+    # dp_cp_group: GPTModel ties the MTP stage's embedding copy over it (MTP on a stage without the embedding)
+    metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+    return {key: _unwrap(chunk).sharded_state_dict(metadata=metadata) for key, chunk in zip(_model_keys(model), model)}
 
 
 def _rng_state() -> ShardedObject:

@@ -36,7 +36,7 @@ def _deepseek_config():
     from transformers import DeepseekV3Config
 
     return DeepseekV3Config(
-        vocab_size=128, hidden_size=64, intermediate_size=160, moe_intermediate_size=32, num_hidden_layers=3,
+        vocab_size=128, hidden_size=64, intermediate_size=160, moe_intermediate_size=32, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=2,
         num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1, q_lora_rank=32,
         kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, routed_scaling_factor=2.5,
@@ -114,7 +114,27 @@ def main(argv: list[str]) -> None:
     torch.save({"tokens": tokens, "logits": hf_logits(model, tokens)}, os.path.join(directory, "reference.pt"))
 
 
+def hf_loss(directory: str, batch_file: str, micro_batch_size: int) -> None:
+    """``python hf_models.py --loss DIR BATCH MBS``: HF's next-token loss on BATCH's tokens/labels/loss_mask (a
+    torch file), reduced as pretrain reports it (masked token mean per micro-batch, then the mean over
+    micro-batches), written back into BATCH as ``hf_loss``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").float().eval()
+    batch = torch.load(batch_file)
+    logits = hf_logits(model, batch["tokens"])
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"], reduction="none")
+    mask = batch["loss_mask"].float()
+    per_micro = [(losses[i:i + micro_batch_size] * mask[i:i + micro_batch_size]).sum()
+                 / mask[i:i + micro_batch_size].sum() for i in range(0, len(losses), micro_batch_size)]
+    batch["hf_loss"] = float(torch.stack(per_micro).mean())
+    torch.save(batch, batch_file)
+
+
 if __name__ == "__main__":
     import sys
 
-    main(sys.argv[1:])
+    if sys.argv[1] == "--loss":
+        hf_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main(sys.argv[1:])
