@@ -25,19 +25,9 @@ _LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert
 
 
 def _progress(total: int, desc: str):
-    try:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        return tqdm(total=total, desc=desc, unit="tensor", disable=total < 50 or not sys.stderr.isatty())
-    except ImportError:  # tqdm comes with transformers/huggingface_hub; without it, no bar
-        class _Silent:
-            def update(self, n=1):
-                pass
-
-            def close(self):
-                pass
-
-        return _Silent()
+    return tqdm(total=total, desc=desc, unit="tensor", disable=total < 50 or not sys.stderr.isatty())
 
 
 def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
