@@ -3,7 +3,7 @@
 Target: megatron.core.transformer.moe.router:TopKRouter._apply_expert_bias
 Reason: the method (it adds this micro-batch's routing map to ``local_tokens_per_expert``, which
 finalize_model_grads turns into the aux-loss-free bias update) is decorated with ``jit_fuser``, which is
-``torch.compile`` on torch >= 2.2. Under the CPU bridge ``torch.cuda`` answers for the host, and inductor's
+``torch.compile`` on torch >= 2.2. Under the CPU bridge the CUDA device module answers for the host, and inductor's
 cache key then reads CUDA-only device properties (``gcnArchName``) and fails, so any run with
 ``--moe-router-enable-expert-bias`` dies on its first forward. The replacement is the undecorated method
 (one in-place add: nothing to fuse).

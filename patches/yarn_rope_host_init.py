@@ -2,7 +2,7 @@
 
 Target: megatron.core.models.common.embeddings.yarn_rotary_pos_embedding:YarnRotaryEmbedding.__init__
 Reason: MLA builds ``YarnRotaryEmbedding`` without passing ``use_cpu_initialization``, so the constructor runs
-``with torch.device(torch.cuda.current_device()):``. On the CPU backend that is ``torch.device(0)``, an
+``with torch.device(<current accelerator index>):``. On the CPU backend that is ``torch.device(0)``, an
 accelerator index, which torch rejects ("Cannot access accelerator device when none is available") before
 any call the bridge's device remapping can see (a context manager, not a tensor-creating call). The
 replacement passes ``use_cpu_initialization=True``, which on this backend is the same memory.

@@ -1,4 +1,4 @@
-"""Builds megatron-core GPT models (Llama-3, Mixtral shapes) from parsed pretrain flags.
+"""Builds megatron-core GPT models (Llama-3, Mixtral, DeepSeek-V3 shapes) from parsed pretrain flags.
 
 One ``TransformerConfig`` from the flags, one layer spec (megatron-core's local spec, or ours with fused
 kernels for ``--transformer-impl mtmegatron``), one ``GPTModel`` per virtual pipeline stage.
@@ -42,6 +42,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     config_class, mla = TransformerConfig, {}
     if args.multi_latent_attention:
         config_class, mla = MLATransformerConfig, deepseek.mla_fields(args)
+        fusion["apply_rope_fusion"] = False  # megatron's MLA RoPE fusion needs its Triton/TE kernels
     return config_class(
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,

@@ -125,7 +125,7 @@ def test_round_trip_is_exact(converted, tmp_path, family):
         assert torch.equal(original[name], returned[name]), name
     if family == "deepseek-v3":
         assert any(".mlp.gate.e_score_correction_bias" in n for n in original.names)
-        assert any(n.startswith("model.layers.3.eh_proj") for n in original.names)  # the MTP layer came back
+        assert any(n.startswith("model.layers.4.eh_proj") for n in original.names)  # the MTP layer came back
     config = json.loads((back / "config.json").read_text())
     reference = json.loads((hf_dir / "config.json").read_text())
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
