@@ -26,6 +26,13 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNI
 
 
 def test_fp8_block_weights_are_dequantized_on_read(tmp_path):
+    # in a subprocess: torch compute in the pytest process can hang the rank processes later tests fork
+    proc = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _check_fp8_dequantization(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(200, 300, generator=gen)
     scale_inv = torch.empty(2, 3)
@@ -85,3 +92,7 @@ def test_config_that_disagrees_with_the_weights_is_refused(tmp_path):
                            "--hf-dir", str(hf_dir), "--out", str(tmp_path / "out"),
                            "--tensor-model-parallel-size", "3"], capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 2 and "target layout TP3" in proc.stderr, proc.stderr[-3000:]
+
+
+if __name__ == "__main__":
+    _check_fp8_dequantization(Path(sys.argv[1]))

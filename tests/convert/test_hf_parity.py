@@ -100,7 +100,9 @@ def _model_flags(mc_dir: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("family,layout", CASES, ids=[f"{f}-{lay}" for f, lay in CASES])
-def test_logits_match_hf(converted, run_ranks, family, layout):
+def test_logits_match_hf(converted, run_ranks, monkeypatch, family, layout):
+    # spawned ranks: a rank forked from a pytest process that already ran torch code can hang
+    monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
     hf_dir, mc_dir, reference, tokens = converted(family)
     world, extra = LAYOUTS[layout]
     results = run_ranks(_logits_worker, world, "cpu", _model_flags(mc_dir) + extra, str(mc_dir), tokens.numpy(),
