@@ -18,3 +18,15 @@ launch_pretrain() {
 export_musa_defaults() {
   eval "$(python -c 'from mtmegatron.backends.musa import MUSA_ENV_DEFAULTS as d; print("\n".join(f"export {k}=${{{k}:-{v}}}" for k, v in d.items()))')"
 }
+
+# HF_DIR set: convert that HF checkpoint once (into MCORE_DIR, default "$HF_DIR-mcore") and put the converted
+# model's flags and --load into the array HF_ARGS (empty otherwise). Usage: from_hf_args llama3|mixtral|deepseek-v3
+from_hf_args() {
+  HF_ARGS=()
+  [[ -z "${HF_DIR:-}" ]] && return 0
+  local out=${MCORE_DIR:-$HF_DIR-mcore}
+  if [[ ! -f "$out/latest_checkpointed_iteration.txt" ]]; then
+    python -m mtmegatron.cli convert hf-to-mcore --model "$1" --hf-dir "$HF_DIR" --out "$out"
+  fi
+  eval "HF_ARGS=($(cat "$out/model_flags.txt") --load \"\$out\")"
+}

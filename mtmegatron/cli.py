@@ -1,5 +1,6 @@
 """The ``mtmegatron`` console command: ``env``/``doctor`` (what this machine offers), ``patches`` (what is
-changed in megatron-core and why) and ``preprocess`` (text -> indexed dataset). Training itself is
+changed in megatron-core and why), ``preprocess`` (text -> indexed dataset) and ``convert`` (HF <->
+megatron-core checkpoints). Training itself is
 ``torchrun -m mtmegatron.pretrain``.
 May assume: torch installed; megatron-core imported only by the subcommands that need it.
 """
@@ -75,12 +76,16 @@ def main(argv=None) -> int:
 
     p = preprocess.build_parser(sub.add_parser("preprocess", help="JSONL/text -> megatron-core .bin/.idx"))
     p.set_defaults(fn=preprocess.run)
+    from mtmegatron.convert.commands import add_parser as add_convert_parser
+
+    add_convert_parser(sub)
     args = parser.parse_args(argv)
     from mtmegatron.backends import BackendUnavailableError
+    from mtmegatron.convert.hf_config import ConversionError
 
     try:
         return args.fn(args)
-    except BackendUnavailableError as e:
+    except (BackendUnavailableError, ConversionError) as e:
         print(f"mtmegatron: error: {e}", file=sys.stderr)
         return 2
 

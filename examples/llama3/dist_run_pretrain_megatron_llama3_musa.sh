@@ -9,7 +9,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../common.sh"
 export_musa_defaults
+from_hf_args llama3  # HF_DIR=/path/to/hf/checkpoint: train from it (see ../common.sh)
 launch_pretrain --backend "${BACKEND:-musa}" --model llama3 --model-size tiny \
   --tensor-model-parallel-size 2 --sequence-parallel \
   --micro-batch-size 2 --global-batch-size 8 --train-iters 30 --lr 1e-3 --lr-warmup-iters 2 \
-  --mock-data --log-interval 5 --log-dir "${LOG_DIR:-runs/llama3}" "$@"
+  --mock-data --log-interval 5 --log-dir "${LOG_DIR:-runs/llama3}" "${HF_ARGS[@]}" "$@"

@@ -7,7 +7,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../common.sh"
 export_musa_defaults
+from_hf_args mixtral  # HF_DIR=/path/to/hf/checkpoint: train from it (see ../common.sh)
 launch_pretrain --backend "${BACKEND:-musa}" --model mixtral --model-size tiny \
   --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall \
   --micro-batch-size 2 --global-batch-size 8 --train-iters 30 --lr 1e-3 --lr-warmup-iters 2 \
-  --mock-data --log-interval 5 --log-dir "${LOG_DIR:-runs/mixtral}" "$@"
+  --mock-data --log-interval 5 --log-dir "${LOG_DIR:-runs/mixtral}" "${HF_ARGS[@]}" "$@"

@@ -1,4 +1,4 @@
-"""Builds megatron-core GPT models (Llama-3, Mixtral shapes) from parsed pretrain flags.
+"""Builds megatron-core GPT models (Llama-3, Mixtral, DeepSeek-V3 shapes) from parsed pretrain flags.
 
 One ``TransformerConfig`` from the flags, one layer spec (megatron-core's local spec, or ours with fused
 kernels for ``--transformer-impl mtmegatron``), one ``GPTModel`` per virtual pipeline stage.
@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+from mtmegatron.models import deepseek
 
 from mtmegatron.attention.spec import apply_attention_to_spec
 from mtmegatron.fp8.spec import apply_fp8_to_spec, keep_layers_in_bf16, te_config_fields
@@ -39,7 +41,12 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         if args.num_experts:
             fusion.update(moe_permute_fusion=True, moe_router_fusion=True)
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-    return TransformerConfig(
+    moe.update(deepseek.config_fields(args))  # MoE routing extras, MTP, qk-layernorm
+    config_class, mla = TransformerConfig, {}
+    if args.multi_latent_attention:
+        config_class, mla = MLATransformerConfig, deepseek.mla_fields(args)
+        fusion["apply_rope_fusion"] = False  # megatron's MLA RoPE fusion needs its Triton/TE kernels
+    return config_class(
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
         ffn_hidden_size=args.ffn_hidden_size,
@@ -75,18 +82,28 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         **moe,
         **fusion,
         **te_config_fields(args),
+        **mla,
     )
 
 
-def layer_spec(args: argparse.Namespace):
+def layer_spec(args: argparse.Namespace, num_experts=-1):
+    num_experts = args.num_experts if num_experts == -1 else num_experts
     if args.transformer_impl == "mtmegatron":
         from mtmegatron.models.fused_spec import get_gpt_layer_fused_spec
 
-        return get_gpt_layer_fused_spec(num_experts=args.num_experts, moe_grouped_gemm=False,
-                                        qk_layernorm=False, multi_latent_attention=False)
-    return get_gpt_layer_local_spec(
-        num_experts=args.num_experts, moe_grouped_gemm=False, normalization=args.normalization
-    )
+        spec = get_gpt_layer_fused_spec(num_experts=num_experts, moe_grouped_gemm=False,
+                                        qk_layernorm=bool(args.qk_layernorm),
+                                        multi_latent_attention=bool(args.multi_latent_attention))
+    else:
+        spec = get_gpt_layer_local_spec(
+            num_experts=num_experts, moe_grouped_gemm=False, normalization=args.normalization,
+            qk_layernorm=bool(args.qk_layernorm), multi_latent_attention=bool(args.multi_latent_attention),
+        )
+    if args.multi_latent_attention:
+        from mtmegatron.models.mla_attention import use_mla_head_dims
+
+        use_mla_head_dims(spec)
+    return spec
 
 
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
@@ -99,6 +116,8 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
     chunks = []
     for vp_stage in range(num_chunks):
         vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
+        if deepseek.needs_block_spec(args):  # first-k dense + MoE layers: a per-stage layer list
+            spec = deepseek.decoder_block_spec(config, args, lambda n: layer_spec(args, n), vp)
         chunks.append(
             GPTModel(
                 config=config,
@@ -111,6 +130,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
                 position_embedding_type=args.position_embedding_type,
                 rotary_base=args.rotary_base,
                 vp_stage=vp,
+                mtp_block_spec=deepseek.mtp_block_spec(config, spec, vp),
             )
         )
         if fused:

@@ -16,6 +16,18 @@ _LLAMA_COMMON = dict(
     group_query_attention=True,
 )
 
+# DeepSeek-V3: MLA with q LoRA and qk-layernorm, YaRN, first-k dense layers, a shared expert, the sigmoid
+# router with expert bias (aux-loss-free balancing) and group-limited top-k, one MTP layer.
+_DEEPSEEK_V3_COMMON = dict(
+    normalization="RMSNorm", norm_epsilon=1e-6, swiglu=True, position_embedding_type="rope",
+    disable_bias_linear=True, untie_embeddings_and_output_weights=True, multi_latent_attention=True,
+    qk_layernorm=True, rope_type="yarn", rotary_base=10000, rotary_scaling_factor=40.0,
+    original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+    moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3,
+    moe_router_load_balancing_type="seq_aux_loss", moe_aux_loss_coeff=1e-4, moe_token_dispatcher_type="alltoall",
+    mtp_num_layers=1, mtp_loss_scaling_factor=0.1,
+)
+
 PRESETS: dict[str, dict[str, dict]] = {
     "llama3": {
         "tiny": dict(
@@ -46,6 +58,32 @@ PRESETS: dict[str, dict[str, dict]] = {
             num_query_groups=8, seq_length=4096, max_position_embeddings=32768, vocab_size=32000,
             rotary_base=1000000, num_experts=8, moe_router_topk=2, moe_token_dispatcher_type="alltoall",
             moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2,
+        ),
+    },
+    "deepseek-v3": {
+        # 1 dense + 3 MoE layers; dense FFN 160, routed experts 32, shared expert 64: all sizes differ
+        "tiny": dict(
+            _DEEPSEEK_V3_COMMON, num_layers=4, hidden_size=64, ffn_hidden_size=160, num_attention_heads=4,
+            seq_length=32, max_position_embeddings=64, vocab_size=256, q_lora_rank=32, kv_lora_rank=16,
+            qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16, moe_layer_freq=[0] + [1] * 3,
+            num_experts=8, moe_router_topk=4, moe_router_num_groups=4, moe_router_group_topk=2,
+            moe_router_topk_scaling_factor=2.5, moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=64,
+        ),
+        # our own reduced shape of the same architecture (~1/3.5 the width, 16 layers): not a published model
+        "lite": dict(
+            _DEEPSEEK_V3_COMMON, num_layers=16, hidden_size=2048, ffn_hidden_size=10944, num_attention_heads=16,
+            seq_length=4096, max_position_embeddings=163840, vocab_size=129280, q_lora_rank=768, kv_lora_rank=512,
+            qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128, moe_layer_freq=[0] + [1] * 15,
+            num_experts=64, moe_router_topk=8, moe_router_num_groups=8, moe_router_group_topk=4,
+            moe_router_topk_scaling_factor=2.5, moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=1408,
+        ),
+        "671b": dict(
+            _DEEPSEEK_V3_COMMON, num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128,
+            seq_length=4096, max_position_embeddings=163840, vocab_size=129280, q_lora_rank=1536,
+            kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
+            moe_layer_freq=[0] * 3 + [1] * 58, num_experts=256, moe_router_topk=8, moe_router_num_groups=8,
+            moe_router_group_topk=4, moe_router_topk_scaling_factor=2.5, moe_ffn_hidden_size=2048,
+            moe_shared_expert_intermediate_size=2048,
         ),
     },
 }

@@ -11,6 +11,7 @@ import argparse
 import os
 
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
+from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.presets import preset
 
 
@@ -27,13 +28,23 @@ MODEL_FIELDS = {
     "disable_bias_linear": False, "untie_embeddings_and_output_weights": False, "num_experts": None,
     "moe_router_topk": 2, "moe_token_dispatcher_type": "allgather", "moe_ffn_hidden_size": None,
     "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.0,
+    # MLA, dense/MoE layer pattern, shared experts, biased group-limited router, MTP (models/deepseek.py);
+    # defaults are Megatron-LM's command-line ones
+    "multi_latent_attention": False, "q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128,
+    "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "qk_layernorm": False, "rope_type": "yarn",
+    "rotary_scaling_factor": 1.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+    "mscale": 1.0, "mscale_all_dim": 0.0, "moe_layer_freq": 1, "moe_shared_expert_intermediate_size": None,
+    "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
+    "moe_router_bias_update_rate": 1e-3, "moe_router_num_groups": None, "moe_router_group_topk": None,
+    "moe_router_topk_scaling_factor": None, "mtp_num_layers": None, "mtp_loss_scaling_factor": 0.1,
 }
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="llama3", help="model family preset (llama3, mixtral)")
-    g.add_argument("--model-size", default="tiny", help="preset size (llama3: tiny/8b/70b; mixtral: tiny/8x7b)")
+    g.add_argument("--model", default="llama3", help="model family preset (llama3, mixtral, deepseek-v3)")
+    g.add_argument("--model-size", default="tiny",
+                   help="preset size (llama3: tiny/8b/70b; mixtral: tiny/8x7b; deepseek-v3: tiny/lite/671b)")
     for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
                  "seq-length", "max-position-embeddings", "vocab-size", "rotary-base", "num-experts",
                  "moe-router-topk", "moe-ffn-hidden-size"):
@@ -43,7 +54,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default=None)
     g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope"], default=None)
     g.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall"], default=None)
-    g.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "none"], default=None)
+    g.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "none"],
+                   default=None)
     for name in ("group-query-attention", "swiglu", "disable-bias-linear", "untie-embeddings-and-output-weights"):
         g.add_argument(f"--{name}", action="store_true", default=None)
     g.add_argument("--hidden-dropout", type=float, default=0.0)
@@ -51,6 +63,24 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init-method-std", type=float, default=0.02)
     g.add_argument("--transformer-impl", choices=["local", "mtmegatron"], default="local",
                    help="layer implementation: megatron-core's local spec, or ours with fused kernels")
+    _add_mla_moe_mtp(p)
+
+
+def _add_mla_moe_mtp(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("MLA, MoE layer pattern and router, MTP (DeepSeek-V3)")
+    for name in ("q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim",
+                 "original-max-position-embeddings", "moe-shared-expert-intermediate-size", "moe-router-num-groups",
+                 "moe-router-group-topk", "mtp-num-layers"):
+        g.add_argument(f"--{name}", type=int, default=None)
+    for name in ("rotary-scaling-factor", "beta-fast", "beta-slow", "mscale", "mscale-all-dim",
+                 "moe-router-bias-update-rate", "moe-router-topk-scaling-factor", "mtp-loss-scaling-factor"):
+        g.add_argument(f"--{name}", type=float, default=None)
+    for name in ("multi-latent-attention", "qk-layernorm", "moe-router-enable-expert-bias"):
+        g.add_argument(f"--{name}", action="store_true", default=None)
+    g.add_argument("--rope-type", choices=["rope", "yarn"], default=None, help="MLA's RoPE variant")
+    g.add_argument("--moe-layer-freq", default=None,
+                   help="int N (an MoE layer every N layers) or a 0/1 list expression, e.g. ([0]*3+[1]*58)")
+    g.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"], default=None)
 
 
 def _add_parallel(p: argparse.ArgumentParser) -> None:
@@ -169,6 +199,7 @@ def _fill_from_preset(args: argparse.Namespace) -> None:
         args.num_query_groups = args.num_attention_heads
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
+    normalize_deepseek_args(args)  # --moe-layer-freq parsing; 0 switches off a preset's q LoRA/groups/MTP
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
@@ -215,6 +246,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(f"--moe-router-topk {args.moe_router_topk} exceeds --num-experts {args.num_experts}")
     elif ep != 1:
         raise ConfigError("--expert-model-parallel-size needs --num-experts")
+    check_deepseek_args(args, ConfigError)
     dp, mbs, gbs = args.data_parallel_size, args.micro_batch_size, args.global_batch_size
     if gbs % (mbs * dp):
         raise ConfigError(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "

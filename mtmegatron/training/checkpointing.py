@@ -110,7 +110,9 @@ def _model_keys(model) -> list[str]:
 
 
 def _model_state(model) -> dict:
-    return {key: _unwrap(chunk).sharded_state_dict() for key, chunk in zip(_model_keys(model), model)}
+    # dp_cp_group: GPTModel ties the MTP stage's embedding copy over it (MTP on a stage without the embedding)
+    metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+    return {key: _unwrap(chunk).sharded_state_dict(metadata=metadata) for key, chunk in zip(_model_keys(model), model)}
 
 
 def _layout() -> dict:
@@ -200,8 +202,9 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
         raise CheckpointError(f"checkpoint {directory} was written for a different model ({details})")
     state = _model_state(model)
-    load_optim = not (args.finetune or args.no_load_optim)
-    load_rng = not (args.finetune or args.no_load_rng)
+    model_only = common.get("model_only", False)  # mtmegatron convert's output: weights only, start at 0
+    load_optim = not (args.finetune or args.no_load_optim or model_only)
+    load_rng = not (args.finetune or args.no_load_rng or model_only)
     saved_distopt = common.get("distributed_optimizer", bool(args.use_distributed_optimizer))
     if load_optim and saved_distopt != bool(args.use_distributed_optimizer):
         raise CheckpointError(f"checkpoint {directory} holds {'distributed' if saved_distopt else 'plain'}-optimizer "
@@ -239,6 +242,6 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         np.random.set_state(rng["np"])
         torch.set_rng_state(rng["torch"])
         tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
-    if train_state is not None and not args.finetune:
+    if train_state is not None and not (args.finetune or model_only):
         train_state.update(common.get("train_state", {}))
-    return 0 if args.finetune else loaded["iteration"]
+    return 0 if args.finetune or model_only else loaded["iteration"]

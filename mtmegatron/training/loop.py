@@ -17,6 +17,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
 from mtmegatron.training import robustness
 from mtmegatron.training.device import compute_device, to_compute_device
+from mtmegatron.models.aux_losses import aux_loss_stats
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -78,4 +79,5 @@ def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
         "grad_norm": float(grad_norm) if grad_norm is not None else None,
         "lr": lr,
         "skipped": not update_successful,
+        **aux_loss_stats(args),  # mtp_loss / moe_aux_loss when the model has them
     }

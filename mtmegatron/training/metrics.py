@@ -60,7 +60,8 @@ class MetricsWriter:
         if it % self.log_interval == 0 or it == self.train_iters:
             grad_norm = row["grad_norm"]
             norm = "   n/a" if grad_norm is None or math.isnan(grad_norm) else f"{grad_norm:7.3f}"
-            extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss", "val_loss") if row.get(k) is not None)
+            extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss", "mtp_loss", "val_loss")
+                            if row.get(k) is not None)
             if row.get("skipped"):
                 extra += (f" | step skipped (inf/nan loss or gradients; with fp16 the loss scale is lowered)"
                           f" | {row.get('skipped_steps', 1)} skipped so far")

@@ -1,0 +1,152 @@
+"""``mtmegatron convert hf-to-mcore`` and ``mtmegatron convert mcore-to-hf``.
+
+hf-to-mcore: HF config -> our flags (hf_config), the target layout validated with the pretrain flag checks,
+the model built on one CPU rank, every tensor mapped (mapping) and shape-checked, written as a model-only
+distributed checkpoint plus ``model_flags.txt`` (the flags to pass to pretrain next to ``--load``).
+mcore-to-hf: the flags stored in the checkpoint (or given after ``--``) rebuild the model, the checkpoint is
+loaded (resharded from whatever layout wrote it) and written as HF safetensors + config.json.
+May assume: run as a plain single process (it creates a one-rank gloo group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import torch
+
+from mtmegatron.convert.hf_config import ConversionError, family_of, flags_from_hf, hf_config_from_args
+from mtmegatron.convert.hf_io import HFCheckpoint, write_checkpoint
+from mtmegatron.convert.mapping import mtp_in_checkpoint, to_hf, to_mcore
+
+FLAGS_FILE = "model_flags.txt"
+_LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tensor", disable=total < 50 or not sys.stderr.isatty())
+
+
+def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
+    """The pretrain flag checks for the layout the checkpoint is meant for (it loads under any layout)."""
+    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.training.arguments import ConfigError
+
+    layout = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+              "--expert-model-parallel-size", str(ep), "--global-batch-size", str(tp * pp * ep),
+              "--micro-batch-size", "1"]
+    try:
+        parse_flags(flags + layout, world_size=tp * pp * ep)
+    except ConfigError as e:
+        raise ConversionError(f"target layout TP{tp} PP{pp} EP{ep}: {e}") from None
+
+
+def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config: dict) -> None:
+    expected = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    for name, param in expected.items():
+        if name not in tensors:
+            raise ConversionError(f"no HF tensor maps to {name}")
+        if tuple(tensors[name].shape) != tuple(param.shape):
+            raise ConversionError(f"{name}: the checkpoint gives shape {tuple(tensors[name].shape)}, the model built "
+                                  f"from config.json has {tuple(param.shape)} (config and weights disagree)")
+    duplicates = set()
+    if family == "deepseek-v3":  # the MTP layer's copies of the shared embedding and output head
+        mtp = config["num_hidden_layers"]
+        duplicates = {n for n in hf.names if n.startswith(f"model.layers.{mtp}.")
+                      and (n.endswith("embed_tokens.weight") or n.endswith("shared_head.head.weight"))}
+    unused = [n for n in hf.names if n not in hf.used and n not in duplicates and "rotary_emb" not in n]
+    if unused:
+        raise ConversionError(f"{len(unused)} checkpoint tensors have no place in the model built from config.json "
+                              f"(first: {unused[:3]})")
+
+
+def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1, ep: int = 1) -> list[str]:
+    """Convert; returns the model flags a pretrain run needs next to ``--load out``."""
+    from mtmegatron.convert.model import build_model, init_single_rank, parse_flags, save_model_only
+
+    hf = HFCheckpoint(hf_dir)
+    config = hf.config()
+    family = family_of(config, model_name)
+    with_mtp = family == "deepseek-v3" and mtp_in_checkpoint(hf.names, config["num_hidden_layers"])
+    if family == "deepseek-v3" and config.get("num_nextn_predict_layers") and not with_mtp:
+        print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP", file=sys.stderr)
+    flags = flags_from_hf(family, config, with_mtp)
+    validate_layout(flags, tp, pp, ep)
+    args = parse_flags(flags)
+    init_single_rank(args)
+    model = build_model(args)
+    bar = _progress(len(hf.names), "reading HF tensors")
+
+    def get(name: str) -> torch.Tensor:
+        bar.update()
+        return hf[name]
+
+    tensors = to_mcore(family, args, get, rope_interleave=config.get("rope_interleave", True))
+    bar.close()
+    _check_complete(model, tensors, hf, family, config)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+    save_model_only(model, args, out, model_flags=flags)
+    with open(f"{out}/{FLAGS_FILE}", "w") as f:
+        f.write(shlex.join(flags) + "\n")
+    return flags
+
+
+def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool = True) -> dict:
+    """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config."""
+    from mtmegatron.convert.model import build_model, checkpoint_common, init_single_rank, load_model, parse_flags
+
+    flags = flags or checkpoint_common(load).get("model_flags")
+    if not flags:
+        raise ConversionError(f"{load} does not record its model flags (it was not written by the converter): "
+                              f"pass them after '--', e.g. -- --model llama3 --model-size 8b")
+    args = parse_flags(list(flags))
+    if args.model not in ("llama3", "mixtral", "deepseek-v3"):
+        raise ConversionError(f"--model {args.model}: no HF mapping")
+    init_single_rank(args)
+    model = build_model(args)
+    load_model(model, load)
+    state = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    config = hf_config_from_args(args.model, args, rope_interleave=rope_interleave)
+    write_checkpoint(out, to_hf(args.model, args, state, rope_interleave=rope_interleave), config)
+    return config
+
+
+def add_parser(sub) -> None:
+    """Register ``convert hf-to-mcore|mcore-to-hf`` on the ``mtmegatron`` command's subparsers."""
+    convert = sub.add_parser("convert", help="HF <-> megatron-core checkpoints (llama3, mixtral, deepseek-v3)")
+    kinds = convert.add_subparsers(dest="direction", required=True)
+    a = kinds.add_parser("hf-to-mcore", help="HF safetensors -> model-only megatron-core dist checkpoint")
+    a.add_argument("--model", required=True, choices=["llama3", "mixtral", "deepseek-v3"])
+    a.add_argument("--hf-dir", required=True)
+    a.add_argument("--out", required=True)
+    a.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    a.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    a.add_argument("--expert-model-parallel-size", type=int, default=1)
+    a.set_defaults(fn=_run_hf_to_mcore)
+    b = kinds.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF safetensors")
+    b.add_argument("--load", required=True)
+    b.add_argument("--out", required=True)
+    b.add_argument("model_flags", nargs=argparse.REMAINDER,
+                   help="model flags after '--' for a checkpoint that does not record them")
+    b.set_defaults(fn=_run_mcore_to_hf)
+
+
+def _run_hf_to_mcore(args) -> int:
+    flags = hf_to_mcore(args.hf_dir, args.out, args.model, *(getattr(args, k) for k in _LAYOUT))
+    print(f"mtmegatron convert: wrote {args.out} (model-only, iteration 0; loads under any TP/PP/EP layout)")
+    print(f"  pretrain with: --load {args.out} {shlex.join(flags)}")
+    return 0
+
+
+def _run_mcore_to_hf(args) -> int:
+    flags = [f for f in args.model_flags if f != "--"] or None
+    mcore_to_hf(args.load, args.out, flags)
+    print(f"mtmegatron convert: wrote {args.out} (HF safetensors + config.json)")
+    return 0
+
+
+__all__ = ["ConversionError", "hf_to_mcore", "mcore_to_hf", "add_parser", "validate_layout"]

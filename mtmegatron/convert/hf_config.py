@@ -1,0 +1,177 @@
+"""HF ``config.json`` <-> mtmegatron pretrain flags, per model family, refusing what we cannot represent.
+
+``flags_from_hf(family, config)`` gives the Megatron-LM flags that build the same network (a ConversionError
+names the first HF setting that has no equivalent); ``hf_config_from_args(family, args)`` gives a config.json
+for the way back. Facts used: Llama/Mixtral need head_dim == hidden/heads and no biases; DeepSeek-V3's router
+scores a group by its top-2 experts (megatron: top topk/group_topk), normalises the top-k weights (megatron's
+sigmoid router always does), and its RoPE dims are interleaved pairs (rope_interleave, undone in mapping.py).
+May assume: plain dicts (config.json as loaded).
+"""
+
+from __future__ import annotations
+
+FAMILIES = {"llama": "llama3", "mixtral": "mixtral", "deepseek_v3": "deepseek-v3"}
+HF_ARCH = {"llama3": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "deepseek-v3": "DeepseekV3ForCausalLM"}
+HF_TYPE = {v: k for k, v in FAMILIES.items()}
+
+
+class ConversionError(ValueError):
+    """A checkpoint or config that cannot be converted as asked; the message says why."""
+
+
+def family_of(config: dict, requested: str) -> str:
+    model_type = config.get("model_type")
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise ConversionError(f"HF model_type {model_type!r} is not supported (supported: {', '.join(FAMILIES)})")
+    if family != requested:
+        raise ConversionError(f"--model {requested} does not match the checkpoint's model_type {model_type!r} "
+                              f"(use --model {family})")
+    return family
+
+
+def _rope(config: dict) -> tuple[float, dict | None]:
+    """(rope theta, scaling dict or None) from either transformers-5 ``rope_parameters`` or the older keys."""
+    params = dict(config.get("rope_parameters") or {})
+    scaling = dict(config.get("rope_scaling") or {})
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return theta, None
+    merged = {**scaling, **params, "rope_type": kind}
+    return theta, merged
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConversionError(message)
+
+
+def _common(config: dict) -> list[str]:
+    heads = config["num_attention_heads"]
+    flags = [
+        "--num-layers", str(config["num_hidden_layers"]), "--hidden-size", str(config["hidden_size"]),
+        "--ffn-hidden-size", str(config["intermediate_size"]), "--num-attention-heads", str(heads),
+        "--vocab-size", str(config["vocab_size"]),
+        "--max-position-embeddings", str(config["max_position_embeddings"]),
+        "--seq-length", str(min(config["max_position_embeddings"], 4096)),
+        "--norm-epsilon", repr(float(config.get("rms_norm_eps", 1e-6))), "--normalization", "RMSNorm",
+        "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
+    ]
+    _require(config.get("hidden_act", "silu") == "silu", f"hidden_act {config.get('hidden_act')!r}: only silu (SwiGLU)")
+    if not config.get("tie_word_embeddings", False):
+        flags.append("--untie-embeddings-and-output-weights")
+    return flags
+
+
+def _llama_like(config: dict) -> list[str]:
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    head_dim = config.get("head_dim") or hidden // heads
+    _require(head_dim * heads == hidden, f"head_dim {head_dim} x {heads} heads != hidden_size {hidden}: not supported")
+    _require(not config.get("attention_bias") and not config.get("mlp_bias"), "attention/MLP biases are not supported")
+    theta, scaling = _rope(config)
+    _require(scaling is None, f"RoPE scaling {scaling and scaling.get('rope_type')!r} is not supported for this family")
+    groups = config.get("num_key_value_heads") or heads
+    flags = _common(config) + ["--rotary-base", str(int(theta)) if float(theta).is_integer() else str(theta)]
+    if groups != heads:
+        flags += ["--group-query-attention", "--num-query-groups", str(groups)]
+    return flags
+
+
+def _mixtral(config: dict) -> list[str]:
+    return _llama_like(config) + [
+        "--num-experts", str(config["num_local_experts"]), "--moe-router-topk", str(config["num_experts_per_tok"]),
+        "--moe-ffn-hidden-size", str(config["intermediate_size"]),
+        "--moe-aux-loss-coeff", repr(float(config.get("router_aux_loss_coef", 0.0))),
+    ]
+
+
+def _deepseek_v3(config: dict, with_mtp: bool) -> list[str]:
+    _require(not config.get("attention_bias"), "attention_bias is not supported")
+    _require(config.get("scoring_func", "sigmoid") == "sigmoid", "only the sigmoid router (scoring_func) is supported")
+    topk, groups, group_topk = config["num_experts_per_tok"], config.get("n_group") or 1, config.get("topk_group") or 1
+    _require(config.get("norm_topk_prob", True) or topk == 1,
+             "norm_topk_prob false: megatron's sigmoid router always normalises the top-k weights")
+    layers, first_dense = config["num_hidden_layers"], config.get("first_k_dense_replace", 0)
+    freq = f"([0]*{first_dense}+[1]*{layers - first_dense})"
+    flags = _common(config) + [
+        "--multi-latent-attention", "--qk-layernorm", "--kv-lora-rank", str(config["kv_lora_rank"]),
+        "--qk-head-dim", str(config["qk_nope_head_dim"]), "--qk-pos-emb-head-dim", str(config["qk_rope_head_dim"]),
+        "--v-head-dim", str(config["v_head_dim"]), "--moe-layer-freq", freq,
+        "--num-experts", str(config["n_routed_experts"]), "--moe-router-topk", str(topk),
+        "--moe-ffn-hidden-size", str(config["moe_intermediate_size"]),
+        "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+        "--moe-router-topk-scaling-factor", repr(float(config.get("routed_scaling_factor", 1.0))),
+    ]
+    # every size explicit (0 = off) so no preset value leaks into the converted network
+    flags += ["--q-lora-rank", str(config.get("q_lora_rank") or 0), "--moe-shared-expert-intermediate-size",
+              str((config.get("n_shared_experts") or 0) * config["moe_intermediate_size"])]
+    if groups == 1:
+        flags += ["--moe-router-num-groups", "0", "--moe-router-group-topk", "0"]
+    else:
+        _require(topk % group_topk == 0 and topk // group_topk == 2,
+                 f"group-limited routing: HF scores a group by its top-2 experts, megatron by its top "
+                 f"num_experts_per_tok/topk_group = {topk}/{group_topk}; these differ")
+        flags += ["--moe-router-num-groups", str(groups), "--moe-router-group-topk", str(group_topk)]
+    theta, scaling = _rope(config)
+    flags += ["--rotary-base", str(int(theta)) if float(theta).is_integer() else str(theta)]
+    if scaling is None:  # megatron's MLA takes its softmax scale from the YaRN fields even for plain RoPE
+        flags += ["--rope-type", "rope", "--rotary-scaling-factor", "1.0", "--mscale", "1.0", "--mscale-all-dim", "0.0"]
+    else:
+        _require(scaling["rope_type"] == "yarn", f"RoPE scaling {scaling['rope_type']!r}: only yarn is supported")
+        flags += ["--rope-type", "yarn", "--rotary-scaling-factor", repr(float(scaling["factor"])),
+                  "--original-max-position-embeddings", str(scaling["original_max_position_embeddings"]),
+                  "--beta-fast", repr(float(scaling.get("beta_fast", 32))),
+                  "--beta-slow", repr(float(scaling.get("beta_slow", 1))),
+                  "--mscale", repr(float(scaling.get("mscale", 1.0))),
+                  "--mscale-all-dim", repr(float(scaling.get("mscale_all_dim", 0.0)))]
+    flags += ["--mtp-num-layers", str(config.get("num_nextn_predict_layers") or 0 if with_mtp else 0)]
+    return flags
+
+
+def flags_from_hf(family: str, config: dict, with_mtp: bool = True) -> list[str]:
+    """Pretrain flags (model part) that build the network ``config`` describes."""
+    if family == "llama3":
+        return ["--model", family] + _llama_like(config)
+    if family == "mixtral":
+        return ["--model", family] + _mixtral(config)
+    return ["--model", family] + _deepseek_v3(config, with_mtp)
+
+
+def hf_config_from_args(family: str, args, rope_interleave: bool = True) -> dict:
+    """config.json for the HF model equal to the megatron model built from ``args``."""
+    config = {
+        "architectures": [HF_ARCH[family]], "model_type": HF_TYPE[family], "hidden_act": "silu",
+        "num_hidden_layers": args.num_layers, "hidden_size": args.hidden_size,
+        "intermediate_size": args.ffn_hidden_size, "num_attention_heads": args.num_attention_heads,
+        "num_key_value_heads": args.num_query_groups, "vocab_size": args.vocab_size,
+        "max_position_embeddings": args.max_position_embeddings, "rms_norm_eps": args.norm_epsilon,
+        "tie_word_embeddings": not args.untie_embeddings_and_output_weights, "torch_dtype": "float32",
+        "rope_theta": float(args.rotary_base), "attention_bias": False,
+    }
+    if family == "mixtral":
+        config.update(num_local_experts=args.num_experts, num_experts_per_tok=args.moe_router_topk,
+                      router_aux_loss_coef=args.moe_aux_loss_coeff)
+    if family == "deepseek-v3":
+        pattern = args.moe_layer_freq if isinstance(args.moe_layer_freq, list) else None
+        first_dense = pattern.index(1) if pattern else 0
+        config.update(
+            num_key_value_heads=args.num_attention_heads, q_lora_rank=args.q_lora_rank,
+            kv_lora_rank=args.kv_lora_rank, qk_nope_head_dim=args.qk_head_dim,
+            qk_rope_head_dim=args.qk_pos_emb_head_dim, v_head_dim=args.v_head_dim,
+            first_k_dense_replace=first_dense, n_routed_experts=args.num_experts,
+            num_experts_per_tok=args.moe_router_topk, moe_intermediate_size=args.moe_ffn_hidden_size,
+            n_shared_experts=(args.moe_shared_expert_intermediate_size or 0) // args.moe_ffn_hidden_size,
+            n_group=args.moe_router_num_groups or 1, topk_group=args.moe_router_group_topk or 1,
+            routed_scaling_factor=args.moe_router_topk_scaling_factor or 1.0, norm_topk_prob=True,
+            scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=args.mtp_num_layers or 0,
+            rope_interleave=rope_interleave,
+        )
+        if args.rope_type == "yarn":
+            config["rope_scaling"] = {
+                "type": "yarn", "rope_type": "yarn", "factor": args.rotary_scaling_factor,
+                "original_max_position_embeddings": args.original_max_position_embeddings,
+                "beta_fast": args.beta_fast, "beta_slow": args.beta_slow, "mscale": args.mscale,
+                "mscale_all_dim": args.mscale_all_dim,
+            }
+    return config

@@ -1,0 +1,98 @@
+"""Reading and writing HF safetensors checkpoints: one file or shards with ``model.safetensors.index.json``;
+DeepSeek FP8 weights (float8 with a ``<name>_scale_inv`` per 128x128 block) are dequantized on read.
+
+May assume: the ``safetensors`` package (a dependency of transformers).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+INDEX = "model.safetensors.index.json"
+FP8_BLOCK = 128
+
+
+def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: int = FP8_BLOCK) -> torch.Tensor:
+    """fp32 weight from an FP8 weight and its per-block inverse scales (blocks at the edge may be partial)."""
+    rows, cols = weight.shape
+    scale = scale_inv.float().repeat_interleave(block, dim=0)[:rows].repeat_interleave(block, dim=1)[:, :cols]
+    return weight.float() * scale
+
+
+class HFCheckpoint:
+    """Lazy name -> tensor access over a checkpoint directory (``hf[name]``; ``names`` lists the logical
+    weights, scale tensors folded into the weights they scale)."""
+
+    def __init__(self, directory: str, dtype: torch.dtype = torch.float32):
+        self.directory, self.dtype = directory, dtype
+        index = os.path.join(directory, INDEX)
+        if os.path.isfile(index):
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+            self._file_of = {name: os.path.join(directory, file) for name, file in weight_map.items()}
+        else:
+            files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+            if not files:
+                raise FileNotFoundError(f"{directory}: no *.safetensors files and no {INDEX}")
+            self._file_of = {}
+            for path in files:
+                with safe_open(path, "pt") as f:
+                    self._file_of.update({name: path for name in f.keys()})
+        self._open = {}
+        self.names = sorted(n for n in self._file_of if not n.endswith("_scale_inv"))
+        self.used: set[str] = set()
+
+    def _raw(self, name: str) -> torch.Tensor:
+        path = self._file_of[name]
+        if path not in self._open:
+            self._open[path] = safe_open(path, "pt")
+        return self._open[path].get_tensor(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._file_of
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._file_of:
+            raise KeyError(f"{name} is not in the checkpoint at {self.directory}")
+        self.used.add(name)
+        tensor = self._raw(name)
+        scale_name = name + "_scale_inv"
+        if tensor.element_size() == 1 and tensor.is_floating_point() and scale_name in self._file_of:
+            tensor = dequantize_fp8_blocks(tensor, self._raw(scale_name))
+        return tensor.to(self.dtype)
+
+    def config(self) -> dict:
+        with open(os.path.join(self.directory, "config.json")) as f:
+            return json.load(f)
+
+
+def write_checkpoint(directory: str, tensors: dict, config: dict, max_shard_bytes: int = 5 * 2**30) -> list[str]:
+    """Write ``tensors`` as safetensors shards of at most ``max_shard_bytes`` (one ``model.safetensors`` when
+    it fits, else ``model-0000i-of-0000n.safetensors`` + index) and ``config.json``; returns the files."""
+    os.makedirs(directory, exist_ok=True)
+    shards, current, size = [], {}, 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].numel() * tensors[name].element_size()
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[name], size = tensors[name], size + nbytes
+    shards.append(current)
+    files = ["model.safetensors"] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for file, shard in zip(files, shards):
+        save_file(shard, os.path.join(directory, file), metadata={"format": "pt"})
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": {name: file for file, shard in zip(files, shards) for name in shard}}
+        with open(os.path.join(directory, INDEX), "w") as f:
+            json.dump(index, f, indent=2)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return files

@@ -1,0 +1,193 @@
+"""Tensor names and layouts between HF transformers checkpoints and our (single-rank, TP1) megatron-core model.
+
+``to_mcore(family, args, hf)`` returns ``{mcore name: tensor}`` built from the HF tensors (``hf`` maps an HF
+name to a tensor, loaded lazily); ``to_hf(family, args, mcore)`` the way back. Layout facts:
+- ``linear_qkv`` rows are grouped per query group: that group's query heads, then its key, then its value.
+- ``linear_fc1`` is ``cat([gate, up])``; experts are ``mlp.experts.local_experts.<e>`` (sequential experts).
+- DeepSeek MLA: q_a/q_b/kv_a/kv_b -> linear_q_down/q_up/kv_down/kv_up, q_a/kv_a layernorms -> q_layernorm/
+  kv_layernorm (the local spec's names), gate -> router (+ e_score_correction_bias -> router.expert_bias),
+  the MTP layer is HF layer ``num_hidden_layers + k`` (enorm, hnorm, eh_proj, shared_head.norm).
+- RoPE rows of MLA's q and k_pe: megatron's MLA de-interleaves them itself before its rotate-half RoPE (it
+  expects DeepSeek's interleaved-pairs layout, HF's ``rope_interleave: true``), so those checkpoints map as
+  they are; for ``rope_interleave: false`` the rows are interleaved here (an exact permutation, inverted on the
+  way back).
+May assume: args from training/arguments.py for the same network; fp32 or any float dtype tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from mtmegatron.models.deepseek_args import moe_layer_pattern
+
+
+# ---- layout helpers ---------------------------------------------------------------------------------------
+def qkv_to_mcore(q, k, v, heads: int, groups: int) -> torch.Tensor:
+    head_dim, hidden = q.shape[0] // heads, q.shape[1]
+    q = q.view(groups, heads // groups, head_dim, hidden)
+    k, v = k.view(groups, 1, head_dim, hidden), v.view(groups, 1, head_dim, hidden)
+    return torch.cat([q, k, v], dim=1).reshape(-1, hidden)
+
+
+def qkv_to_hf(qkv, heads: int, groups: int):
+    per_group = heads // groups + 2
+    hidden = qkv.shape[1]
+    head_dim = qkv.shape[0] // (groups * per_group)
+    grouped = qkv.view(groups, per_group, head_dim, hidden)
+    q = grouped[:, : heads // groups].reshape(-1, hidden)
+    return q, grouped[:, -2].reshape(-1, hidden), grouped[:, -1].reshape(-1, hidden)
+
+
+def _deinterleave(rows: int) -> torch.Tensor:
+    return torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)])
+
+
+def _permute_rope_rows(weight, head_dim: int, rope_dim: int, inverse: bool) -> torch.Tensor:
+    """Permute the last ``rope_dim`` rows of every ``head_dim``-row block: de-interleave (pairs -> halves), or
+    with ``inverse`` interleave (halves -> pairs, what megatron's MLA de-interleaves again)."""
+    perm = _deinterleave(rope_dim)
+    if inverse:
+        perm = torch.argsort(perm)
+    blocks = weight.view(-1, head_dim, *weight.shape[1:])
+    nope, rope = blocks[:, : head_dim - rope_dim], blocks[:, head_dim - rope_dim:]
+    return torch.cat([nope, rope[:, perm]], dim=1).reshape(weight.shape)
+
+
+# ---- per-part name tables: (mcore suffix, hf suffix) --------------------------------------------------------
+def _attention_pairs(family: str, args) -> list[tuple[str, str]]:
+    if family != "deepseek-v3":
+        return [("self_attention.linear_proj.weight", "self_attn.o_proj.weight")]
+    pairs = [
+        ("self_attention.linear_kv_down_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+        ("self_attention.kv_layernorm.weight", "self_attn.kv_a_layernorm.weight"),
+        ("self_attention.linear_kv_up_proj.weight", "self_attn.kv_b_proj.weight"),
+        ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
+    ]
+    if args.q_lora_rank:
+        pairs += [
+            ("self_attention.linear_q_down_proj.weight", "self_attn.q_a_proj.weight"),
+            ("self_attention.q_layernorm.weight", "self_attn.q_a_layernorm.weight"),
+            ("self_attention.linear_q_up_proj.weight", "self_attn.q_b_proj.weight"),
+        ]
+    else:
+        pairs.append(("self_attention.linear_q_proj.weight", "self_attn.q_proj.weight"))
+    return pairs
+
+
+def _mlp_parts(family: str, is_moe: bool, args) -> list[tuple[str, str, str, str]]:
+    """(mcore fc1, mcore fc2, hf module prefix, gate/up/down naming) for each SwiGLU MLP of the layer."""
+    names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    if not is_moe:
+        return [("mlp.linear_fc1.weight", "mlp.linear_fc2.weight", "mlp", names)]
+    hf_moe = "block_sparse_moe" if family == "mixtral" else "mlp"
+    parts = [(f"mlp.experts.local_experts.{e}.linear_fc1.weight", f"mlp.experts.local_experts.{e}.linear_fc2.weight",
+              f"{hf_moe}.experts.{e}", names) for e in range(args.num_experts)]
+    if args.moe_shared_expert_intermediate_size:
+        parts.append(("mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts.linear_fc2.weight",
+                      "mlp.shared_experts", names))
+    return parts
+
+
+def _router_pairs(family: str, args) -> list[tuple[str, str]]:
+    hf_moe = "block_sparse_moe" if family == "mixtral" else "mlp"
+    pairs = [("mlp.router.weight", f"{hf_moe}.gate.weight")]
+    if args.moe_router_enable_expert_bias:
+        pairs.append(("mlp.router.expert_bias", f"{hf_moe}.gate.e_score_correction_bias"))
+    return pairs
+
+
+def _layers(args) -> Iterator[tuple[str, str, bool]]:
+    """(mcore layer prefix, hf layer prefix, is MoE) for decoder layers, then MTP transformer layers."""
+    pattern = moe_layer_pattern(args)
+    for i, kind in enumerate(pattern):
+        yield f"decoder.layers.{i}.", f"model.layers.{i}.", bool(kind)
+    for k in range(args.mtp_num_layers or 0):
+        yield f"mtp.layers.{k}.transformer_layer.", f"model.layers.{args.num_layers + k}.", bool(pattern[-1])
+
+
+def _rope_rows(family: str, args, rope_interleave: bool) -> dict[str, tuple[int, int]]:
+    """mcore suffix -> (head block rows, rope rows) of the weights whose RoPE rows need interleaving."""
+    if family != "deepseek-v3" or rope_interleave:
+        return {}
+    q_name = "linear_q_up_proj" if args.q_lora_rank else "linear_q_proj"
+    rope = args.qk_pos_emb_head_dim
+    return {f"self_attention.{q_name}.weight": (args.qk_head_dim + rope, rope),
+            "self_attention.linear_kv_down_proj.weight": (args.kv_lora_rank + rope, rope)}
+
+
+# ---- the two directions ---------------------------------------------------------------------------------------
+def to_mcore(family: str, args, hf: Callable[[str], torch.Tensor], rope_interleave: bool = True) -> dict:
+    out = {"embedding.word_embeddings.weight": hf("model.embed_tokens.weight"),
+           "decoder.final_layernorm.weight": hf("model.norm.weight")}
+    if args.untie_embeddings_and_output_weights:
+        out["output_layer.weight"] = hf("lm_head.weight")
+    rope_rows = _rope_rows(family, args, rope_interleave)
+    for mc, hp, is_moe in _layers(args):
+        out[mc + "input_layernorm.weight"] = hf(hp + "input_layernorm.weight")
+        out[mc + "pre_mlp_layernorm.weight"] = hf(hp + "post_attention_layernorm.weight")
+        if family != "deepseek-v3":
+            out[mc + "self_attention.linear_qkv.weight"] = qkv_to_mcore(
+                hf(hp + "self_attn.q_proj.weight"), hf(hp + "self_attn.k_proj.weight"),
+                hf(hp + "self_attn.v_proj.weight"), args.num_attention_heads, args.num_query_groups)
+        for m_name, h_name in _attention_pairs(family, args):
+            tensor = hf(hp + h_name)
+            if m_name in rope_rows:
+                tensor = _permute_rope_rows(tensor, *rope_rows[m_name], inverse=True)
+            out[mc + m_name] = tensor
+        for fc1, fc2, h_prefix, (gate, up, down) in _mlp_parts(family, is_moe, args):
+            out[mc + fc1] = torch.cat([hf(f"{hp}{h_prefix}.{gate}.weight"), hf(f"{hp}{h_prefix}.{up}.weight")])
+            out[mc + fc2] = hf(f"{hp}{h_prefix}.{down}.weight")
+        if is_moe:
+            for m_name, h_name in _router_pairs(family, args):
+                out[mc + m_name] = hf(hp + h_name)
+    for k in range(args.mtp_num_layers or 0):
+        hp = f"model.layers.{args.num_layers + k}."
+        for m_name, h_name in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
+                               ("final_layernorm", "shared_head.norm")):
+            out[f"mtp.layers.{k}.{m_name}.weight"] = hf(f"{hp}{h_name}.weight")
+    return out
+
+
+def to_hf(family: str, args, mcore: dict, rope_interleave: bool = True) -> dict:
+    out = {"model.embed_tokens.weight": mcore["embedding.word_embeddings.weight"],
+           "model.norm.weight": mcore["decoder.final_layernorm.weight"]}
+    if args.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = mcore["output_layer.weight"]
+    rope_rows = _rope_rows(family, args, rope_interleave)
+    for mc, hp, is_moe in _layers(args):
+        out[hp + "input_layernorm.weight"] = mcore[mc + "input_layernorm.weight"]
+        out[hp + "post_attention_layernorm.weight"] = mcore[mc + "pre_mlp_layernorm.weight"]
+        if family != "deepseek-v3":
+            q, k, v = qkv_to_hf(mcore[mc + "self_attention.linear_qkv.weight"], args.num_attention_heads,
+                                args.num_query_groups)
+            out[hp + "self_attn.q_proj.weight"], out[hp + "self_attn.k_proj.weight"] = q, k
+            out[hp + "self_attn.v_proj.weight"] = v
+        for m_name, h_name in _attention_pairs(family, args):
+            tensor = mcore[mc + m_name]
+            if m_name in rope_rows:
+                tensor = _permute_rope_rows(tensor, *rope_rows[m_name], inverse=False)
+            out[hp + h_name] = tensor
+        for fc1, fc2, h_prefix, (gate, up, down) in _mlp_parts(family, is_moe, args):
+            gate_w, up_w = torch.chunk(mcore[mc + fc1], 2, dim=0)
+            out[f"{hp}{h_prefix}.{gate}.weight"], out[f"{hp}{h_prefix}.{up}.weight"] = gate_w, up_w
+            out[f"{hp}{h_prefix}.{down}.weight"] = mcore[mc + fc2]
+        if is_moe:
+            for m_name, h_name in _router_pairs(family, args):
+                out[hp + h_name] = mcore[mc + m_name]
+    for k in range(args.mtp_num_layers or 0):
+        hp = f"model.layers.{args.num_layers + k}."
+        for m_name, h_name in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
+                               ("final_layernorm", "shared_head.norm")):
+            out[f"{hp}{h_name}.weight"] = mcore[f"mtp.layers.{k}.{m_name}.weight"]
+        # DeepSeek's release stores the MTP layer's (shared) embedding and head with it
+        out[hp + "embed_tokens.weight"] = out["model.embed_tokens.weight"].clone()
+        out[hp + "shared_head.head.weight"] = out.get("lm_head.weight", out["model.embed_tokens.weight"]).clone()
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def mtp_in_checkpoint(names, num_layers: int) -> bool:
+    """Whether an HF DeepSeek checkpoint holds its MTP layer (layer index num_hidden_layers)."""
+    prefix = f"model.layers.{num_layers}."
+    return any(name.startswith(prefix) for name in names)

@@ -1,0 +1,102 @@
+"""Our model on one CPU rank, for conversion: build it from pretrain flags, and write/read the model-only
+megatron-core distributed checkpoint that ``--load`` takes.
+
+The checkpoint uses training/checkpointing.py's layout (``<dir>/iter_0000000`` + tracker) and its saved
+``args`` check, plus ``model_only: True`` (no optimizer, scheduler or RNG state: a run loading it starts at
+iteration 0 with a fresh optimizer). Sharded tensors carry their global shapes, so any TP/PP/EP layout can
+load it; the layout given to the converter is validated, not baked in.
+May assume: called in a process that has not initialised torch.distributed (or did so with world size 1).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+MODEL_ONLY_KEY = "model_only"
+# the fields a loading run must agree on (training/checkpointing.py compares each with the run's flags)
+CHECKED_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                "vocab_size", "num_experts", "swiglu", "normalization", "multi_latent_attention", "q_lora_rank",
+                "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "moe_ffn_hidden_size",
+                "moe_shared_expert_intermediate_size", "moe_layer_freq",
+                "untie_embeddings_and_output_weights")
+
+
+def parse_flags(flags: list[str], world_size: int = 1):
+    from mtmegatron.training.arguments import parse_args
+
+    return parse_args(flags + ["--mock-data", "--backend", "cpu"], world_size=world_size)
+
+
+def init_single_rank(args) -> None:
+    """Activate the CPU backend and a one-rank process group with the parallel state of ``args``."""
+    import mtmegatron
+    from mtmegatron.backends import select_backend
+    from mtmegatron.training.setup import init_distributed
+
+    backend = select_backend("cpu")
+    mtmegatron.activate(backend)
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+            os.environ.setdefault(key, value)
+    init_distributed(args, backend)
+
+
+def build_model(args):
+    """The unwrapped GPTModel (fp32, one chunk) for ``args`` on the current parallel state."""
+    from mtmegatron.models.gpt import build_model_chunks, transformer_config
+
+    (model,) = build_model_chunks(args, transformer_config(args))
+    return model
+
+
+def saved_args(args) -> dict:
+    return {key: getattr(args, key) for key in CHECKED_ARGS}
+
+
+def save_model_only(model, args, root: str, model_flags: list[str] | None = None) -> str:
+    from megatron.core import dist_checkpointing
+
+    from mtmegatron.training.checkpointing import TRACKER, checkpoint_dir
+
+    directory = checkpoint_dir(root, 0)
+    os.makedirs(directory, exist_ok=True)
+    state = {"model": model.sharded_state_dict(), "iteration": 0, "args": saved_args(args), MODEL_ONLY_KEY: True,
+             "model_flags": list(model_flags or [])}
+    dist_checkpointing.save(state, directory)
+    with open(os.path.join(root, TRACKER), "w") as f:
+        f.write("0")
+    return directory
+
+
+def load_model(model, root: str) -> None:
+    """Load the latest checkpoint under ``root`` (model weights only) into ``model``."""
+    from megatron.core import dist_checkpointing
+
+    from mtmegatron.training.checkpointing import CheckpointError, checkpoint_dir, latest_iteration
+
+    iteration = latest_iteration(root)
+    if iteration is None:
+        raise CheckpointError(f"{root}: no complete checkpoint (no tracker file)")
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, checkpoint_dir(root, iteration))
+    model.load_state_dict(loaded["model"])
+
+
+def checkpoint_common(root: str) -> dict:
+    """The non-tensor part of the latest checkpoint under ``root`` (args, iteration, model_flags...)."""
+    from megatron.core import dist_checkpointing
+
+    from mtmegatron.training.checkpointing import CheckpointError, checkpoint_dir, latest_iteration
+
+    iteration = latest_iteration(root)
+    if iteration is None:
+        raise CheckpointError(f"{root}: no complete checkpoint (no tracker file)")
+    return dist_checkpointing.load_common_state_dict(checkpoint_dir(root, iteration))

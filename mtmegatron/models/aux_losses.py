@@ -1,0 +1,53 @@
+"""Per-iteration MTP and MoE auxiliary losses for metrics.jsonl (``mtp_loss``, ``moe_aux_loss``).
+
+megatron-core accumulates both in trackers during the forward passes of one global batch: MTP per MTP layer
+(``MTPLossLoggingHelper``, on the last pipeline stage), the MoE load-balancing loss per MoE layer (the layer-wise
+aux-loss tracker, before its coefficient). ``aux_loss_stats`` reduces them the way Megatron-LM's training log
+does (mean over micro-batches and data-parallel ranks; MoE: mean over MoE layers, MTP: mean over MTP layers),
+makes the numbers visible on every rank, and clears the trackers for the next iteration.
+May assume: called once per iteration on every rank, after the forward/backward of all micro-batches.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+
+_AUX_NAMES = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss",
+              "global_aux_loss": "global_load_balancing_loss"}
+
+
+def _mtp_loss(args) -> float:
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    tracker = MTPLossLoggingHelper.tracker
+    contribution = torch.zeros(1, dtype=torch.float64)
+    if "values" in tracker:  # ranks holding the MTP block
+        MTPLossLoggingHelper.reduce_loss_in_tracker()  # average over data-parallel ranks
+        if (parallel_state.get_tensor_model_parallel_rank() == 0
+                and parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0):  # one copy
+            contribution += tracker["values"].double().mean() / args.num_microbatches
+        MTPLossLoggingHelper.clean_loss_in_tracker()
+    torch.distributed.all_reduce(contribution)
+    return contribution.item()
+
+
+def _moe_aux_loss(args) -> float:
+    from megatron.core.transformer.moe.moe_utils import track_moe_metrics
+
+    name = _AUX_NAMES[args.moe_router_load_balancing_type]
+    totals: dict = {}
+    track_moe_metrics(loss_scale=1.0 / args.num_microbatches, iteration=0, total_loss_dict=totals,
+                      force_initialize=True, track_names=[name], num_layers=args.num_layers + (args.mtp_num_layers or 0),
+                      moe_layer_freq=args.moe_layer_freq, mtp_num_layers=args.mtp_num_layers)
+    return float(totals[name])
+
+
+def aux_loss_stats(args) -> dict:
+    """``{"mtp_loss": ..., "moe_aux_loss": ...}`` for the features this run has (empty when none)."""
+    stats = {}
+    if args.mtp_num_layers:
+        stats["mtp_loss"] = _mtp_loss(args)
+    if args.num_experts and args.moe_router_load_balancing_type in _AUX_NAMES and args.moe_aux_loss_coeff:
+        stats["moe_aux_loss"] = _moe_aux_loss(args)
+    return stats

@@ -1,0 +1,140 @@
+"""Tiny random HF transformers models (the reference nobody here wrote) saved as safetensors checkpoints.
+
+Shapes are small enough for a 2-core CI box but keep every feature the converters map: GQA (Llama, Mixtral),
+experts (Mixtral), and for DeepSeek-V3 first-k dense + MoE layers with three different FFN sizes, a shared
+expert, the group-limited sigmoid router with a non-zero correction bias, MLA with q LoRA and YaRN RoPE, and an
+MTP layer in DeepSeek's release layout (HF's model does not build it; its tensors are added to the files).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SEQ = 16
+
+
+def _llama_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False)
+
+
+def _mixtral_config():
+    from transformers import MixtralConfig
+
+    return MixtralConfig(vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1e6,
+                         router_aux_loss_coef=0.0)
+
+
+def _deepseek_config():
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=160, moe_intermediate_size=32, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=2,
+        num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1, q_lora_rank=32,
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, routed_scaling_factor=2.5,
+        max_position_embeddings=64, num_nextn_predict_layers=1, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0},
+    )
+
+
+CONFIGS = {"llama3": _llama_config, "mixtral": _mixtral_config, "deepseek-v3": _deepseek_config}
+
+
+def _randomize(model) -> None:
+    """Non-trivial values everywhere (norm weights and the router bias too, so mapping mistakes show)."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.02 if p.dim() > 1 else 0.1)
+                    + (1.0 if "norm" in name else 0.0))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=gen) * 0.05)
+
+
+def _mtp_tensors(state: dict, config, gen) -> dict:
+    """DeepSeek's MTP layer (HF index num_hidden_layers): a MoE decoder layer's weights (as saved) + enorm/hnorm/
+    eh_proj/shared_head, and copies of the embedding and head, as in the published checkpoints."""
+    last, mtp = config.num_hidden_layers - 1, config.num_hidden_layers
+    out = {}
+    for name, tensor in state.items():
+        prefix = f"model.layers.{last}."
+        if name.startswith(prefix):
+            out[f"model.layers.{mtp}." + name[len(prefix):]] = tensor + 0.01 * torch.randn(tensor.shape, generator=gen)
+    hidden = config.hidden_size
+    out[f"model.layers.{mtp}.enorm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    out[f"model.layers.{mtp}.hnorm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    out[f"model.layers.{mtp}.eh_proj.weight"] = 0.02 * torch.randn(hidden, 2 * hidden, generator=gen)
+    out[f"model.layers.{mtp}.shared_head.norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    out[f"model.layers.{mtp}.embed_tokens.weight"] = state["model.embed_tokens.weight"].clone()
+    out[f"model.layers.{mtp}.shared_head.head.weight"] = state["lm_head.weight"].clone()
+    return out
+
+
+def save_tiny(family: str, directory: str, shard: bool = False):
+    """Build the tiny HF model, save it (sharded with an index when ``shard``), return the model (eval, fp32)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = CONFIGS[family]()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    _randomize(model)
+    model.save_pretrained(directory, max_shard_size="100KB" if shard else "5GB")
+    if family == "deepseek-v3":
+        path = os.path.join(directory, "model.safetensors")
+        tensors = load_file(path)
+        tensors.update(_mtp_tensors(tensors, config, torch.Generator().manual_seed(1)))
+        save_file(tensors, path, metadata={"format": "pt"})
+    return model
+
+
+def hf_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=tokens).logits.float()
+
+
+def main(argv: list[str]) -> None:
+    """``python hf_models.py FAMILY DIR [--shard]``: save the checkpoint and, next to it, ``reference.pt`` with
+    tokens (2 x SEQ), HF logits and HF's mean next-token loss. Run as a subprocess so that the test process
+    never runs torch compute before forking its rank processes (a forked OpenMP pool can hang)."""
+    family, directory = argv[0], argv[1]
+    model = save_tiny(family, directory, shard="--shard" in argv)
+    tokens = torch.randint(0, model.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(7))
+    torch.save({"tokens": tokens, "logits": hf_logits(model, tokens)}, os.path.join(directory, "reference.pt"))
+
+
+def hf_loss(directory: str, batch_file: str, micro_batch_size: int) -> None:
+    """``python hf_models.py --loss DIR BATCH MBS``: HF's next-token loss on BATCH's tokens/labels/loss_mask (a
+    torch file), reduced as pretrain reports it (masked token mean per micro-batch, then the mean over
+    micro-batches), written back into BATCH as ``hf_loss``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").float().eval()
+    batch = torch.load(batch_file)
+    logits = hf_logits(model, batch["tokens"])
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"], reduction="none")
+    mask = batch["loss_mask"].float()
+    per_micro = [(losses[i:i + micro_batch_size] * mask[i:i + micro_batch_size]).sum()
+                 / mask[i:i + micro_batch_size].sum() for i in range(0, len(losses), micro_batch_size)]
+    batch["hf_loss"] = float(torch.stack(per_micro).mean())
+    torch.save(batch, batch_file)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1] == "--loss":
+        hf_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main(sys.argv[1:])

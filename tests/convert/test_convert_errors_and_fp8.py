@@ -1,0 +1,98 @@
+"""Converter input handling: DeepSeek FP8 block dequantization on read, and clear refusals.
+
+* An FP8 (e4m3) weight with ``<name>_scale_inv`` per 128x128 block (edge blocks partial) is read back as
+  ``fp8 value * its block's scale`` for every element, and close to the original fp32 weight.
+* HF settings with no megatron equivalent, a ``--model`` that does not match ``model_type``, and a config.json
+  that disagrees with the weights are refused with one message (the CLI exits 2, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from mtmegatron.convert.hf_config import ConversionError, family_of, flags_from_hf
+from mtmegatron.convert.hf_io import HFCheckpoint
+
+HF_MODELS = Path(__file__).with_name("hf_models.py")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def test_fp8_block_weights_are_dequantized_on_read(tmp_path):
+    # in a subprocess: torch compute in the pytest process can hang the rank processes later tests fork
+    proc = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _check_fp8_dequantization(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(200, 300, generator=gen)
+    scale_inv = torch.empty(2, 3)
+    fp8 = torch.empty(200, 300, dtype=torch.float8_e4m3fn)
+    for i in range(2):
+        for j in range(3):
+            block = weight[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            scale_inv[i, j] = block.abs().max() / 448.0
+            fp8[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (block / scale_inv[i, j]).to(torch.float8_e4m3fn)
+    save_file({"w": fp8, "w_scale_inv": scale_inv, "norm": torch.ones(4)}, str(tmp_path / "model.safetensors"))
+    ckpt = HFCheckpoint(str(tmp_path))
+    assert ckpt.names == ["norm", "w"]  # scales are folded into their weights
+    read = ckpt["w"]
+    assert read.dtype == torch.float32
+    for i in range(2):
+        for j in range(3):
+            rows, cols = slice(i * 128, (i + 1) * 128), slice(j * 128, (j + 1) * 128)
+            assert torch.equal(read[rows, cols], fp8[rows, cols].float() * scale_inv[i, j])
+    assert (read - weight).abs().max() <= weight.abs().max() * 2 ** -3  # e4m3: 3 mantissa bits
+
+
+def test_unsupported_hf_settings_are_refused_with_the_reason():
+    with pytest.raises(ConversionError, match="--model mixtral does not match"):
+        family_of({"model_type": "llama"}, "mixtral")
+    with pytest.raises(ConversionError, match="not supported"):
+        family_of({"model_type": "gpt2"}, "llama3")
+    llama = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediate_size=96,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    assert "--group-query-attention" in flags_from_hf("llama3", llama)
+    with pytest.raises(ConversionError, match="RoPE scaling 'llama3'"):
+        flags_from_hf("llama3", {**llama, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ConversionError, match="biases"):
+        flags_from_hf("llama3", {**llama, "attention_bias": True})
+    deepseek = dict(model_type="deepseek_v3", num_hidden_layers=2, hidden_size=64, intermediate_size=96,
+                    num_attention_heads=4, vocab_size=128, max_position_embeddings=64, kv_lora_rank=16,
+                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+                    num_experts_per_tok=6, n_group=4, topk_group=2, moe_intermediate_size=32)
+    with pytest.raises(ConversionError, match="top-2 experts"):
+        flags_from_hf("deepseek-v3", deepseek)
+    with pytest.raises(ConversionError, match="norm_topk_prob"):
+        flags_from_hf("deepseek-v3", {**deepseek, "num_experts_per_tok": 4, "norm_topk_prob": False})
+
+
+def test_config_that_disagrees_with_the_weights_is_refused(tmp_path):
+    hf_dir = tmp_path / "hf"
+    subprocess.run([sys.executable, str(HF_MODELS), "llama3", str(hf_dir)], check=True, env=ENV,
+                   capture_output=True, timeout=300)
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["intermediate_size"] = 80  # the weights have 96
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llama3",
+                           "--hf-dir", str(hf_dir), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "config and weights disagree" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llama3",
+                           "--hf-dir", str(hf_dir), "--out", str(tmp_path / "out"),
+                           "--tensor-model-parallel-size", "3"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 2 and "target layout TP3" in proc.stderr, proc.stderr[-3000:]
+
+
+if __name__ == "__main__":
+    _check_fp8_dequantization(Path(sys.argv[1]))
