@@ -17,6 +17,8 @@ from .base import Patch, PatchTargetMissing
 
 SUPPORTED_MEGATRON = ">=0.16,<0.17"
 FORCE_ENV = "MTMEGATRON_ALLOW_UNSUPPORTED_MEGATRON"
+# comma-separated patch names left unapplied: to reproduce the megatron-core behaviour a patch fixes
+DISABLE_ENV = "MTMEGATRON_DISABLE_PATCHES"
 
 _undo: list = []
 _applied: list[Patch] = []
@@ -53,11 +55,22 @@ def all_patches() -> list[Patch]:
     return found
 
 
+def disabled_names(environ=os.environ) -> set[str]:
+    """Names in $MTMEGATRON_DISABLE_PATCHES; an unknown name is an error (a typo must not pass silently)."""
+    names = {n.strip() for n in environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+    unknown = names - {p.name for p in all_patches()}
+    if unknown:
+        raise ValueError(f"{DISABLE_ENV} names unknown patches: {', '.join(sorted(unknown))} "
+                         f"(see `mtmegatron patches`)")
+    return names
+
+
 def apply_all(backend) -> list[Patch]:
     revert_all()
     version = megatron_version()
+    disabled = disabled_names()
     for patch in all_patches():
-        if patch.applies(version, backend.name):
+        if patch.applies(version, backend.name) and patch.name not in disabled:
             _undo.append(patch.apply())
             _applied.append(patch)
     return list(_applied)
@@ -74,6 +87,7 @@ def applied() -> list[Patch]:
 
 
 __all__ = [
-    "Patch", "PatchTargetMissing", "UnsupportedMegatronVersion", "SUPPORTED_MEGATRON", "FORCE_ENV",
+    "Patch", "PatchTargetMissing", "UnsupportedMegatronVersion", "SUPPORTED_MEGATRON", "FORCE_ENV", "DISABLE_ENV",
+    "disabled_names",
     "check_megatron_version", "all_patches", "apply_all", "revert_all", "applied", "megatron_version",
 ]

@@ -91,3 +91,12 @@ def test_unsupported_megatron_version_is_refused():
     assert len(errors) == 1 and "megatron-core 0.15.0 is not supported" in errors[0]
     assert "MTMEGATRON_ALLOW_UNSUPPORTED_MEGATRON=1" in errors[0]
     assert BANNER not in proc.stdout
+
+
+def test_moe_with_tp_needs_sequence_parallel():
+    from mtmegatron.training.arguments import ConfigError, parse_args
+
+    flags = ["--backend", "cpu", "--model", "mixtral", "--tensor-model-parallel-size", "2", "--mock-data"]
+    with pytest.raises(ConfigError, match="needs --sequence-parallel"):
+        parse_args(flags, world_size=2)
+    assert parse_args(flags + ["--sequence-parallel"], world_size=2).sequence_parallel

@@ -242,6 +242,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")
         if world_size % (ep * tp * pp):  # expert TP defaults to TP, as in megatron-core
             raise ConfigError(f"world size {world_size} is not divisible by EP {ep} x expert-TP {tp} x PP {pp}")
+        if tp > 1 and not args.sequence_parallel:  # megatron-core raises this mid-build otherwise
+            raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
+                              "(megatron-core refuses MoE + TP without it)")
         if args.moe_router_topk > args.num_experts:
             raise ConfigError(f"--moe-router-topk {args.moe_router_topk} exceeds --num-experts {args.num_experts}")
     elif ep != 1:

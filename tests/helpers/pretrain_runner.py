@@ -28,7 +28,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300, expect_ok: bool = True):
+def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300, expect_ok: bool = True,
+                 env: dict | None = None):
     """Run pretrain on ``nproc`` ranks; returns (completed process, metrics rows)."""
     if nproc == 1:
         cmd = [sys.executable, "-m", "mtmegatron.pretrain"]
@@ -37,7 +38,7 @@ def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300,
                f"--master_port={free_port()}", "-m", "mtmegatron.pretrain"]
     # a launcher's variables left in this process by other tests must not leak into the job
     inherited = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    env = {**inherited, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
+    env = {**inherited, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port()), **(env or {})}
     proc = subprocess.run(cmd + args + ["--log-dir", str(log_dir)], capture_output=True, text=True,
                           timeout=timeout, env=env)
     if expect_ok and proc.returncode != 0:
