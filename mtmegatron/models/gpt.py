@@ -108,7 +108,10 @@ def layer_spec(args: argparse.Namespace, num_experts=-1):
 
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP)."""
-    spec = apply_fp8_to_spec(apply_attention_to_spec(layer_spec(args), args), args)
+    def with_hooks(spec):  # our core attention and FP8 linears, on a layer spec or a block spec
+        return apply_fp8_to_spec(apply_attention_to_spec(spec, args), args)
+
+    spec = with_hooks(layer_spec(args))
     fused = args.transformer_impl == "mtmegatron"
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss
@@ -117,7 +120,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
     for vp_stage in range(num_chunks):
         vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
         if deepseek.needs_block_spec(args):  # first-k dense + MoE layers: a per-stage layer list
-            spec = deepseek.decoder_block_spec(config, args, lambda n: layer_spec(args, n), vp)
+            spec = with_hooks(deepseek.decoder_block_spec(config, args, lambda n: layer_spec(args, n), vp))
         chunks.append(
             GPTModel(
                 config=config,
