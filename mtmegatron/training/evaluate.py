@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mtmegatron.training.data import micro_batches
-from mtmegatron.training.loop import _global_mean_loss, forward_step
+from mtmegatron.training.loop import _global_mean_loss, run_schedule
 
 
 def validation_loss(valid_dataset, model, args) -> float:
@@ -23,20 +22,9 @@ def validation_loss(valid_dataset, model, args) -> float:
     for chunk in model:
         chunk.eval()
     total = 0.0
-    forward_backward = get_forward_backward_func()
     with torch.no_grad():
         for _ in range(args.eval_iters):
-            losses = forward_backward(
-                forward_step_func=forward_step,
-                data_iterator=iterators if len(model) > 1 else iterators[0],
-                model=model if len(model) > 1 else model[0],
-                num_microbatches=args.num_microbatches,
-                seq_length=args.seq_length,
-                micro_batch_size=args.micro_batch_size,
-                decoder_seq_length=args.seq_length,
-                forward_only=True,
-            )
-            total += _global_mean_loss(losses, args)
+            total += _global_mean_loss(run_schedule(iterators, model, args, forward_only=True), args)
     for chunk in model:
         chunk.train()
     return total / max(args.eval_iters, 1)

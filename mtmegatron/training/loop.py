@@ -52,12 +52,11 @@ def _global_mean_loss(losses_reduced: list[dict], args) -> float:
     return contribution.item()
 
 
-def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
-    for chunk in model:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
+def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
+    """One global batch through megatron-core's schedule (chosen from the parallel state); the last stage's
+    per-micro-batch loss dicts."""
     forward_backward = get_forward_backward_func()
-    losses_reduced = forward_backward(
+    return forward_backward(
         forward_step_func=forward_step,
         data_iterator=data_iterators if len(model) > 1 else data_iterators[0],
         model=model if len(model) > 1 else model[0],
@@ -65,8 +64,15 @@ def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
         seq_length=args.seq_length,
         micro_batch_size=args.micro_batch_size,
         decoder_seq_length=args.seq_length,
-        forward_only=False,
+        forward_only=forward_only,
     )
+
+
+def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses_reduced = run_schedule(data_iterators, model, args, forward_only=False)
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
     if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, getattr(args, "iteration", 0)):
         update_successful, grad_norm = False, None  # inf/nan never reaches the weights (fp16: the optimizer's)
