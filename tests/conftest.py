@@ -6,8 +6,9 @@ accelerator params carry ``@pytest.mark.gpu``. ``MTMEGATRON_REQUIRE_BACKENDS=cud
 backend into a collection error (scripts/gpu_conformance.sh sets it so GPU tests cannot silently vanish).
 
 ``run_ranks(worker, world_size, backend_name, *args)`` starts one process per rank (torch.multiprocessing;
-fork for the cpu backend since it is ~3x faster on 2 cores, spawn otherwise; ``MTMEGATRON_TEST_START_METHOD``
-overrides), calls ``worker(rank, world_size, backend_name, *args)`` in each with MASTER_ADDR/MASTER_PORT/RANK/
+forkserver with megatron-core preloaded for the cpu backend, ~3x faster than spawn on 2 cores; spawn otherwise;
+``MTMEGATRON_TEST_START_METHOD`` overrides. Not plain fork: a rank forked from a pytest process whose earlier
+tests ran torch's OpenMP thread pool can hang in its first parallel region), calls ``worker(rank, world_size, backend_name, *args)`` in each with MASTER_ADDR/MASTER_PORT/RANK/
 WORLD_SIZE/LOCAL_RANK set, and returns the per-rank return values (tensors converted to numpy). Any rank's
 exception, crash or hang fails the caller with every rank's traceback. Workers must be module-level functions
 of a test module. The per-rank entry runs this file through runpy, so it never depends on which
@@ -70,7 +71,7 @@ def _rank_main(worker, rank: int, world_size: int, port: int, backend_name: str,
 def _start_method(device_type: str) -> str:
     if os.environ.get(START_METHOD_ENV):
         return os.environ[START_METHOD_ENV]
-    return "fork" if device_type == "cpu" else "spawn"  # a device context does not survive fork
+    return "forkserver" if device_type == "cpu" else "spawn"  # a device context does not survive fork
 
 
 def run_ranks(worker, world_size: int, backend_name: str, *args, timeout: float = 300.0) -> list:
@@ -86,11 +87,10 @@ def run_ranks(worker, world_size: int, backend_name: str, *args, timeout: float 
             pytest.skip(f"{world_size} ranks need {world_size} {backend.name} devices; this machine has {num_devices}")
 
     method = _start_method(backend.device_type)
-    if method == "fork":
-        # Import megatron-core once here so forked ranks share it (~5 s per rank otherwise on 2 cores).
-        import megatron.core.parallel_state  # noqa: F401
-        import megatron.core.tensor_parallel  # noqa: F401
     ctx = mp.get_context(method)
+    if method == "forkserver":
+        # The server imports megatron-core once and forks ranks from its clean state (~5 s per rank otherwise).
+        ctx.set_forkserver_preload(["megatron.core.parallel_state", "megatron.core.tensor_parallel"])
     results = ctx.Queue()
     port = find_free_port()
     procs = []
