@@ -37,7 +37,7 @@ def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
 
     layout = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
               "--expert-model-parallel-size", str(ep), "--global-batch-size", str(tp * pp * ep),
-              "--micro-batch-size", "1"] + (["--sequence-parallel"] if tp > 1 else [])  # SP: not in the checkpoint
+              "--micro-batch-size", "1"]
     try:
         parse_flags(flags + layout, world_size=tp * pp * ep)
     except ConfigError as e:

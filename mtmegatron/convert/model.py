@@ -26,7 +26,7 @@ CHECKED_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_g
 def parse_flags(flags: list[str], world_size: int = 1):
     from mtmegatron.training.arguments import parse_args
 
-    return parse_args(flags + ["--mock-data", "--backend", "cpu"], world_size=world_size)
+    return parse_args(flags + ["--mock-data", "--backend", "cpu"], world_size=world_size, for_training=False)
 
 
 def init_single_rank(args) -> None:

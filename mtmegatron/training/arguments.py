@@ -242,9 +242,6 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")
         if world_size % (ep * tp * pp):  # expert TP defaults to TP, as in megatron-core
             raise ConfigError(f"world size {world_size} is not divisible by EP {ep} x expert-TP {tp} x PP {pp}")
-        if tp > 1 and not args.sequence_parallel:  # megatron-core raises this mid-build otherwise
-            raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
-                              "(megatron-core refuses MoE + TP without it)")
         if args.moe_router_topk > args.num_experts:
             raise ConfigError(f"--moe-router-topk {args.moe_router_topk} exceeds --num-experts {args.num_experts}")
     elif ep != 1:
@@ -281,13 +278,23 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     _validate_fp8(args)
 
 
-def parse_args(argv=None, world_size: int | None = None) -> argparse.Namespace:
+def validate_for_training(args: argparse.Namespace) -> None:
+    """Checks that concern training only (a converter or an inference forward may build these models)."""
+    if args.num_experts and args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        # megatron-core's MoE layer raises this in the first training forward otherwise
+        raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel in training "
+                          "(megatron-core refuses MoE + TP without it)")
+
+
+def parse_args(argv=None, world_size: int | None = None, for_training: bool = True) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     try:
         _fill_from_preset(args)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
+    if for_training:
+        validate_for_training(args)
     if args.log_dir is None:
         args.log_dir = os.path.join("runs", args.model)
     return args
