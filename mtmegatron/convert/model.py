@@ -39,7 +39,7 @@ def init_single_rank(args) -> None:
     mtmegatron.activate(backend)
     if not torch.distributed.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
+        if "TORCHELASTIC_RUN_ID" not in os.environ:  # our own one-rank group: never reuse an inherited port
             import socket
 
             with socket.socket() as s:
