@@ -29,41 +29,34 @@ class MockTokenizer:
         self.unique_identifiers = {"class": "MockTokenizer", "vocab_size": vocab_size}
 
 
-def build_mock_dataset(args: argparse.Namespace, num_samples: int):
+def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fields):
+    """megatron-core's builder over one GPTDatasetConfig: plain token streams (no position/mask resets, no
+    attention mask); ``fields`` add what the caller's data needs (split, blend, cache path)."""
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,
-        split="1,0,0",
-        tokenizer=MockTokenizer(args.vocab_size),
+        tokenizer=tokenizer,
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
+        **fields,
     )
-    train, _, _ = BlendedMegatronDatasetBuilder(
-        MockGPTDataset, [num_samples, None, None], lambda: True, config
-    ).build()
+    return BlendedMegatronDatasetBuilder(dataset_class, sizes, lambda: True, config).build()
+
+
+def build_mock_dataset(args: argparse.Namespace, num_samples: int):
+    train, _, _ = _build(MockGPTDataset, [num_samples, None, None], args, MockTokenizer(args.vocab_size),
+                         split="1,0,0")
     return train
 
 
 def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int | None, tokenizer):
     """(train, valid) GPTDatasets over ``--data-path`` (a prefix, or a weighted blend ``W1 P1 W2 P2 ...``)
     with the ``--split`` train/valid/test proportions; valid is None when the split gives it nothing."""
-    config = GPTDatasetConfig(
-        random_seed=args.seed,
-        sequence_length=args.seq_length,
-        blend=get_blend_from_list(args.data_path),
-        split=args.split,
-        path_to_cache=args.data_cache_path,
-        tokenizer=tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
-    )
-    train, valid, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, [num_train, num_valid, None], lambda: True, config
-    ).build()
+    train, valid, _ = _build(GPTDataset, [num_train, num_valid, None], args, tokenizer,
+                             blend=get_blend_from_list(args.data_path), split=args.split,
+                             path_to_cache=args.data_cache_path)
     return train, valid
 
 
