@@ -72,7 +72,8 @@ def run(args, backend, tokenizer=None) -> int:
     import torch
     from megatron.core import parallel_state
 
-    from mtmegatron.training import checkpointing, robustness
+    from mtmegatron.training import checkpointing, placement, robustness
+    from mtmegatron.training.device import compute_device
     from mtmegatron.training.data import build_gpt_datasets, build_mock_dataset, micro_batches
     from mtmegatron.training.evaluate import validation_loss
     from mtmegatron.training.finish import write_outputs
@@ -131,6 +132,11 @@ def run(args, backend, tokenizer=None) -> int:
             t0 = time.perf_counter()
             stats = train_step(iterators, model, optimizer, scheduler, args)
             elapsed = time.perf_counter() - t0
+            if iteration == start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
+                device = compute_device()
+                checked = placement.check(model, optimizer, device)
+                print_rank0(rank, f"mtmegatron: placement: all {checked} parameters, buffers, gradient buffers "
+                            f"and optimizer states on {device}")
             train_state["skipped_steps"] += int(stats["skipped"])
             row = {"iteration": iteration, **stats, "tokens_per_sec": tokens_per_step / elapsed,
                    "step_time_ms": elapsed * 1000.0, "skipped_steps": train_state["skipped_steps"]}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
+from mtmegatron.training.device import compute_device
+
 _AUX_NAMES = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss",
               "global_aux_loss": "global_load_balancing_loss"}
 
@@ -21,7 +23,7 @@ def _mtp_loss(args) -> float:
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     tracker = MTPLossLoggingHelper.tracker
-    contribution = torch.zeros(1, dtype=torch.float64)
+    contribution = torch.zeros(1, dtype=torch.float64, device=compute_device())  # goes through a collective
     if "values" in tracker:  # ranks holding the MTP block
         MTPLossLoggingHelper.reduce_loss_in_tracker()  # average over data-parallel ranks
         if (parallel_state.get_tensor_model_parallel_rank() == 0

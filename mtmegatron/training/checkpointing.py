@@ -25,6 +25,8 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from torch.distributed.checkpoint.api import CheckpointException
 
+from mtmegatron.training.device import compute_device
+
 TRACKER = "latest_checkpointed_iteration.txt"
 # The distributed optimizer's default format in megatron-core 0.16 ('fully_sharded_model_space') relies on
 # ShardedTensor.flattened_range, which its own validation now rejects; 'fully_reshardable' is the format that
@@ -120,11 +122,33 @@ def _layout() -> dict:
             "pp": parallel_state.get_pipeline_model_parallel_world_size()}
 
 
+def _device_rng_states() -> dict:
+    """``{device_type: state of this rank's device generator}``; empty on the cpu backend, whose device RNG is
+    the host RNG (saved as "torch")."""
+    device = compute_device()
+    if device.type == "cpu":
+        return {}
+    return {device.type: torch.get_device_module(device.type).get_rng_state(device)}
+
+
+def _restore_device_rng(saved: dict, rank: int) -> None:
+    device = compute_device()
+    if device.type == "cpu":
+        return
+    if device.type not in saved:
+        if rank == 0:
+            print(f"mtmegatron: the checkpoint holds no {device.type} RNG state (saved on "
+                  f"{', '.join(saved) or 'the cpu backend'}): the {device.type} generator is not restored", flush=True)
+        return
+    torch.get_device_module(device.type).set_rng_state(saved[device.type], device)
+
+
 def _rng_state() -> ShardedObject:
     state = {
         "random": random.getstate(),
         "np": np.random.get_state(),
         "torch": torch.get_rng_state(),
+        "device": _device_rng_states(),
         "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
     }
     pp, tp = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
@@ -241,6 +265,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         random.setstate(rng["random"])
         np.random.set_state(rng["np"])
         torch.set_rng_state(rng["torch"])
+        _restore_device_rng(rng.get("device", {}), torch.distributed.get_rank())
         tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
     if train_state is not None and not (args.finetune or model_only):
         train_state.update(common.get("train_state", {}))

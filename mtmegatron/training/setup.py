@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 
+import numpy as np
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -16,6 +18,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
+from mtmegatron.training.device import compute_device
 
 
 def init_distributed(args, backend) -> None:
@@ -35,13 +38,27 @@ def init_distributed(args, backend) -> None:
         context_parallel_size=args.context_parallel_size,
         expert_model_parallel_size=args.expert_model_parallel_size,
     )
-    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    seed_everything(args.seed)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the host RNGs (python, numpy, torch: the master weights are initialised on the host, so this is
+    what makes ``--seed`` fix the init, identically on every TP rank) and the device RNG with megatron-core's
+    model-parallel tracker (dropout). On the CPU backend the device RNG is the host RNG: the tracker seeds it
+    with the same ``seed`` again, so both backends start from the same host state."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 def build(args):
     """Returns (model chunks wrapped in DDP, optimizer, scheduler, transformer config)."""
     config = transformer_config(args)
-    chunks = build_model_chunks(args, config)
+    chunks = build_model_chunks(args, config)  # initialised on the host (layout-independent master weights)
+    device = compute_device()
+    for chunk in chunks:
+        chunk.to(device)  # parameters and buffers; a no-op on the cpu backend
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = DistributedDataParallelConfig(
@@ -102,8 +119,6 @@ def count_parameters(model) -> int:
     """Parameters of the whole model, each counted once: TP-sharded ones summed over TP, replicated ones
     taken from TP rank 0, experts (not all-reduced over DP) summed over EP; then summed over PP."""
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    from mtmegatron.training.device import compute_device
-
     dense = torch.zeros(1, dtype=torch.float64, device=compute_device())
     experts = torch.zeros(1, dtype=torch.float64, device=compute_device())
     for chunk in model:
