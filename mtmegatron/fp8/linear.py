@@ -112,6 +112,13 @@ class _Fp8LinearMixin:
         assert not gradient_accumulation_fusion and grad_output_buffer is None, "not supported with FP8 linears"
         return _Fp8Linear.apply(input, weight, bias, self.fp8, sequence_parallel, allreduce_dgrad, tp_group)
 
+    def _apply(self, fn, recurse=True):
+        # Module.to()/cuda() move parameters and buffers; the delayed-scaling state goes with the weight
+        module = super()._apply(fn, recurse)
+        if self.fp8 is not None and self.fp8.state is not None:
+            self.fp8.state.to(self.weight.device)
+        return module
+
     def get_extra_state(self):
         if self.fp8 is None or self.fp8.state is None:
             return None

@@ -45,6 +45,12 @@ class DelayedScalingState:
             amax = history[0, columns]
         self.scale[columns] = delayed_scale(amax, self._fp8_max[columns], self.recipe.margin, self.scale[columns])
 
+    def to(self, device) -> None:
+        """Move the state to ``device`` (with the layer's weight: the model is built on the host)."""
+        self.amax_history = self.amax_history.to(device)
+        self.scale = self.scale.to(device)
+        self._fp8_max = self._fp8_max.to(device)
+
     def state_dict(self) -> dict:
         return {"recipe": "delayed", "amax_history": self.amax_history.clone(), "scale": self.scale.clone()}
 
