@@ -9,10 +9,11 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 512;
+static_assert(kThreads % kWarpSize == 0, "block reductions need whole warps");
 
 template <typename T>
 __global__ void stats_kernel(CrossEntropyStatsArgs a) {
-  __shared__ float red[32];
+  __shared__ float red[kMaxWarps];
   const int64_t r = blockIdx.x, v = a.vocab;
   const T* l = static_cast<const T*>(a.logits) + r * v;
   float m = -INFINITY, s = 0.f;

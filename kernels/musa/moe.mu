@@ -10,9 +10,10 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(kThreads % kWarpSize == 0, "block reductions need whole warps");
 
 __global__ void count_kernel(MoeIndexArgs a) {
-  __shared__ float red[32];
+  __shared__ float red[kMaxWarps];
   const int64_t e = blockIdx.x;
   float c = 0.f;
   for (int64_t t = threadIdx.x; t < a.tokens; t += blockDim.x) c += a.routing_map[t * a.experts + e] ? 1.f : 0.f;
@@ -87,7 +88,7 @@ __global__ void unpermute_kernel(MoeUnpermuteArgs a) {
 
 template <typename T>
 __global__ void unpermute_bwd_kernel(MoeUnpermuteArgs a) {
-  __shared__ float red[32];
+  __shared__ float red[kMaxWarps];
   const T* perm = static_cast<const T*>(a.permuted);
   const T* go = static_cast<const T*>(a.grad_out);
   const float* probs = static_cast<const float*>(a.probs);
@@ -118,7 +119,7 @@ __global__ void unpermute_bwd_kernel(MoeUnpermuteArgs a) {
 
 void moe_index(const MoeIndexArgs& a, musaStream_t s) {
   count_kernel<<<a.experts, kThreads, 0, s>>>(a);
-  scan_kernel<<<1, 32, 0, s>>>(a);
+  scan_kernel<<<1, kWarpSize, 0, s>>>(a);
   fill_kernel<<<a.experts, kThreads, 0, s>>>(a);
   check_launch("moe_permute_index");
 }

@@ -9,10 +9,11 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(kThreads % kWarpSize == 0, "block reductions need whole warps");
 
 template <typename T, typename W>
 __global__ void fwd_kernel(RmsNormFwdArgs a) {
-  __shared__ float red[32];
+  __shared__ float red[kMaxWarps];
   const int64_t r = blockIdx.x, n = a.cols;
   const T* x = static_cast<const T*>(a.x) + r * n;
   const T* res = a.residual ? static_cast<const T*>(a.residual) + r * n : nullptr;
@@ -40,7 +41,7 @@ __global__ void fwd_kernel(RmsNormFwdArgs a) {
 
 template <typename T, typename W>
 __global__ void bwd_kernel(RmsNormBwdArgs a) {
-  __shared__ float red[32];
+  __shared__ float red[kMaxWarps];
   const int64_t n = a.cols;
   const W* w = static_cast<const W*>(a.weight);
   float* gw = static_cast<float*>(a.grad_w_partial) + blockIdx.x * n;

@@ -5,6 +5,11 @@ musaStream_t, c10::cuda -> c10::musa, the CUDA dispatch key -> PrivateUse1, .cu 
 `port_all()` writes kernels/musa/: one .mu per kernels/cuda/*.cu, the ported GPU headers under
 kernels/musa/include/mtm/, and bind_musa.cpp (PrivateUse1 registration) from kernels/bind/cuda.cpp. The output
 is committed and kept in sync by tests/kernels/test_musa_port.py; run `python -m mtmegatron.ops.musa_port`.
+Warp size: the CUDA sources use kWarpSize (MTM_WARP_SIZE, default 32). The ported header has no default: it
+requires -DMTM_WARP_SIZE (musa_build.py passes warp_size_for_arch_list(TORCH_MUSA_ARCH_LIST)) and, in device
+code, checks it against __MUSA_ARCH__. Rule (from public MUSA kernel code, e.g. torch_musa extensions and
+TileLang's MUSA backend: `__MUSA_ARCH__ <= 220` means 128 lanes): mp_10/mp_21/mp_22 -> 128, mp_31/mp_32 -> 32.
+UNVERIFIED on hardware.
 May assume: only the standard library; no MUSA toolchain (the result is compiled by musa_build.py where one is).
 """
 from __future__ import annotations
@@ -45,6 +50,42 @@ PORT_TABLE: list[tuple[str, str]] = [
 CUDA_ONLY = re.compile(r"cuda|nccl|__nv_|\.cuh\b", re.IGNORECASE)  # mtm: allow-cuda-name
 
 
+# The CUDA header's default (32 lanes) is replaced in the MUSA header by a required, arch-checked value.
+CUDA_WARP_DEFAULT = "#ifndef MTM_WARP_SIZE\n#define MTM_WARP_SIZE 32\n#endif\n"
+MUSA_WARP_BLOCK = (
+    "// MUSA: MTM_WARP_SIZE comes from the build (musa_build.py derives it from TORCH_MUSA_ARCH_LIST); there is no\n"
+    "// default, so a build that forgets it fails instead of running 32-lane reductions on 128-lane warps.\n"
+    "#ifndef MTM_WARP_SIZE\n"
+    "#error \"MTM_WARP_SIZE is not defined: build with python -m mtmegatron.ops.musa_build\"\n"
+    "#endif\n"
+    "#if defined(__MUSA_ARCH__) && ((__MUSA_ARCH__ <= 220) != (MTM_WARP_SIZE == 128))\n"
+    "#error \"MTM_WARP_SIZE does not match __MUSA_ARCH__ (128 lanes up to mp_22, 32 from mp_31): one family per build\"\n"
+    "#endif\n"
+)
+LAST_128_LANE_ARCH = 22  # mp_22 (__MUSA_ARCH__ 220)
+
+
+def warp_size_for_arch(arch: str | int) -> int:
+    """Lanes per warp of a MUSA target: "22", "mp_22" or 22 -> 128; "31" -> 32."""
+    text = str(arch).strip().lower().removeprefix("mp_")
+    if not text.isdigit():
+        raise ValueError(f"not a MUSA arch: {arch!r} (expected e.g. 21, 22, 31 or mp_22)")
+    return 128 if int(text) <= LAST_128_LANE_ARCH else 32
+
+
+def warp_size_for_arch_list(arch_list: str) -> int:
+    """The one warp size of a TORCH_MUSA_ARCH_LIST ("21;22", "mp_31", "21 22"); a ValueError when it mixes
+    128-lane and 32-lane targets (the kernels are compiled for a single warp size) or is empty."""
+    archs = [a for a in arch_list.replace(",", ";").replace(" ", ";").split(";") if a]
+    if not archs:
+        raise ValueError("TORCH_MUSA_ARCH_LIST is empty: set the target arch, e.g. TORCH_MUSA_ARCH_LIST=22")
+    sizes = {a: warp_size_for_arch(a) for a in archs}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"TORCH_MUSA_ARCH_LIST={arch_list!r} mixes warp sizes {sizes}: build the 128-lane "
+                         f"(mp_21/mp_22) and 32-lane (mp_31+) targets separately")
+    return next(iter(sizes.values()))
+
+
 def port_text(text: str) -> str:
     for pattern, replacement in PORT_TABLE:
         text = re.sub(pattern, replacement, text)
@@ -64,6 +105,10 @@ def ported_sources() -> dict[Path, str]:
     out = {}
     for src, dst in _targets():
         body = port_text(src.read_text())
+        if dst.name == "musa_common.muh":
+            if CUDA_WARP_DEFAULT not in body:
+                raise RuntimeError(f"{src.name} no longer has the MTM_WARP_SIZE default block the port replaces")
+            body = body.replace(CUDA_WARP_DEFAULT, MUSA_WARP_BLOCK)
         out[dst] = HEADER.format(src=src.relative_to(REPO)) + body
     return out
 

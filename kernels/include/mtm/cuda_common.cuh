@@ -12,8 +12,24 @@
 
 #include "mtm/args.h"
 
+// Lanes per warp, fixed at compile time: 32 on NVIDIA. The MUSA port (musa_port.py) gets it from the build
+// (-DMTM_WARP_SIZE, derived from the target arch by musa_build.py: 128 on mp_21/mp_22, 32 on mp_31).
+// Kernels use kWarpSize / kMaxWarps / kFullMask below, never a literal 32, 31, 5 or 0xffffffff.
+#ifndef MTM_WARP_SIZE
+#define MTM_WARP_SIZE 32
+#endif
+
 namespace mtm {
 namespace gpu {
+
+constexpr int kWarpSize = MTM_WARP_SIZE;
+static_assert(kWarpSize == 32 || kWarpSize == 64 || kWarpSize == 128, "MTM_WARP_SIZE must be 32, 64 or 128");
+// Shared slots a block reduction needs: one per warp of the largest block (1024 threads).
+constexpr int kMaxWarps = 1024 / kWarpSize;
+// Shuffle participation mask for a whole warp. The mask argument is 32 bits wide; with 32 lanes all-ones is
+// every lane, and MUSA's 128-lane targets take the same all-ones value to mean the whole warp (as torch_musa's
+// WARP_SHFL_XOR default does).
+constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -24,17 +40,18 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half(v); }
 
 __device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o, kWarpSize);
   return v;
 }
 __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o, kWarpSize));
   return v;
 }
 
-// Sum over the block; every thread gets the result. `shared` needs 32 floats. blockDim.x multiple of 32.
+// Sum over the block; every thread gets the result. `shared` needs kMaxWarps floats; blockDim.x a multiple of
+// kWarpSize (the whole last warp takes part in the shuffles).
 __device__ __forceinline__ float block_sum(float v, float* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
   v = warp_sum(v);
   __syncthreads();
   if (lane == 0) shared[warp] = v;
@@ -43,7 +60,7 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return warp_sum(v);
 }
 __device__ __forceinline__ float block_max(float v, float* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
   v = warp_max(v);
   __syncthreads();
   if (lane == 0) shared[warp] = v;
