@@ -20,7 +20,7 @@ from .activation import swiglu
 from .vocab_parallel import vocab_parallel_cross_entropy
 
 load()
-native.load_musa_extension()  # PrivateUse1 kernels, where musa_build.py built them
+native.load_musa_extension()  # PrivateUse1 kernels where musa_build.py built them; failures are reported
 BUILD_INFO = native.BUILD_INFO
 
 OPS = (

@@ -1,55 +1,79 @@
 """Build helper for the MUSA kernel extension (UNVERIFIED: no MUSA toolchain or torch_musa exists where this was
-written). Compiles the ported sources in kernels/musa/ (`python -m mtmegatron.ops.musa_port` regenerates them)
-with torch_musa's MUSAExtension / BuildExtension into the module `mtmegatron_musa_kernels`, which registers the
-PrivateUse1 kernels on import (mtmegatron.ops.native.load_musa_extension imports it).
+written). Ports the CUDA sources into kernels/musa/ (musa_port.py), then compiles them with torch_musa's
+MUSAExtension / BuildExtension into `mtmegatron._musa_kernels`, placed inside the installed mtmegatron package
+(next to `mtmegatron._C`), never into the repository root. Importing it registers the PrivateUse1 kernels
+(mtmegatron.ops.native.load_musa_extension does, and reports a failure instead of swallowing it).
 
 Usage on a MUSA machine (MUSA_HOME set, mcc on PATH, torch 2.7.1 + torch_musa installed):
     TORCH_MUSA_ARCH_LIST="21;22" python -m mtmegatron.ops.musa_build
-May assume: torch_musa is importable when this runs; only torch 2.7 APIs.
+The warp size is fixed per target at compile time (MTM_WARP_SIZE, see kernels/musa/include/mtm/musa_common.muh):
+one build serves one warp size, so all archs in TORCH_MUSA_ARCH_LIST must share it (checked here).
+May assume: torch_musa is importable when build() runs; only torch 2.7 APIs. The path helpers need neither.
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 
-from .musa_port import KERNELS, MUSA_DIR, port_all
+from .musa_port import KERNELS, MUSA_DIR, port_all, warp_size_for_arch_list
 
-EXTENSION_NAME = "mtmegatron_musa_kernels"
+EXTENSION_NAME = "mtmegatron._musa_kernels"
 
 
-def musa_extension():
+def package_dir() -> Path:
+    """The directory the extension goes into: where `mtmegatron._C` is installed (site-packages for both
+    `pip install .` and scikit-build-core's editable install), else the mtmegatron package itself."""
+    spec = importlib.util.find_spec("mtmegatron._C")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    import mtmegatron
+
+    return Path(mtmegatron.__file__).parent
+
+
+def build_args(build_temp: str) -> list[str]:
+    """setuptools arguments: the build lib is the package's parent, so `mtmegatron._musa_kernels` lands inside it."""
+    return ["build_ext", "--build-lib", str(package_dir().parent), "--build-temp", build_temp]
+
+
+def musa_extension(arch_list: str):
     """The MUSAExtension describing the MUSA kernel library (requires torch_musa)."""
     from torch_musa.utils.musa_extension import MUSAExtension
 
+    warp = warp_size_for_arch_list(arch_list)
     sources = sorted(str(p) for p in MUSA_DIR.glob("*.mu")) + [str(MUSA_DIR / "bind_musa.cpp")]
     include_dirs = [str(MUSA_DIR / "include"), str(KERNELS / "include"), str(KERNELS / "bind")]
     return MUSAExtension(
         name=EXTENSION_NAME,
         sources=sources,
         include_dirs=include_dirs,
-        extra_compile_args={"cxx": ["-O3", "-std=c++17"], "mcc": ["-O3", "-std=c++17"]},
+        extra_compile_args={"cxx": ["-O3", "-std=c++17"],
+                            "mcc": ["-O3", "-std=c++17", f"-DMTM_WARP_SIZE={warp}"]},
     )
 
 
-def build(build_dir: str | None = None) -> None:
-    """Port the CUDA sources, then build the extension in place next to the mtmegatron package."""
+def build(build_temp: str | None = None) -> Path:
+    """Port the CUDA sources, then build the extension into the installed package; returns that directory."""
     from setuptools import setup
     from torch_musa.utils.musa_extension import BuildExtension
 
+    arch_list = os.environ.get("TORCH_MUSA_ARCH_LIST", "")
     port_all()
-    args = ["build_ext", "--inplace"] + (["--build-temp", build_dir] if build_dir else [])
     setup(
-        name=EXTENSION_NAME,
-        ext_modules=[musa_extension()],
+        name="mtmegatron-musa-kernels",
+        ext_modules=[musa_extension(arch_list)],
         cmdclass={"build_ext": BuildExtension},
-        script_args=args,
-        package_dir={"": str(Path(__file__).resolve().parents[2])},
+        script_args=build_args(build_temp or tempfile.mkdtemp(prefix="mtm-musa-build-")),
     )
+    return package_dir()
 
 
 if __name__ == "__main__":
     try:
         import torch_musa  # noqa: F401
-    except ImportError:
-        sys.exit("musa build requested but torch_musa is not installed (needs torch 2.7.1 + torch_musa + MUSA_HOME)")
-    build()
+    except ImportError as exc:
+        sys.exit(f"musa build requested but torch_musa does not import ({exc}); needs torch 2.7.1 + torch_musa + MUSA_HOME")
+    print(f"built {EXTENSION_NAME} into {build()}")
