@@ -18,6 +18,16 @@ class BackendUnavailableError(ValueError):
     """A backend was requested that this machine cannot provide; the message says what is missing."""
 
 
+class Absent(str):
+    """A ``missing()`` reason meaning the backend's software is not on this machine at all: auto-detect passes
+    over it quietly (a CUDA box has no torch_musa, and that is normal)."""
+
+
+class HalfInstalled(str):
+    """A ``missing()`` reason meaning the backend is partly installed (e.g. torch_musa without torchada): auto-detect
+    stops with this error instead of quietly picking the next backend. The text names the fix."""
+
+
 @dataclass(frozen=True)
 class Backend:
     """One accelerator family.
@@ -39,7 +49,9 @@ class Backend:
     fp8_executors: tuple[str, ...] = ("emulated",)
 
     def missing(self) -> str | None:
-        """Why this backend cannot run here, or None when it can. Subclasses override; cached by callers."""
+        """Why this backend cannot run here, or None when it can. Subclasses override; cached by callers.
+        A plain str is reported when auto-detect skips the backend; ``Absent``/``HalfInstalled`` (see above)
+        make auto-detect skip quietly / stop with an error."""
         return None
 
     def is_available(self) -> bool:

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Backend
+from .base import Absent, Backend
 
 
 @dataclass(frozen=True)
 class CudaBackend(Backend):
     def missing(self) -> str | None:
         if torch.version.cuda is None:
-            return f"this torch ({torch.__version__}) was built without CUDA"
+            return Absent(f"this torch ({torch.__version__}) was built without CUDA")
         if torch.cuda.device_count() == 0:
             return "no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)"
         return None

@@ -1,41 +1,80 @@
 """The MUSA backend (Moore Threads GPUs through torch_musa, MCCL collectives).
 
-May assume: nothing is installed; may import torch_musa and torchada when present (importing torch_musa
-registers the "musa" device and the "mccl" collective backend; it does not create a device context).
+May assume: nothing is installed; may import torch_musa when present (importing it registers the "musa" device
+and the "mccl" collective backend; it does not create a device context). torchada is only looked for here:
+importing it applies its patches, which the MUSA bridge does once MUSA is chosen.
+Before torch_musa is imported the visible-devices variables are synchronised (visible_devices.py), because the
+MUSA runtime reads MUSA_VISIBLE_DEVICES when it loads.
 Never infers MUSA from torch.cuda: torchada can make torch.cuda answer for MUSA devices.
 Unverified here: no MUSA hardware or torch_musa is available in CI (see README's backend matrix).
 """
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
 
-from .base import Backend
+from . import visible_devices
+from .base import Absent, Backend, HalfInstalled
 
-# Launch defaults seen on MUSA clusters (MT-MegatronLM launchers); the example scripts export these.
+# Set by the example launchers (examples/common.sh) unless the user exported a value. Only settings that are
+# right on any MUSA machine: one hardware queue so megatron-core's communication/compute overlap keeps its
+# order (Megatron requires it on CUDA too), a kernel timeout long enough for big first-step compilations and
+# collectives (MT-MegatronLM's launchers; the driver default can kill long MCCL kernels), and a bounded
+# OpenMP pool per rank (8 ranks per node would otherwise each take every core).
 MUSA_ENV_DEFAULTS = {
-    "MUSA_KERNEL_TIMEOUT": "3200000",
-    "MCCL_PROTOS": "2",
-    "MCCL_CHECK_POINTERS": "0",
-    "MCCL_ALGOS": "1",
-    "MCCL_BUFFSIZE": "20480000",
-    "MCCL_IB_GID_INDEX": "3",
-    "MUSA_BLOCK_SCHEDULE_MODE": "1",
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "MUSA_KERNEL_TIMEOUT": "3200000",
     "OMP_NUM_THREADS": "4",
 }
+
+# Fabric/topology tuning from Moore Threads' DeepSeek cluster launchers (MT-MegatronLM): right there, wrong
+# elsewhere (MCCL_IB_GID_INDEX=3 is a RoCEv2 GID slot; ALGOS/PROTOS/BUFFSIZE pin MCCL's choices). Opt in with
+# MTMEGATRON_MCCL_CLUSTER_PROFILE=mt-deepseek; a value you export still wins.
+MCCL_CLUSTER_PROFILES = {
+    "mt-deepseek": {
+        "MCCL_PROTOS": "2",
+        "MCCL_CHECK_POINTERS": "0",
+        "MCCL_ALGOS": "1",
+        "MCCL_BUFFSIZE": "20480000",
+        "MCCL_IB_GID_INDEX": "3",
+        "MUSA_BLOCK_SCHEDULE_MODE": "1",
+    },
+}
+PROFILE_ENV = "MTMEGATRON_MCCL_CLUSTER_PROFILE"
+
+
+def launch_env(environ=os.environ) -> dict[str, str]:
+    """The launch defaults for this environment: universal ones plus the opted-in cluster profile (if any).
+    An unknown profile name is a ValueError naming the known ones."""
+    env = dict(MUSA_ENV_DEFAULTS)
+    profile = environ.get(PROFILE_ENV, "")
+    if profile:
+        if profile not in MCCL_CLUSTER_PROFILES:
+            raise ValueError(f"{PROFILE_ENV}={profile!r} is not a known MCCL cluster profile "
+                             f"(known: {', '.join(sorted(MCCL_CLUSTER_PROFILES))})")
+        env.update(MCCL_CLUSTER_PROFILES[profile])
+    return env
+
+
+INSTALL_HINT = "pip install torchada (or: bash scripts/install.sh, which installs the musa extra)"
 
 
 @dataclass(frozen=True)
 class MusaBackend(Backend):
     def missing(self) -> str | None:
-        if importlib.util.find_spec("torch_musa") is None:
-            return "torch_musa is not installed (install Moore Threads' torch_musa wheel matching torch 2.7.1)"
+        if not visible_devices.musa_installed():
+            return Absent("torch_musa is not installed (install Moore Threads' torch_musa wheel matching torch 2.7.1)")
         if importlib.util.find_spec("torchada") is None:
-            return "torchada is not installed (pip install torchada): the MUSA bridge needs it"
-        importlib.import_module("torch_musa")
+            return HalfInstalled(f"torch_musa is installed but torchada is not: the MUSA bridge needs it ({INSTALL_HINT});"
+                                 " to train on another backend anyway pass --backend cpu|cuda")
+        visible_devices.sync()  # before torch_musa starts the MUSA runtime
+        try:
+            importlib.import_module("torch_musa")
+        except ImportError as exc:
+            return HalfInstalled(f"torch_musa is installed but fails to import: {exc}")
         musa = getattr(torch, "musa", None)
         if musa is None or musa.device_count() == 0:
             return "torch_musa sees no MUSA device (check MUSA_VISIBLE_DEVICES and the driver)"

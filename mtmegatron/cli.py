@@ -20,25 +20,31 @@ def _version(dist: str) -> str:
 
 
 def cmd_env(args) -> int:
-    import torch
-
-    from mtmegatron.backends import known_backends, select_backend
+    from mtmegatron.backends import BackendUnavailableError, explain_selection, how_selected, known_backends
+    from mtmegatron.backends.registry import availability
 
     print(f"mtmegatron {_version('mtmegatron')} | python {sys.version.split()[0]}")
     for dist in ("torch", "megatron-core", "torch_musa", "torchada", "transformer-engine"):
         print(f"  {dist:20s} {_version(dist)}")
-    print("backends:")
-    for name, backend in known_backends().items():
-        reason = backend.missing()
+    rows = availability()
+    backends = known_backends()
+    print("backends (auto-detect order):")
+    for name, reason in rows:
+        backend = backends[name]
         state = "available" if reason is None else f"unavailable: {reason}"
         print(f"  {name:5s} device={backend.device_type:5s} kernels={backend.kernel_dispatch_key:11s} {state}")
-    chosen = select_backend(args.backend)
-    print(f"selected: {chosen.name} (collectives: {chosen.dist_backend})")
+    try:
+        chosen, rows = explain_selection(args.backend)
+    except BackendUnavailableError as e:
+        print(f"selected: none: {e}")
+        return 2
+    rule = how_selected(args.backend)
+    passed_over = [name for name, _ in rows[: [n for n, _ in rows].index(chosen.name)]]
+    print(f"selected: {chosen.name} by {rule} (collectives: {chosen.dist_backend})"
+          + (f"; passed over {', '.join(passed_over)} (reasons above)" if rule == "auto-detect" and passed_over else ""))
     from mtmegatron import ops
 
-    native = ops.native_available(chosen.device())
-    print(f"fused kernels on {chosen.device_type}: {'native' if native else 'python reference only'}"
-          f" | build {ops.BUILD_INFO}")
+    print(f"{ops.native.status(chosen.device_type)} | build {ops.BUILD_INFO}")
     print(f"fp8 executors (preferred first): {', '.join(chosen.fp8_executors)}")
     if chosen.device_type != "cpu":
         print(f"devices: {chosen.device_module().device_count()}")

@@ -92,6 +92,9 @@ def run(args, backend, tokenizer=None) -> int:
                 f"{' x CP ' + str(args.context_parallel_size) if args.context_parallel_size > 1 else ''}"
                 f" x DP {args.data_parallel_size}, EP {args.expert_model_parallel_size} | {args.model}"
                 f" {num_params / 1e6:.2f}M params | {args.num_microbatches} micro-batches of {args.micro_batch_size}")
+    from mtmegatron.ops import native
+
+    print_rank0(rank, f"mtmegatron: {native.status(backend.device_type)}")
     if args.fp8_format:
         from mtmegatron.fp8.spec import describe
 

@@ -19,7 +19,8 @@ def test_env_reports_backends_and_selection():
     assert "cpu   device=cpu" in proc.stdout and "available" in proc.stdout
     assert "musa requested" not in proc.stdout  # reasons are stated plainly, not as errors
     assert "torch_musa is not installed" in proc.stdout
-    assert "selected: cpu (collectives: gloo)" in proc.stdout
+    assert "selected: cpu by auto-detect (collectives: gloo); passed over musa, cuda (reasons above)" in proc.stdout
+    assert "native kernels on cpu: yes (mtmegatron._C)" in proc.stdout
 
 
 def test_patches_lists_every_patch_with_target_and_reason():

@@ -6,20 +6,24 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
 import pathlib
 import re
+import subprocess
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from mtmegatron.backends import Backend, BackendUnavailableError, base, registry
+from mtmegatron.backends import Absent, Backend, BackendUnavailableError, base, registry, visible_devices
+from mtmegatron.backends import musa as musa_backend
 from mtmegatron.backends.cpu import CPU
 from mtmegatron.backends.cuda import CUDA
-from mtmegatron.backends.musa import MUSA, MUSA_ENV_DEFAULTS
+from mtmegatron.backends.musa import MCCL_CLUSTER_PROFILES, MUSA, MUSA_ENV_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,8 @@ def test_cuda_requested_without_cuda(entry_points, monkeypatch):
 
 
 def _simulate_musa_install(monkeypatch, *, torch_musa: bool, torchada: bool, num_devices: int = 0):
+    for var in ("MUSA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):  # the probe syncs them; keep the real env
+        monkeypatch.delenv(var, raising=False)
     real_find_spec = importlib.util.find_spec
     present = {"torch_musa": torch_musa, "torchada": torchada}
 
@@ -146,7 +152,8 @@ def test_musa_requested_without_torch_musa(entry_points, monkeypatch):
 
 def test_musa_with_torch_musa_but_no_torchada_names_torchada(entry_points, monkeypatch):
     _simulate_musa_install(monkeypatch, torch_musa=True, torchada=False, num_devices=8)
-    with pytest.raises(BackendUnavailableError, match=r"^musa requested but torchada is not installed"):
+    with pytest.raises(BackendUnavailableError, match=r"^musa requested but torch_musa is installed but torchada is not"
+                       r".*pip install torchada"):
         registry.select_backend("musa", environ={})
 
 
@@ -197,7 +204,8 @@ def test_musa_env_names_match_reference():
     assert MUSA.visible_devices_env == "MUSA_VISIBLE_DEVICES"
     assert CUDA.visible_devices_env == "CUDA_VISIBLE_DEVICES"
     assert CPU.visible_devices_env is None
-    assert MUSA_ENV_DEFAULTS == _REFERENCE_MUSA_ENV
+    profile = MCCL_CLUSTER_PROFILES["mt-deepseek"]
+    assert {**MUSA_ENV_DEFAULTS, **profile} == _REFERENCE_MUSA_ENV, "defaults + the cluster profile = MT's launchers"
     reference = next((p for p in _REFERENCE_PATHS if p.is_file()), None)
     if reference is None:
         return
@@ -206,3 +214,145 @@ def test_musa_env_names_match_reference():
     section = section[: section.index("\n\n")]
     assert "MUSA_VISIBLE_DEVICES" in section
     assert dict(re.findall(r"([A-Z_]+)=(\d+)", section)) == _REFERENCE_MUSA_ENV
+
+
+def test_cluster_specific_mccl_settings_are_opt_in():
+    cluster_only = {"MCCL_IB_GID_INDEX", "MCCL_ALGOS", "MCCL_BUFFSIZE", "MCCL_PROTOS", "MUSA_BLOCK_SCHEDULE_MODE",
+                    "MCCL_CHECK_POINTERS"}
+    assert not cluster_only & MUSA_ENV_DEFAULTS.keys()
+    assert musa_backend.launch_env({}) == MUSA_ENV_DEFAULTS
+    opted = musa_backend.launch_env({musa_backend.PROFILE_ENV: "mt-deepseek"})
+    assert cluster_only <= opted.keys() and opted["MCCL_IB_GID_INDEX"] == "3"
+    with pytest.raises(ValueError, match="'mt-dsv3' is not a known MCCL cluster profile .known: mt-deepseek"):
+        musa_backend.launch_env({musa_backend.PROFILE_ENV: "mt-dsv3"})
+
+
+# ---- no silent fallbacks -------------------------------------------------------------------------------------
+def test_torch_musa_without_torchada_stops_auto_detect_with_the_fix(entry_points, monkeypatch):
+    _simulate_musa_install(monkeypatch, torch_musa=True, torchada=False, num_devices=8)
+    with pytest.raises(BackendUnavailableError) as err:
+        registry.select_backend(None, environ={})
+    message = str(err.value)
+    assert message.startswith("auto-detect stopped at musa: torch_musa is installed but torchada is not")
+    assert "pip install torchada" in message and "bash scripts/install.sh" in message and "--backend cpu" in message
+    assert registry.select_backend("cpu", environ={}) is CPU, "an explicit --backend cpu still works"
+    assert registry.select_backend(None, environ={registry.ENV_VAR: "cpu"}) is CPU
+    assert "torch_musa" not in sys.modules or isinstance(sys.modules["torch_musa"], types.ModuleType)
+
+
+def test_auto_detect_says_why_an_installed_backend_was_skipped(entry_points, monkeypatch):
+    _simulate_musa_install(monkeypatch, torch_musa=True, torchada=True, num_devices=0)
+    with pytest.warns(UserWarning, match=r"auto-detect chose cpu; skipped musa: torch_musa sees no MUSA device"):
+        assert registry.select_backend(None, environ={}) is CPU
+
+
+def test_auto_detect_is_quiet_about_backends_that_are_not_installed(entry_points, monkeypatch):
+    _simulate_musa_install(monkeypatch, torch_musa=False, torchada=False)
+    monkeypatch.setattr(registry, "CUDA", _fake("cuda", reason=Absent("this torch was built without CUDA")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert registry.select_backend(None, environ={}) is CPU
+
+
+def test_explain_selection_lists_every_backend_with_its_reason(entry_points, monkeypatch):
+    entry_points(acme=_fake("acme", reason="the acme driver is not loaded"))
+    _simulate_musa_install(monkeypatch, torch_musa=True, torchada=True, num_devices=0)
+    monkeypatch.setattr(registry, "CUDA", _fake("cuda", reason=Absent("built without CUDA")))
+    chosen, rows = registry.explain_selection(None, environ={})
+    assert chosen is CPU
+    assert rows == [("acme", "the acme driver is not loaded"),
+                    ("musa", "torch_musa sees no MUSA device (check MUSA_VISIBLE_DEVICES and the driver)"),
+                    ("cuda", "built without CUDA"), ("cpu", None)]
+    assert registry.how_selected(None, {}) == "auto-detect"
+    assert registry.how_selected(None, {registry.ENV_VAR: "cpu"}) == registry.ENV_VAR
+    assert registry.how_selected("cpu", {}) == "--backend"
+
+
+# ---- visible devices: synced before torch_musa is imported ---------------------------------------------------
+_FAKE_TORCH_MUSA = """
+import os
+import types
+
+import torch
+
+SEEN_MUSA_VISIBLE_DEVICES = os.environ.get("MUSA_VISIBLE_DEVICES", "<unset>")
+torch.musa = types.SimpleNamespace(device_count=lambda: 2)
+"""
+
+
+def test_visible_devices_are_synced_before_torch_musa_is_imported(entry_points, monkeypatch, tmp_path):
+    (tmp_path / "torch_musa").mkdir()
+    (tmp_path / "torch_musa/__init__.py").write_text(_FAKE_TORCH_MUSA)
+    (tmp_path / "torchada").mkdir()
+    (tmp_path / "torchada/__init__.py").write_text("raise AssertionError('the probe must not import torchada')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch_musa", raising=False)
+    monkeypatch.setattr(torch, "musa", None, raising=False)
+    monkeypatch.delenv("MUSA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert registry.select_backend("musa", environ={}) is MUSA
+    assert sys.modules["torch_musa"].SEEN_MUSA_VISIBLE_DEVICES == "3,5"
+
+
+@pytest.mark.parametrize("before,after", [
+    ({"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "1", "MUSA_VISIBLE_DEVICES": "1"}),
+    ({"MUSA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "1"}, {"MUSA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "2"}),
+    ({"MUSA_VISIBLE_DEVICES": ""}, {"MUSA_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": ""}),
+    ({}, {}),
+])
+def test_visible_devices_rule_is_torchadas(before, after, monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch_musa", raising=False)
+    environ = dict(before)
+    visible_devices.sync(environ)
+    assert environ == after
+
+
+def test_a_late_sync_warns(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_musa", types.ModuleType("torch_musa"))
+    with pytest.warns(UserWarning, match="after torch_musa was imported"):
+        visible_devices.sync({"CUDA_VISIBLE_DEVICES": "0"})
+
+
+_SPY = """
+import os, sys
+seen = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.append(os.environ.get("MUSA_VISIBLE_DEVICES", "<unset>"))
+        return None
+sys.meta_path.insert(0, Spy())
+import mtmegatron.backends
+print(seen[0], os.environ.get("MUSA_VISIBLE_DEVICES"))
+"""
+
+
+def test_importing_mtmegatron_syncs_before_torch_is_imported(tmp_path):
+    """torch may autoload torch_musa during `import torch`; the sync must come first (a fresh interpreter)."""
+    (tmp_path / "torch_musa").mkdir()
+    (tmp_path / "torch_musa/__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "MUSA_VISIBLE_DEVICES"}
+    env.update(CUDA_VISIBLE_DEVICES="4,6", PYTHONPATH=os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _SPY], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["4,6", "4,6"]
+    del env["PYTHONPATH"]  # no torch_musa: nothing is touched
+    proc = subprocess.run([sys.executable, "-c", _SPY], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.stdout.split() == ["<unset>", "None"], proc.stderr
+
+
+def test_env_command_lists_the_choice_and_reasons(entry_points, monkeypatch, capsys):
+    from mtmegatron import cli
+
+    _simulate_musa_install(monkeypatch, torch_musa=True, torchada=True, num_devices=0)
+    assert cli.main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "musa  device=musa  kernels=PrivateUse1 unavailable: torch_musa sees no MUSA device" in out
+    assert "selected: cpu by auto-detect (collectives: gloo); passed over musa, cuda (reasons above)" in out
+    assert "native kernels on cpu: " in out
+    base._cached_missing.cache_clear()
+    _simulate_musa_install(monkeypatch, torch_musa=True, torchada=False)
+    assert cli.main(["env"]) == 2
+    out = capsys.readouterr().out
+    assert "unavailable: torch_musa is installed but torchada is not" in out
+    assert "selected: none: auto-detect stopped at musa" in out and "pip install torchada" in out
