@@ -14,9 +14,19 @@ launch_pretrain() {
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m mtmegatron.pretrain "$@"
 }
 
-# MUSA/MCCL launch defaults (the values Moore Threads' launchers use); an exported value wins.
+# MUSA launch defaults (mtmegatron.backends.musa.launch_env): only settings right on any MUSA machine
+# (CUDA_DEVICE_MAX_CONNECTIONS=1, MUSA_KERNEL_TIMEOUT, OMP_NUM_THREADS). Moore Threads' cluster tuning
+# (MCCL_IB_GID_INDEX=3, MCCL_ALGOS, MCCL_PROTOS, MCCL_BUFFSIZE, MCCL_CHECK_POINTERS, MUSA_BLOCK_SCHEDULE_MODE) is
+# opt-in: export MTMEGATRON_MCCL_CLUSTER_PROFILE=mt-deepseek. An exported value always wins.
 export_musa_defaults() {
-  eval "$(python -c 'from mtmegatron.backends.musa import MUSA_ENV_DEFAULTS as d; print("\n".join(f"export {k}=${{{k}:-{v}}}" for k, v in d.items()))')"
+  local lines
+  lines=$(python -c 'from mtmegatron.backends.musa import launch_env
+try:
+    env = launch_env()
+except ValueError as e:
+    raise SystemExit(f"export_musa_defaults: {e}")
+print("\n".join(f"export {k}=${{{k}:-{v}}}" for k, v in env.items()))') || return 1
+  eval "$lines"
 }
 
 # HF_DIR set: convert that HF checkpoint once (into MCORE_DIR, default "$HF_DIR-mcore") and put the converted

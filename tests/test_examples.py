@@ -32,12 +32,24 @@ def test_example_runs_on_cpu_with_passthrough_flags(script, tmp_path):
     assert "iteration      4/     4" in proc.stdout  # console progress
 
 
+def _exported(extra_env=None):
+    script = (f"source {ROOT / 'examples/common.sh'}; export_musa_defaults || exit 3; "
+              "for v in MUSA_KERNEL_TIMEOUT CUDA_DEVICE_MAX_CONNECTIONS OMP_NUM_THREADS MCCL_PROTOS MCCL_IB_GID_INDEX"
+              " MCCL_ALGOS; do echo \"$v=${!v:-unset}\"; done")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MUSA_", "MCCL_", "CUDA_DEVICE_MAX", "OMP_", "MTMEGATRON_MCCL"))}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**env, **(extra_env or {})})
+    return proc.returncode, dict(line.split("=", 1) for line in proc.stdout.split()), proc.stderr
+
+
 def test_musa_defaults_are_exported_and_user_values_win():
-    script = (f"source {ROOT / 'examples/common.sh'}; export_musa_defaults; "
-              "echo $MUSA_KERNEL_TIMEOUT $MCCL_PROTOS $MCCL_BUFFSIZE $CUDA_DEVICE_MAX_CONNECTIONS $MCCL_ALGOS")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MUSA_", "MCCL_", "CUDA_DEVICE_MAX"))}
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True).stdout.split()
-    assert out == ["3200000", "2", "20480000", "1", "1"]
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
-                         env={**env, "MCCL_PROTOS": "0"}).stdout.split()
-    assert out[1] == "0"
+    rc, out, err = _exported()
+    assert rc == 0, err
+    assert out == {"MUSA_KERNEL_TIMEOUT": "3200000", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "OMP_NUM_THREADS": "4",
+                   "MCCL_PROTOS": "unset", "MCCL_IB_GID_INDEX": "unset", "MCCL_ALGOS": "unset"}
+    rc, out, err = _exported({"MTMEGATRON_MCCL_CLUSTER_PROFILE": "mt-deepseek", "MCCL_PROTOS": "0"})
+    assert rc == 0, err
+    assert out["MCCL_IB_GID_INDEX"] == "3" and out["MCCL_ALGOS"] == "1"  # the opt-in cluster profile
+    assert out["MCCL_PROTOS"] == "0"  # an exported value wins
+    rc, out, err = _exported({"MTMEGATRON_MCCL_CLUSTER_PROFILE": "nope"})
+    assert rc == 3 and "'nope' is not a known MCCL cluster profile" in err and "Traceback" not in err
