@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
@@ -638,6 +639,21 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("unfold", &at::native::unfold);
   m.impl("view_as_real", &at::native::view_as_real);
   m.impl("view_as_complex", &at::native::view_as_complex);
+}
+
+// Autocast on musa uses the same op lists and cast policies as CUDA (torch_musa does the same).
+#define SIM_AUTOCAST_LP(...) KERNEL(c10::DeviceType::PrivateUse1, __VA_ARGS__, lower_precision_fp)
+#define SIM_AUTOCAST_FP32(...) KERNEL(c10::DeviceType::PrivateUse1, __VA_ARGS__, fp32)
+#define SIM_AUTOCAST_PROMOTE(...) KERNEL(c10::DeviceType::PrivateUse1, __VA_ARGS__, promote)
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  using namespace at;
+  using namespace at::autocast;
+  AT_FORALL_LOWER_PRECISION_FP(SIM_AUTOCAST_LP)
+  AT_FORALL_FP32(SIM_AUTOCAST_FP32)
+  AT_FORALL_PROMOTE(SIM_AUTOCAST_PROMOTE)
 }
 
 namespace {

@@ -1,0 +1,1 @@
+"""torch_musa.distributed: the simulated "mccl" collective backend (see mccl.py)."""

@@ -1,0 +1,1 @@
+"""torch_musa.utils stand-in (only musa_extension, which torchada imports)."""
