@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Run the GPU-marked backend conformance tests (tests/conformance, `-m gpu`) on a machine with a device.
+# The GPU lane, on a machine with a device: (1) the GPU-marked backend conformance tests (tests/conformance,
+# `-m gpu`), then (2) scripts/gpu_train_check.py: tiny Llama-3/Mixtral/DeepSeek-V3 training on the device
+# (fp32 and bf16; TP2 with >= 2 devices) compared with the CPU backend, the fused kernels vs their CPU reference,
+# and FP8 with each executor that imports. Exit status is non-zero when either part fails.
 #
 #   scripts/gpu_conformance.sh                 # requires the cuda backend; extra args go to pytest
 #   MTMEGATRON_REQUIRE_BACKENDS=musa scripts/gpu_conformance.sh
+#   GPU_TRAIN_CHECK_ARGS="--train-iters 10 --skip-fp8" scripts/gpu_conformance.sh
 #
 # Needs: a CUDA (or torch_musa) build of torch, megatron-core 0.16.x and mtmegatron installed
 # (`pip install --no-build-isolation -e .`). MTMEGATRON_REQUIRE_BACKENDS makes collection fail, instead of
@@ -23,4 +27,10 @@ import torch
 print(f"torch {torch.__version__}, cuda {torch.version.cuda}, devices {torch.cuda.device_count()}")
 PY
 
-exec python -m pytest -m gpu tests/conformance -p no:cacheprovider -rs -v "$@"
+status=0
+python -m pytest -m gpu tests/conformance -p no:cacheprovider -rs -v "$@" || status=$?
+backend="${MTMEGATRON_REQUIRE_BACKENDS%%,*}"
+# shellcheck disable=SC2086  # GPU_TRAIN_CHECK_ARGS is a list of flags
+python scripts/gpu_train_check.py --backend-under-test "$backend" ${GPU_TRAIN_CHECK_ARGS:-} || status=$((status ? status : $?))
+echo "gpu_conformance: exit status $status (pytest first, then gpu_train_check.py)"
+exit "$status"
