@@ -29,16 +29,9 @@ class UnsupportedMegatronVersion(ValueError):
 
 
 def megatron_version() -> str:
-    """The installed megatron-core version, read without importing megatron-core (the MUSA bridge must import
-    torchada before megatron-core binds ``torch.cuda`` names)."""
-    import importlib.metadata
+    from megatron.core import package_info
 
-    try:
-        return importlib.metadata.version("megatron-core")
-    except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path
-        from megatron.core import package_info
-
-        return package_info.__version__
+    return package_info.__version__
 
 
 def check_megatron_version(version: str | None = None, environ=os.environ) -> str:

@@ -25,9 +25,10 @@ def activate(backend: Backend | str | None = None) -> Backend:
         backend = select_backend(backend)
     if _active == backend:
         return backend
+    bridge = backend.bridge()  # imported first: the MUSA bridge imports torchada before megatron-core is imported
     patches.check_megatron_version()
     deactivate()
-    backend.bridge().install(backend)
+    bridge.install(backend)
     patches.apply_all(backend)
     _active = backend
     return backend

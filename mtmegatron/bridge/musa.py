@@ -14,10 +14,12 @@ torchada's own patches cannot be undone, so uninstall() restores only what this 
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import torch
+import torchada  # noqa: F401 - imports torch_musa and applies torchada's patches; before megatron-core (activate)
+
+from mtmegatron.backends import musa_runtime
 
 from . import collectives
 
@@ -74,14 +76,11 @@ def _rebind_megatron_import_time_names() -> None:
 def install(backend) -> None:
     if _state:
         return
-    importlib.import_module("torchada")  # imports torch_musa and applies torchada's patches
     _state["rebound"] = []
     _state["tensor_type"] = torch.Tensor.type
     torch.Tensor.type = _type_with_cuda_names(torch.Tensor.type)
     _rebind_megatron_import_time_names()
-    from mtmegatron.backends import musa_runtime
-
-    _state["dynamo"] = musa_runtime.disable_dynamo_unless_requested()
+    musa_runtime.disable_dynamo_unless_requested()  # megatron-core's jit_fuser would send work to inductor
     collectives.install(backend.dist_backend)
 
 
@@ -89,7 +88,7 @@ def uninstall() -> None:
     if not _state:
         return
     collectives.uninstall()
-    _state["dynamo"].restore()
+    musa_runtime.restore()
     for module, name, value in reversed(_state["rebound"]):
         setattr(module, name, value)
     torch.Tensor.type = _state["tensor_type"]
