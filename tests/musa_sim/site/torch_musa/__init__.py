@@ -67,3 +67,7 @@ torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
 )
 _mccl.register()
+
+
+def _autoload() -> None:
+    """Entry point in the ``torch.backends`` group: ``import torch`` imports this package, as with torch_musa."""

@@ -11,15 +11,32 @@ May assume: torch.distributed with gloo; tensors of one call share a dtype (as N
 
 from __future__ import annotations
 
+import atexit
+import collections
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from .. import sim
 from .._ext import ext
 
 NAME = "mccl"
+
+# gloo's worker thread drops its references to a finished op's tensors a moment after wait() returns. If Python
+# has already dropped the host aliases, that thread must take the GIL to free them, which aborts the process
+# when it happens during interpreter shutdown. So the aliases of recent ops stay referenced here, and are
+# released at exit once gloo has had time to let go of them.
+_recent_hosts: collections.deque = collections.deque(maxlen=512)
+
+
+@atexit.register
+def _release_recent_hosts() -> None:
+    if _recent_hosts:
+        time.sleep(0.05)
+        _recent_hosts.clear()
 
 
 class _Work(dist.Work):
@@ -81,10 +98,12 @@ class MCCLProcessGroup(dist.ProcessGroup):
                 sim.refuse(op)
                 raise RuntimeError(f"mccl {op}: Tensors must be contiguous")
             hosts.append(ext.host_alias(t))
+        _recent_hosts.append(hosts)
         return hosts
 
     def _reduce_op(self, op, tensors_for_avg):
         """gloo has no AVG: sum, then divide after the call."""
+        op = getattr(op, "op", op)  # ReduceOp -> RedOpType
         if op == dist.ReduceOp.AVG:
             return dist.ReduceOp.SUM, tensors_for_avg
         if op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
@@ -93,7 +112,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
 
     def _allreduce_host(self, hosts, op):
         red, to_average = self._reduce_op(op, hosts)
-        opts = dist.AllreduceOptions()
+        opts = c10d.AllreduceOptions()
         opts.reduceOp = red
         self._gloo.allreduce(hosts, opts).wait()
         for h in to_average:
@@ -139,7 +158,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
         hosts = self._host("reduce", tensors)
         sim.count("reduce", _nbytes(tensors))
         red, to_average = self._reduce_op(opts.reduceOp, hosts)
-        gopts = dist.ReduceOptions()
+        gopts = c10d.ReduceOptions()
         gopts.reduceOp, gopts.rootRank, gopts.rootTensor = red, opts.rootRank, opts.rootTensor
         self._gloo.reduce(hosts, gopts).wait()
         if self.rank() == opts.rootRank:
@@ -151,7 +170,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
         hosts_in = self._host("all_gather", inputs)
         hosts_out = [self._host("all_gather", outs) for outs in output_lists]
         sim.count("all_gather", _nbytes(inputs))
-        self._gloo.allgather(hosts_out, hosts_in, dist.AllgatherOptions()).wait()
+        self._gloo.allgather(hosts_out, hosts_in, c10d.AllgatherOptions()).wait()
         return _Work(output_lists)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
@@ -164,7 +183,8 @@ class MCCLProcessGroup(dist.ProcessGroup):
         (h_out,) = self._host(op, [output])
         sim.count(op, _nbytes([input]))
         chunks = list(h_out.view(self.size(), -1).unbind(0))
-        self._gloo.allgather([chunks], [h_in.view(-1)], dist.AllgatherOptions()).wait()
+        _recent_hosts.append(chunks)
+        self._gloo.allgather([chunks], [h_in.view(-1)], c10d.AllgatherOptions()).wait()
 
     def _allgather_base(self, output, input, opts=None):
         self._gather_into("all_gather_into_tensor", output, input)
@@ -182,6 +202,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
     def _scatter_reduce(self, op, output, input_flat_host, reduce_op):
         (h_out,) = self._host(op, [output])
         work = input_flat_host.clone()
+        _recent_hosts.append([work])
         self._allreduce_host([work], reduce_op)
         h_out.view(-1).copy_(work.view(self.size(), -1)[self.rank()])
 
@@ -215,7 +236,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
         (h_out,) = self._host("all_to_all_single", [output])
         sim.count("all_to_all_single", _nbytes([input]))
         self._gloo.alltoall_base(h_out, h_in, list(output_split_sizes), list(input_split_sizes),
-                                 dist.AllToAllOptions()).wait()
+                                 c10d.AllToAllOptions()).wait()
         return _Work([output])
 
     all_to_all_single = alltoall_base
@@ -226,8 +247,9 @@ class MCCLProcessGroup(dist.ProcessGroup):
         sim.count("all_to_all", _nbytes(inputs))
         flat_in = torch.cat([h.reshape(-1) for h in h_in])
         flat_out = torch.empty(sum(h.numel() for h in h_out), dtype=flat_in.dtype)
+        _recent_hosts.append([flat_in, flat_out])
         self._gloo.alltoall_base(flat_out, flat_in, [h.numel() for h in h_out], [h.numel() for h in h_in],
-                                 dist.AllToAllOptions()).wait()
+                                 c10d.AllToAllOptions()).wait()
         for h, part in zip(h_out, flat_out.split([h.numel() for h in h_out])):
             h.view(-1).copy_(part)
         return _Work(outputs)
@@ -248,7 +270,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         sim.count("barrier", 0)
-        self._gloo.barrier(dist.BarrierOptions()).wait()
+        self._gloo.barrier(c10d.BarrierOptions()).wait()
         return _Work()
 
     # ---- point to point ------------------------------------------------------------------------------

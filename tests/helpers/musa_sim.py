@@ -1,0 +1,63 @@
+"""Test helpers for the simulated MUSA device (tests/musa_sim, scripts/musa_sim.sh).
+
+The stand-in torch_musa renames PrivateUse1 for good, so a pytest process must never import it: these helpers
+run code in subprocesses with the simulator on their path (torch autoloads the stand-in through its
+``torch.backends`` entry point, as it does the real torch_musa).
+
+May assume: torch and torchada are installed; building the extension the first time takes ~30-60 s and is cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SITE = REPO / "tests" / "musa_sim" / "site"
+BUILD_PY = REPO / "tests" / "musa_sim" / "build.py"
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK")
+
+_ext_path: str | None = None
+
+
+def extension_path() -> str:
+    """Path of the built simulator module (built in a subprocess on first use: importing it here is harmless,
+    but building in a child keeps compiler output and torch.utils.cpp_extension state out of pytest)."""
+    global _ext_path
+    if _ext_path is None:
+        done = subprocess.run([sys.executable, str(BUILD_PY)], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"building the musa simulator failed:\n{done.stderr[-4000:]}")
+        _ext_path = done.stdout.strip().splitlines()[-1]
+    return _ext_path
+
+
+def sim_env(extra: dict | None = None) -> dict:
+    """Environment for a subprocess that runs on the simulated MUSA device (builds the simulator first)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env["MUSA_SIM_EXT"] = extension_path()
+    env.setdefault("MUSA_SIM_DEVICE_COUNT", "8")
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(REPO / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def run_python_in_sim(code: str, env: dict | None = None, timeout: float = 120.0,
+                      check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python -c code`` on the simulated device; with ``check`` a non-zero exit fails with its output."""
+    done = subprocess.run([sys.executable, "-c", code], env=env or sim_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"simulated-MUSA subprocess failed ({done.returncode}):\n"
+                             f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-6000:]}")
+    return done
+
+
+def read_stats(directory) -> dict[str, dict]:
+    """The per-process stats files (``rank<RANK>-pid<pid>.json``) under ``directory``, by file stem."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(directory).glob("rank*-pid*.json"))}
