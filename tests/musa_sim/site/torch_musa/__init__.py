@@ -30,6 +30,7 @@ from .core.device import (  # noqa: E402
     get_device_name, get_device_properties, is_available, set_device, synchronize,
 )
 from .core.memory import (  # noqa: E402
+    MemPool, MUSAPluggableAllocator, use_mem_pool,
     empty_cache, max_memory_allocated, max_memory_cached, max_memory_reserved, mem_get_info, memory_allocated,
     memory_cached, memory_reserved, memory_stats, memory_summary, reset_accumulated_memory_stats,
     reset_max_memory_allocated, reset_max_memory_cached, reset_peak_memory_stats,
@@ -46,7 +47,7 @@ from .distributed import mccl as _mccl  # noqa: E402
 
 default_generators = tuple(ext.default_generator(i) for i in range(ext.device_count()))
 random.default_generators = default_generators
-memory.MemPool = None  # no memory pools in the simulator: code probing for them must take its fallback
+
 
 OutOfMemoryError = torch.OutOfMemoryError
 
@@ -54,6 +55,11 @@ OutOfMemoryError = torch.OutOfMemoryError
 def get_amp_supported_dtype() -> list:
     """Needed by torch.autocast("musa"): the dtypes autocast may cast to on this device."""
     return [torch.float16, torch.bfloat16]
+
+
+def _is_in_bad_fork() -> bool:
+    """The simulated device has no runtime a fork could break."""
+    return False
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:

@@ -71,3 +71,22 @@ def mem_get_info(device=None) -> tuple[int, int]:
 
 def memory_stats_all() -> list[dict]:
     return [ext.memory_stats(i) for i in range(device_count())]
+
+
+class _NotSimulated:
+    """Importable like torch_musa's class, but the simulator has no device allocator to plug into or pool."""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(f"{type(self).__name__} is not available on the simulated MUSA device")
+
+
+class MUSAPluggableAllocator(_NotSimulated):
+    pass
+
+
+class MemPool(_NotSimulated):
+    pass
+
+
+def use_mem_pool(pool, device=None):
+    raise RuntimeError("use_mem_pool is not available on the simulated MUSA device")
