@@ -79,11 +79,21 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         bias_dropout_fusion=False,
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
+        batch_p2p_comm=not _two_stage_interleaved(args),
         **moe,
         **fusion,
         **te_config_fields(args),
         **mla,
     )
+
+
+def _two_stage_interleaved(args) -> bool:
+    """Two pipeline stages with virtual stages: the previous and the next stage are the same peer, and one
+    batched p2p call sends an activation forward and a gradient backward to it with the same shape. NCCL/MCCL
+    (and gloo) match sends to receives in order per peer, so batched the two are silently swapped (Megatron-LM
+    refuses this combination). Unbatched, megatron-core sends the two directions over different process groups
+    in an even/odd order that cannot cross."""
+    return args.pipeline_model_parallel_size == 2 and bool(args.virtual_pipeline_model_parallel_size)
 
 
 def layer_spec(args: argparse.Namespace, num_experts=-1):

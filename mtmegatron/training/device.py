@@ -21,6 +21,30 @@ def compute_device() -> torch.device:
     return backend.device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def move_module(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``module.to(device)`` that keeps every parameter object, its sharing and its attributes.
+
+    megatron-core marks parameters with Python attributes (``tensor_model_parallel``, ``sequence_parallel``,
+    ``allreduce``, ...) that decide gradient reductions and norms. A plain ``Module.to`` from the host to a
+    PrivateUse1 device (MUSA) cannot reuse the parameter (torch only shallow-copies between its built-in dense
+    backends), so it builds new ``Parameter`` objects without those attributes: under sequence parallelism the
+    layer-norm gradients would silently stop being all-reduced. Here the parameters are swapped in place
+    (``torch.utils.swap_tensors``, which keeps identity and sharing) and their attributes put back.
+    """
+    if device.type == "cpu":
+        return module
+    attributes = {id(p): dict(p.__dict__) for p in module.parameters()}
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        module.to(device)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    for param in module.parameters():
+        param.__dict__.update(attributes[id(param)])
+    return module
+
+
 def to_compute_device(batch: dict) -> dict:
     """The batch's tensors on the compute device (no copy when they are there already)."""
     device = compute_device()

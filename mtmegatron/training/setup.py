@@ -18,7 +18,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
-from mtmegatron.training.device import compute_device
+from mtmegatron.training.device import compute_device, move_module
 
 
 def init_distributed(args, backend) -> None:
@@ -58,7 +58,7 @@ def build(args):
     chunks = build_model_chunks(args, config)  # initialised on the host (layout-independent master weights)
     device = compute_device()
     for chunk in chunks:
-        chunk.to(device)  # parameters and buffers; a no-op on the cpu backend
+        move_module(chunk, device)  # parameters (attributes kept) and buffers; a no-op on the cpu backend
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = DistributedDataParallelConfig(
