@@ -58,6 +58,11 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                    default=None)
     for name in ("group-query-attention", "swiglu", "disable-bias-linear", "untie-embeddings-and-output-weights"):
         g.add_argument(f"--{name}", action="store_true", default=None)
+    g.add_argument("--no-untie-embeddings-and-output-weights", dest="untie_embeddings_and_output_weights",
+                   action="store_false", default=None,
+                   help="tie the output layer to the input embedding (overrides a preset's untied embeddings)")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="pad the vocabulary to a multiple of this x TP (Megatron-LM's rule; default 128)")
     g.add_argument("--hidden-dropout", type=float, default=0.0)
     g.add_argument("--attention-dropout", type=float, default=0.0)
     g.add_argument("--init-method-std", type=float, default=0.02)
@@ -130,6 +135,10 @@ def _add_io(p: argparse.ArgumentParser) -> None:
     g.add_argument("--finetune", action="store_true", help="load model weights only; start at iteration 0")
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--override-opt_param-scheduler", action="store_true", default=False,
+                   help="on --load, use this run's LR/weight-decay schedule flags, not the checkpoint's")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true", default=False,
+                   help="on --load, keep the checkpoint's LR/weight-decay schedule, ignoring the schedule flags")
     g.add_argument("--log-interval", type=int, default=1)
     g.add_argument("--log-dir", default=None, help="where metrics.jsonl goes (default ./runs/<model>)")
     g.add_argument("--backend", choices=None, default=None, help="cpu, cuda or musa (default: auto-detect)")
