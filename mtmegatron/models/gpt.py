@@ -17,6 +17,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 from mtmegatron.models import deepseek
+from mtmegatron.models.vocab import install_vocab_padding
 
 from mtmegatron.attention.spec import apply_attention_to_spec
 from mtmegatron.fp8.spec import apply_fp8_to_spec, keep_layers_in_bf16, te_config_fields
@@ -135,7 +136,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
             GPTModel(
                 config=config,
                 transformer_layer_spec=spec,
-                vocab_size=args.vocab_size,
+                vocab_size=args.padded_vocab_size,  # models/vocab.py: padding rows zero, their logits -inf
                 max_sequence_length=args.max_position_embeddings,
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
@@ -146,6 +147,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
                 mtp_block_spec=deepseek.mtp_block_spec(config, spec, vp),
             )
         )
+        install_vocab_padding(chunks[-1], args.vocab_size)
         if fused:
             install_fused_loss(chunks[-1])
         keep_layers_in_bf16(chunks[-1], args)

@@ -13,6 +13,7 @@ import os
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.presets import preset
+from mtmegatron.models.vocab import check_vocab_padding
 
 
 class ConfigError(ValueError):
@@ -256,6 +257,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     elif ep != 1:
         raise ConfigError("--expert-model-parallel-size needs --num-experts")
     check_deepseek_args(args, ConfigError)
+    check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
     dp, mbs, gbs = args.data_parallel_size, args.micro_batch_size, args.global_batch_size
     if gbs % (mbs * dp):
         raise ConfigError(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "

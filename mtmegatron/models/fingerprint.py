@@ -1,0 +1,54 @@
+"""The model fingerprint: every flag that changes parameter shapes or the math of the forward pass.
+
+One list, used by training checkpoints (stored in every checkpoint, compared on ``--load``) and by the HF
+converter (stored in its model-only checkpoints), so "the same model" means the same thing everywhere. Not in
+it: flags that change how a model is trained or laid out (parallel sizes, dropout, lr, dispatcher, the
+router's load-balancing loss, MTP loss scale, FP8) — a checkpoint may legitimately be resumed with other
+values of those. ``padded_vocab_size`` is derived (models/vocab.py), stored because it fixes the embedding's
+rows. Checkpoints written before a key was added simply lack it: only keys present on both sides are compared.
+May assume: ``args`` is a validated pretrain namespace (training/arguments.py).
+"""
+
+from __future__ import annotations
+
+FINGERPRINT_FIELDS = (
+    # shapes of the dense transformer
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "vocab_size", "padded_vocab_size", "untie_embeddings_and_output_weights", "disable_bias_linear",
+    # the math of norms, activations and positions
+    "normalization", "norm_epsilon", "swiglu", "qk_layernorm", "position_embedding_type", "rotary_base",
+    # MLA and its RoPE (YaRN) scaling
+    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+    "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+    "mscale_all_dim",
+    # MoE: which layers, how many experts, their sizes, how tokens are routed
+    "num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+    "moe_router_topk", "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_num_groups",
+    "moe_router_group_topk", "moe_router_topk_scaling_factor",
+    # multi-token prediction
+    "mtp_num_layers",
+)
+
+
+def _normal(value):
+    """Comparable form: an integer size of 0 is "off", as None is (``--q-lora-rank 0``); tuples are lists."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        return None
+    return value
+
+
+def fingerprint(args) -> dict:
+    """``{field: value}`` of ``args`` for every fingerprint field the namespace has."""
+    return {k: _normal(getattr(args, k)) for k in FINGERPRINT_FIELDS if hasattr(args, k)}
+
+
+def mismatches(saved: dict, args) -> dict:
+    """``{field: (checkpoint value, run value)}`` for the saved fields whose value differs from the run's."""
+    run = fingerprint(args)
+    return {k: (v, run[k]) for k, v in saved.items() if k in run and _normal(v) != run[k]}
+
+
+def describe_mismatches(found: dict) -> str:
+    return ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in found.items())
