@@ -639,6 +639,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("unfold", &at::native::unfold);
   m.impl("view_as_real", &at::native::view_as_real);
   m.impl("view_as_complex", &at::native::view_as_complex);
+  // Ops with a CPU/CUDA kernel *and* a CompositeImplicitAutograd decomposition: without a PrivateUse1 kernel the
+  // dispatcher takes the decomposition (e.g. silu_backward becomes sigmoid/sub/mul..., rounding after each op in
+  // bf16), where CUDA and torch_musa run one kernel. Send them to the CPU kernel like every other op.
+  // (torch 2.13: these are all aten ops with both a CPU kernel and a CompositeImplicitAutograd one.)
+  for (const char* name : {"silu_backward", "mish_backward", "native_channel_shuffle"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&musa_sim::fallback>());
+  }
 }
 
 // Autocast on musa uses the same op lists and cast policies as CUDA (torch_musa does the same).
