@@ -2,8 +2,8 @@
 megatron-core distributed checkpoint that ``--load`` takes.
 
 The checkpoint uses training/checkpointing.py's layout (``<dir>/iter_0000000`` + tracker) and its saved
-``args`` check, plus ``model_only: True`` (no optimizer, scheduler or RNG state: a run loading it starts at
-iteration 0 with a fresh optimizer). Sharded tensors carry their global shapes, so any TP/PP/EP layout can
+``args`` (the model fingerprint, models/fingerprint.py), plus ``model_only: True`` (no optimizer, scheduler or
+RNG state: a run loading it starts at iteration 0 with a fresh optimizer). Sharded tensors carry their global shapes, so any TP/PP/EP layout can
 load it; the layout given to the converter is validated, not baked in.
 May assume: called in a process that has not initialised torch.distributed (or did so with world size 1).
 """
@@ -15,12 +15,6 @@ import os
 import torch
 
 MODEL_ONLY_KEY = "model_only"
-# the fields a loading run must agree on (training/checkpointing.py compares each with the run's flags)
-CHECKED_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                "vocab_size", "num_experts", "swiglu", "normalization", "multi_latent_attention", "q_lora_rank",
-                "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "moe_ffn_hidden_size",
-                "moe_shared_expert_intermediate_size", "moe_layer_freq",
-                "untie_embeddings_and_output_weights")
 
 
 def parse_flags(flags: list[str], world_size: int = 1):
@@ -59,7 +53,10 @@ def build_model(args):
 
 
 def saved_args(args) -> dict:
-    return {key: getattr(args, key) for key in CHECKED_ARGS}
+    """The model fingerprint (models/fingerprint.py) that training/checkpointing.py compares on ``--load``."""
+    from mtmegatron.models.fingerprint import fingerprint
+
+    return fingerprint(args)
 
 
 def save_model_only(model, args, root: str, model_flags: list[str] | None = None) -> str:

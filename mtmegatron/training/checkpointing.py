@@ -5,7 +5,12 @@ checkpoint is written to ``iter_XXXXXXX.partial`` and renamed only after every r
 tracker file is replaced atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load``
 takes the newest *complete* checkpoint (the tracker's, or the newest renamed ``iter_*`` directory if the
 tracker's is gone); ``--keep-last N`` prunes older ones and stale ``.partial`` directories after each save.
-The model-defining flags are stored and compared on load, so a checkpoint of another model is one clear error.
+The model fingerprint (models/fingerprint.py) is stored and compared on load, so a checkpoint of another model
+is one clear error. ``--load`` of a missing or empty directory starts from scratch (Megatron-LM's ``--save X
+--load X`` first run); a directory holding checkpoint debris (a tracker file, ``iter_*`` or ``*.partial``
+entries) but no complete checkpoint is an error, and so is ``--finetune`` without a checkpoint. The LR/weight-decay
+schedule saved with the optimizer must equal this run's unless ``--override-opt_param-scheduler`` (this run's
+flags win) or ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win) says which to use (schedule.py).
 Test hook: ``MTMEGATRON_TEST_PAUSE_IN_SAVE=ITER:RANK`` makes that rank stop inside the save of ``ITER`` (its
 shard written, the checkpoint not yet complete) and write ``<save>/paused-rank<RANK>`` with its pid.
 May assume: process groups and the model/optimizer exist; called on every rank.
@@ -25,17 +30,15 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from torch.distributed.checkpoint.api import CheckpointException
 
+from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
 from mtmegatron.training.device import compute_device
+from mtmegatron.training.schedule import check_schedule
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # The distributed optimizer's default format in megatron-core 0.16 ('fully_sharded_model_space') relies on
 # ShardedTensor.flattened_range, which its own validation now rejects; 'fully_reshardable' is the format that
 # loads under any TP/PP/DP layout.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-# The flags that decide the model's parameters: stored in every checkpoint, compared on load.
-MODEL_FINGERPRINT = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                     "vocab_size", "num_experts", "swiglu", "normalization", "position_embedding_type",
-                     "untie_embeddings_and_output_weights", "moe_ffn_hidden_size")
 PAUSE_ENV = "MTMEGATRON_TEST_PAUSE_IN_SAVE"
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 
@@ -170,7 +173,7 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
     state["rng_state"] = _rng_state()
     state["scheduler"] = scheduler.state_dict()
     state["iteration"] = iteration
-    state["args"] = {k: getattr(args, k) for k in MODEL_FINGERPRINT}
+    state["args"] = fingerprint(args)
     state["train_state"] = dict(train_state or {})
     state["layout"] = _layout()
     state["distributed_optimizer"] = bool(args.use_distributed_optimizer)
@@ -211,20 +214,36 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}{': ' + text[0] if text else ''}"
 
 
+def checkpoint_debris(root: str) -> list[str]:
+    """Entries of ``root`` that a save leaves (tracker, ``iter_*``, ``*.partial``): none means a fresh start."""
+    if not os.path.isdir(root):
+        return []
+    return sorted(name for name in os.listdir(root)
+                  if name.startswith(TRACKER) or name.startswith("iter_") or name.endswith(".partial"))
+
+
 def load(root: str, model, optimizer, scheduler, args, train_state: dict | None = None) -> int:
-    """Load the latest complete checkpoint under ``root``; returns the iteration to continue from.
-    ``train_state`` (when given) is updated with the counters saved beside the weights."""
+    """Load the latest complete checkpoint under ``root``; returns the iteration to continue from (0, after a
+    message, when ``root`` is missing or holds nothing a save writes). ``train_state`` (when given) is updated
+    with the counters saved beside the weights."""
     iteration = latest_complete_iteration(root)
     if iteration is None:
-        found = "" if latest_iteration(root) is None else f" ({TRACKER} names an incomplete checkpoint)"
-        raise CheckpointError(f"--load {root}: no {TRACKER} there (no complete checkpoint){found}")
+        debris = checkpoint_debris(root)
+        if not debris and not args.finetune:
+            if torch.distributed.get_rank() == 0:
+                print(f"mtmegatron: --load {root}: {'empty directory' if os.path.isdir(root) else 'no such directory'}"
+                      f", no checkpoint to resume: starting from scratch at iteration 0", flush=True)
+            return 0
+        found = f"it holds {', '.join(debris[:3])}{' ...' if len(debris) > 3 else ''} but" if debris else "there is"
+        raise CheckpointError(f"--load {root}: {found} no complete checkpoint (no {TRACKER} naming a finished "
+                              f"iter_* directory){'; --finetune needs one' if args.finetune else ''}; remove the "
+                              f"debris of the interrupted save to start from scratch, or pass another --load")
     directory = checkpoint_dir(root, iteration)
     common = dist_checkpointing.load_common_state_dict(directory)
-    saved_args = common.get("args", {})
-    mismatched = {k: (v, getattr(args, k)) for k, v in saved_args.items() if getattr(args, k, v) != v}
+    mismatched = mismatches(common.get("args", {}), args)
     if mismatched:
-        details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
-        raise CheckpointError(f"checkpoint {directory} was written for a different model ({details})")
+        raise CheckpointError(f"checkpoint {directory} was written for a different model "
+                              f"({describe_mismatches(mismatched)})")
     state = _model_state(model)
     model_only = common.get("model_only", False)  # mtmegatron convert's output: weights only, start at 0
     load_optim = not (args.finetune or args.no_load_optim or model_only)
@@ -241,6 +260,8 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         if torch.distributed.get_rank() == 0:
             print(f"mtmegatron: checkpoint layout {saved_layout} differs from this run's {_layout()}: "
                   f"RNG states not restored (dropout masks will differ from the original run)", flush=True)
+    if load_optim and "scheduler" in common:
+        check_schedule(common["scheduler"], scheduler, args, directory, CheckpointError)
     if load_optim:
         _materialize_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=OPTIMIZER_METADATA)

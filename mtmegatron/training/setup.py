@@ -14,11 +14,11 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
 from mtmegatron.training.device import compute_device, move_module
+from mtmegatron.training.schedule import build_scheduler
 
 
 def init_distributed(args, backend) -> None:
@@ -91,20 +91,7 @@ def build(args):
         ),
         model,
     )
-    gbs = args.global_batch_size
-    scheduler = OptimizerParamScheduler(
-        optimizer,
-        init_lr=0.0,
-        max_lr=args.lr,
-        min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * gbs,
-        lr_decay_steps=args.lr_decay_iters * gbs,
-        lr_decay_style=args.lr_decay_style,
-        start_wd=args.weight_decay,
-        end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters * gbs,
-        wd_incr_style="constant",
-    )
+    scheduler = build_scheduler(optimizer, args)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     if args.overlap_grad_reduce:

@@ -1,0 +1,75 @@
+"""The LR / weight-decay schedule of a run, and Megatron-LM's rule for resuming with a different one.
+
+``build_scheduler`` makes megatron-core's ``OptimizerParamScheduler`` from the flags (steps count samples, as
+in Megatron-LM: iterations x global batch; ``--lr-decay-iters`` defaults to ``--train-iters``, so changing
+``--train-iters`` changes the schedule). ``check_schedule`` runs on ``--load`` before the scheduler state is
+restored: if the checkpoint's schedule (max/min lr, warmup steps, decay steps, decay style, start/end weight
+decay, weight-decay increment style and steps — the values megatron-core's scheduler compares) differs from
+this run's, the load stops with one message unless the user chose: ``--override-opt_param-scheduler`` (this
+run's flags, continued from the checkpoint's step count) or ``--use-checkpoint-opt_param-scheduler`` (the
+checkpoint's values). Giving both is an error. ``wd_incr_steps`` is not compared when both sides keep the
+weight decay constant (it has no effect then). ``--finetune`` / ``--no-load-optim`` never restore a schedule.
+May assume: ``args`` validated by training/arguments.py.
+"""
+
+from __future__ import annotations
+
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+# scheduler state key -> the flag that sets it
+COMPARED = {
+    "max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
+    "lr_decay_steps": "--lr-decay-iters (default --train-iters)", "lr_decay_style": "--lr-decay-style",
+    "start_wd": "--weight-decay", "end_wd": "--weight-decay", "wd_incr_style": "(constant)",
+    "wd_incr_steps": "--train-iters",
+}
+_STEP_KEYS = ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps")
+
+
+def build_scheduler(optimizer, args) -> OptimizerParamScheduler:
+    gbs = args.global_batch_size
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * gbs,
+        lr_decay_steps=args.lr_decay_iters * gbs,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=args.weight_decay,
+        end_wd=args.weight_decay,
+        wd_incr_steps=args.train_iters * gbs,
+        wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler,
+    )
+
+
+def schedule_differences(saved: dict, current: dict) -> dict:
+    """``{key: (checkpoint value, run value)}`` over the compared keys present in ``saved``."""
+    keys = [k for k in COMPARED if k in saved]
+    if saved.get("wd_incr_style") == current.get("wd_incr_style") == "constant":
+        keys = [k for k in keys if k != "wd_incr_steps"]
+    return {k: (saved[k], current[k]) for k in keys if saved[k] != current[k]}
+
+
+def _describe(key: str, value, gbs: int) -> str:
+    if key in _STEP_KEYS and gbs and value % gbs == 0:
+        return f"{value // gbs} iterations"
+    return str(value)
+
+
+def check_schedule(saved: dict, scheduler, args, directory: str, error=ValueError) -> None:
+    """Raise ``error`` when the saved schedule differs and no flag says which one to use (or both are given)."""
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually "
+                              "exclusive: pass one")
+    differences = schedule_differences(saved, scheduler.state_dict())
+    if not differences or args.override_opt_param_scheduler or args.use_checkpoint_opt_param_scheduler:
+        return
+    gbs = args.global_batch_size
+    details = "; ".join(f"{key} [{COMPARED[key]}]: checkpoint {_describe(key, a, gbs)} vs run {_describe(key, b, gbs)}"
+                        for key, (a, b) in differences.items())
+    raise error(f"checkpoint {directory} was trained with another learning-rate/weight-decay schedule "
+                          f"({details}); pass --override-opt_param-scheduler to use this run's schedule flags, or "
+                          f"--use-checkpoint-opt_param-scheduler to keep the checkpoint's schedule")
