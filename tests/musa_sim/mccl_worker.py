@@ -30,6 +30,10 @@ scattered = torch.empty(2, device=dev)
 dist.reduce_scatter_tensor(scattered, torch.arange(4.0, device=dev) + rank)
 assert scattered.tolist() == ([1.0, 3.0] if rank == 0 else [5.0, 7.0]), scattered
 
+uneven = [torch.empty(1, device=dev), torch.empty(2, device=dev)]  # NCCL accepts uneven all_gather outputs
+dist.all_gather(uneven, torch.arange(rank + 1.0, device=dev) + 5)
+assert [t.tolist() for t in uneven] == [[5.0], [5.0, 6.0]], uneven
+
 splits = [1, 2] if rank == 0 else [2, 1]  # uneven: rank0 keeps 1 sends 2, rank1 sends 2 keeps 1
 a2a = torch.empty(3, device=dev)
 dist.all_to_all_single(a2a, torch.arange(3.0, device=dev) + 10 * rank, splits, splits)

@@ -1,7 +1,8 @@
 """The "mccl" torch.distributed backend of the simulated MUSA device.
 
 A Python ``ProcessGroup`` over a private gloo group (same store, prefixed) that runs every collective on
-zero-copy host aliases of the musa tensors, so results land in device memory. Like NCCL/MCCL it refuses host
+zero-copy host aliases of the musa tensors, so results land in device memory (uneven all_gather outputs are
+accepted, as NCCL accepts them). Like NCCL/MCCL it refuses host
 tensors (RuntimeError naming the op and the tensor's device) and non-contiguous tensors. Every call and refusal
 is counted in torch_musa.sim. Collectives complete before they return (the Work is already done); send/recv
 return gloo's pending work so both directions of a batch_isend_irecv can be posted before anything waits.
@@ -170,7 +171,18 @@ class MCCLProcessGroup(dist.ProcessGroup):
         hosts_in = self._host("all_gather", inputs)
         hosts_out = [self._host("all_gather", outs) for outs in output_lists]
         sim.count("all_gather", _nbytes(inputs))
-        self._gloo.allgather(hosts_out, hosts_in, c10d.AllgatherOptions()).wait()
+        if all(o.numel() == i.numel() for outs, i in zip(hosts_out, hosts_in) for o in outs):
+            self._gloo.allgather(hosts_out, hosts_in, c10d.AllgatherOptions()).wait()
+        else:  # NCCL (and so MCCL) gathers uneven sizes, gloo refuses them: gather padded copies, then cut
+            for outs, host_in in zip(hosts_out, hosts_in):
+                width = max(o.numel() for o in outs)
+                padded = host_in.new_zeros(width)
+                padded[: host_in.numel()].copy_(host_in.reshape(-1))
+                buffers = [host_in.new_empty(width) for _ in outs]
+                _recent_hosts.append([padded, *buffers])
+                self._gloo.allgather([buffers], [padded], c10d.AllgatherOptions()).wait()
+                for out, buffer in zip(outs, buffers):
+                    out.copy_(buffer[: out.numel()].view_as(out))
         return _Work(output_lists)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
