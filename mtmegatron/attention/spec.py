@@ -1,39 +1,44 @@
-"""The layer-spec hook that selects mtmegatron's attention and context parallelism.
+"""Which core attention a transformer layer gets: one decision from the flags, with the reason it was made.
 
-With ``--attention-backend auto|flash|fused`` (flags.py) ``SDPADotProductAttention`` goes into every
-``core_attention`` slot that holds megatron-core's ``DotProductAttention`` or a subclass of it (e.g.
-``--transformer-impl mtmegatron``'s fused-softmax one); ``local``/``unfused`` leave the spec alone. A
-TransformerEngine core attention already in a spec is never replaced (TE stays the choice on CUDA when used).
-``apply_attention_to_spec(spec, args)`` accepts a transformer *layer* ModuleSpec or a decoder *block* spec
-(``TransformerBlockSubmodules`` with ``layer_specs``) and edits it in place (also returning it).
-May assume: argparse namespaces from mtmegatron.training.arguments; megatron-core 0.16.x.
+``core_attention_choice(args)`` returns ``(kind, reason)``, kind one of:
+- ``"te"``: TransformerEngine's ``TEDotProductAttention`` (``--fp8-executor transformer_engine`` with
+  ``--attention-backend auto|flash|fused``; TE picks its own fused kernel);
+- ``"sdpa"``: mtmegatron's ``SDPADotProductAttention`` (torch's flash / memory-efficient kernels, context
+  parallelism) for ``auto|flash|fused`` otherwise. Under ``--transformer-impl mtmegatron`` ``auto`` also picks
+  SDPA: mtmegatron's fused softmax (``FusedDotProductAttention``) still materialises ``[b, h, s, s]`` and was
+  slower than SDPA at every benchmark length (``benchmarks/attention.py``, docs/attention.md);
+- ``"fused_softmax"``: ``--attention-backend local|unfused`` with ``--transformer-impl mtmegatron``;
+- ``"local"``: megatron-core's ``DotProductAttention`` (``local|unfused`` with ``--transformer-impl local``).
+``models/layer_spec.py`` turns the kind into the class (and MLA's head-dims variant); nothing here edits a spec.
+May assume: argparse namespaces from mtmegatron.training.arguments; no megatron-core import needed.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-from mtmegatron.attention.core import SDPADotProductAttention
 from mtmegatron.attention.flags import LOCAL_BACKENDS
 
+KINDS = ("te", "sdpa", "fused_softmax", "local")
 
-def _is_replaceable(core_attention) -> bool:
-    return isinstance(core_attention, type) and issubclass(core_attention, DotProductAttention)
-
-
-def _apply_to_layer(layer_spec) -> None:
-    attention = getattr(getattr(layer_spec, "submodules", None), "self_attention", None)
-    submodules = getattr(attention, "submodules", None)
-    if submodules is not None and _is_replaceable(getattr(submodules, "core_attention", None)):
-        submodules.core_attention = SDPADotProductAttention
+# fwd+bwd seconds of one causal core attention (4 heads / 2 KV groups, head dim 64, batch 1, fp32, 1 thread,
+# shared 2-core CPU), benchmarks/attention.py: fused softmax / SDPA at s = 128 ... 8192. SDPA wins everywhere.
+MEASURED_FUSED_OVER_SDPA = "1.3-2.7x"
 
 
-def apply_attention_to_spec(spec, args: argparse.Namespace):
-    """Put SDPADotProductAttention into a layer or block spec unless ``--attention-backend local|unfused``."""
-    if getattr(args, "attention_backend", "auto") in LOCAL_BACKENDS:
-        return spec
-    for layer in getattr(spec, "layer_specs", None) or [spec]:
-        _apply_to_layer(layer)
-    return spec
+def core_attention_choice(args: argparse.Namespace, transformer_engine: bool) -> tuple[str, str]:
+    """``(kind, reason)`` for ``args.attention_backend`` / ``args.transformer_impl``; ``transformer_engine``: the
+    linears are TransformerEngine's (the FP8 executor is ``transformer_engine``)."""
+    backend = getattr(args, "attention_backend", "auto")
+    fused_impl = args.transformer_impl == "mtmegatron"
+    if backend in LOCAL_BACKENDS:
+        if fused_impl:
+            return "fused_softmax", f"--attention-backend {backend} with --transformer-impl mtmegatron"
+        return "local", f"--attention-backend {backend}"
+    if transformer_engine:
+        return "te", f"--attention-backend {backend} with the transformer_engine FP8 executor"
+    if fused_impl and backend == "auto":
+        return "sdpa", (f"--attention-backend auto: torch SDPA is faster than mtmegatron's fused softmax "
+                        f"(fused/SDPA time {MEASURED_FUSED_OVER_SDPA}, docs/attention.md); "
+                        "--attention-backend local selects the fused softmax")
+    return "sdpa", f"--attention-backend {backend}"

@@ -2,12 +2,12 @@
 
 - ``resolve_executor(args)``: the executor for this run (``--fp8-executor``, default the backend's first that
   runs), stored on ``args.fp8_executor_in_use``.
-- ``apply_fp8_to_spec(spec, args)``: with the transformer_engine executor, megatron-core's TE layer spec (and
-  ``te_config_fields`` hands the recipe to TransformerConfig, so megatron-core runs TE's fp8 autocast);
-  otherwise the given spec with every megatron ``ColumnParallelLinear``/``RowParallelLinear`` in
-  ``linear_qkv``/``linear_proj``/``linear_fc1``/``linear_fc2`` swapped for our FP8 layers, walking a single
-  layer ``ModuleSpec`` or a ``TransformerBlockSubmodules`` with ``layer_specs`` (MoE expert and shared-expert
-  MLPs included). Other linear classes (the embedding, the output layer) stay in high precision.
+- ``fp8_linears(args)``: the FP8 linear ModuleSpecs (recipe and executor as params) that
+  ``models/layer_spec.build_layer_spec`` puts into ``linear_qkv``/``linear_proj``/``linear_fc1``/``linear_fc2``
+  (MoE expert and shared-expert MLPs included); None with the transformer_engine executor, whose TE layer
+  modules the builder uses instead (``te_config_fields`` hands the recipe to TransformerConfig, so
+  megatron-core runs TE's fp8 autocast). Other linears (MLA's LoRA projections, MTP's ``eh_proj``, the
+  embedding, the output layer) stay in high precision.
 - ``keep_layers_in_bf16(chunk, args)``: ``--first-last-layers-bf16`` on a built model: the FP8 linears of the
   first ``--num-layers-at-start-in-bf16`` and last ``--num-layers-at-end-in-bf16`` transformer layers (global
   layer numbers, so PP/VPP stages agree) run in high precision.
@@ -16,16 +16,10 @@ May assume: megatron-core importable; the backend is active (``mtmegatron.active
 
 from __future__ import annotations
 
-import dataclasses
-
-from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from .executors import select_executor
 from .recipes import recipe_from_args
-
-LINEAR_FIELDS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-
 
 def resolve_executor(args) -> str | None:
     if not getattr(args, "fp8_format", None):
@@ -49,40 +43,22 @@ def te_config_fields(args) -> dict:
                 num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16)
 
 
-def _swap(node, swaps: dict):
-    """A copy of a spec tree with the linear classes in ``swaps`` replaced (by ModuleSpecs with params)."""
-    if isinstance(node, ModuleSpec):
-        return dataclasses.replace(node, submodules=_swap(node.submodules, swaps))
-    if isinstance(node, list):
-        return [_swap(item, swaps) for item in node]
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        changes = {}
-        for field in dataclasses.fields(node):
-            value = getattr(node, field.name)
-            if field.name in LINEAR_FIELDS and isinstance(value, type) and value in swaps:
-                changes[field.name] = swaps[value]
-            elif isinstance(value, (ModuleSpec, list)) or (dataclasses.is_dataclass(value)
-                                                           and not isinstance(value, type)):
-                changes[field.name] = _swap(value, swaps)
-        return dataclasses.replace(node, **changes)
-    return node
+def uses_transformer_engine(args) -> bool:
+    """Whether this run's linears are TransformerEngine's (FP8 on, executor ``transformer_engine``)."""
+    return recipe_from_args(args) is not None and resolve_executor(args) == "transformer_engine"
 
 
-def apply_fp8_to_spec(spec, args):
+def fp8_linears(args):
+    """``(column, row)`` ModuleSpecs of our FP8 linears for this run's recipe and executor; None without FP8 or
+    with the transformer_engine executor (TE's linears run FP8 themselves, driven by ``te_config_fields``)."""
     recipe = recipe_from_args(args)
-    if recipe is None:
-        return spec
-    executor = resolve_executor(args)
-    if executor == "transformer_engine":  # megatron-core's own TE path (unverified here: no TE on CPU)
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
-        return get_gpt_layer_with_transformer_engine_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
+    if recipe is None or uses_transformer_engine(args):
+        return None
     from .linear import Fp8ColumnParallelLinear, Fp8RowParallelLinear
 
-    params = dict(fp8_recipe=recipe, fp8_executor=executor, tp_only_amax_red=args.tp_only_amax_red)
-    swaps = {ColumnParallelLinear: ModuleSpec(module=Fp8ColumnParallelLinear, params=params),
-             RowParallelLinear: ModuleSpec(module=Fp8RowParallelLinear, params=params)}
-    return _swap(spec, swaps)
+    params = dict(fp8_recipe=recipe, fp8_executor=resolve_executor(args), tp_only_amax_red=args.tp_only_amax_red)
+    return (ModuleSpec(module=Fp8ColumnParallelLinear, params=dict(params)),
+            ModuleSpec(module=Fp8RowParallelLinear, params=dict(params)))
 
 
 def keep_layers_in_bf16(chunk, args) -> None:

@@ -4,7 +4,8 @@ multi-token prediction (MTP). Used for DeepSeek-V3, but every piece is switched 
 
 Everything here is megatron-core 0.16's own: ``MLATransformerConfig``, the layer pattern from
 ``moe_layer_freq`` (dense layers build ``MLP`` with ``ffn_hidden_size``, routed experts ``moe_ffn_hidden_size``,
-the shared expert ``moe_shared_expert_intermediate_size``), ``get_gpt_mtp_block_spec``.
+the shared expert ``moe_shared_expert_intermediate_size``), the MTP block layout of ``get_gpt_mtp_block_spec``;
+every layer spec comes from ``models/layer_spec.build_layer_spec``.
 May assume: flags validated (training/arguments.py); parallel state initialised when a spec is built.
 """
 
@@ -64,23 +65,31 @@ def needs_block_spec(args: argparse.Namespace) -> bool:
     return bool(args.num_experts) and 0 in moe_layer_pattern(args)
 
 
-def decoder_block_spec(config, args: argparse.Namespace, make_layer_spec, vp_stage: int | None):
-    """This pipeline stage's slice of the dense/MoE layer pattern; ``make_layer_spec(num_experts)`` gives the
-    layer spec of either kind (megatron-core's local spec, or our fused one)."""
+def decoder_block_spec(config, args: argparse.Namespace, vp_stage: int | None):
+    """This pipeline stage's slice of the dense/MoE layer pattern, each layer from ``build_layer_spec``."""
     from megatron.core.transformer.transformer_block import LayerNormImpl  # what a uniform stack gets
 
-    dense, moe = make_layer_spec(None), make_layer_spec(args.num_experts)
-    layers = [moe if kind else dense for kind in moe_layer_pattern(args)]
+    from mtmegatron.models.layer_spec import build_layer_spec
+
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     count = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=layers[offset:offset + count], layer_norm=LayerNormImpl)
+    kinds = moe_layer_pattern(args)[offset:offset + count]
+    return TransformerBlockSubmodules(layer_specs=[build_layer_spec(args, "moe" if kind else "dense")
+                                                   for kind in kinds], layer_norm=LayerNormImpl)
 
 
-def mtp_block_spec(config, decoder_spec, vp_stage: int | None):
-    """The MTP block on the stage that holds it (megatron-core puts it on the last pipeline stage); None
-    elsewhere or without ``--mtp-num-layers``. Its transformer layer is the decoder's last layer kind."""
+def mtp_block_spec(config, args: argparse.Namespace, vp_stage: int | None):
+    """The MTP block on the stage that holds it (megatron-core puts every MTP layer on the last pipeline stage);
+    None elsewhere or without ``--mtp-num-layers``. Each layer is ``build_layer_spec(args, "mtp")``."""
     if not config.mtp_num_layers:
         return None
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+    from megatron.core.transformer.multi_token_prediction import (MultiTokenPredictionBlockSubmodules,
+                                                                  get_mtp_num_layers_to_build)
 
-    return get_gpt_mtp_block_spec(config, decoder_spec, use_transformer_engine=False, vp_stage=vp_stage)
+    from mtmegatron.models.layer_spec import build_layer_spec
+
+    count = get_mtp_num_layers_to_build(config, vp_stage=vp_stage)
+    if count == 0:
+        return None
+    assert count == config.mtp_num_layers, "megatron-core builds all MTP layers on one pipeline stage"
+    return MultiTokenPredictionBlockSubmodules(layer_specs=[build_layer_spec(args, "mtp") for _ in range(count)])

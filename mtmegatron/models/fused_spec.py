@@ -1,9 +1,9 @@
-"""GPT layer spec that runs mtmegatron's fused ops inside megatron-core's own modules, plus the fused loss.
-
-`get_gpt_layer_fused_spec(...)` starts from megatron-core's `get_gpt_layer_local_spec` and swaps in:
+"""The modules of `--transformer-impl mtmegatron`: mtmegatron's fused ops inside megatron-core's own modules,
+plus the fused loss. `models/layer_spec.build_layer_spec` puts them into the layer spec:
 - norms: `FusedRMSNorm` (mtmegatron::rms_norm; LayerNorm configs keep megatron's WrappedTorchNorm);
 - dense MLP: `FusedMLP` (mtmegatron::swiglu on the [gate; up] fc1 output when the config is plain SwiGLU);
-- core attention: `FusedDotProductAttention` (mtmegatron scaled_masked / upper-triang softmax).
+- core attention (`--attention-backend local`): `FusedDotProductAttention` (mtmegatron scaled_masked /
+  upper-triang softmax).
 Everything else (linears, MLA, MoE layer and its experts, bias-dropout-add) stays megatron-core's.
 RoPE and the MoE router/permute are reached through module globals of megatron-core (rope_utils /
 moe_utils), i.e. patches, not a spec: see docs/kernels.md.
@@ -14,16 +14,13 @@ May assume: megatron-core 0.16.x is importable; device agnostic (no device API c
 from __future__ import annotations
 
 import types
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLP
-from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from mtmegatron import ops
@@ -100,32 +97,6 @@ class FusedDotProductAttention(DotProductAttention):
             old.input_in_fp16, old.input_in_bf16, old.attn_mask_type, old.scaled_masked_softmax_fusion,
             old.mask_func, old.softmax_in_fp32, old.scale, old.window_size,
         )
-
-
-def get_gpt_layer_fused_spec(
-    num_experts: Optional[int] = None,
-    moe_grouped_gemm: bool = False,
-    qk_layernorm: bool = False,
-    multi_latent_attention: bool = False,
-) -> ModuleSpec:
-    """Transformer layer spec: megatron-core's local spec with mtmegatron's fused norm, SwiGLU and softmax."""
-    spec = get_gpt_layer_local_spec(
-        num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm, qk_layernorm=qk_layernorm,
-        multi_latent_attention=multi_latent_attention, normalization="RMSNorm",
-    )
-    for norm in ("input_layernorm", "pre_mlp_layernorm"):
-        if getattr(spec.submodules, norm) is WrappedTorchNorm:
-            setattr(spec.submodules, norm, FusedRMSNorm)
-    attention = spec.submodules.self_attention
-    for name in ("q_layernorm", "k_layernorm", "kv_layernorm"):
-        if getattr(attention.submodules, name, None) is WrappedTorchNorm:
-            setattr(attention.submodules, name, FusedRMSNorm)
-    if attention.submodules.core_attention is DotProductAttention:
-        attention.submodules.core_attention = FusedDotProductAttention
-    mlp = spec.submodules.mlp
-    if isinstance(mlp, ModuleSpec) and mlp.module is MLP:
-        mlp.module = FusedMLP
-    return spec
 
 
 def _fused_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Builds megatron-core GPT models (Llama-3, Mixtral, DeepSeek-V3 shapes) from parsed pretrain flags.
 
-One ``TransformerConfig`` from the flags, one layer spec (megatron-core's local spec, or ours with fused
-kernels for ``--transformer-impl mtmegatron``), one ``GPTModel`` per virtual pipeline stage.
+One ``TransformerConfig`` from the flags, the layer specs from ``models/layer_spec.build_layer_spec`` (one
+repeated layer, or DeepSeek's per-stage dense/MoE block and the MTP block), one ``GPTModel`` per virtual
+pipeline stage.
 May assume: megatron-core parallel state is initialised and the backend bridge is active.
 """
 
@@ -13,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 from mtmegatron.models import deepseek
@@ -97,32 +97,9 @@ def _two_stage_interleaved(args) -> bool:
     return args.pipeline_model_parallel_size == 2 and bool(args.virtual_pipeline_model_parallel_size)
 
 
-def layer_spec(args: argparse.Namespace, num_experts=-1):
-    num_experts = args.num_experts if num_experts == -1 else num_experts
-    if args.transformer_impl == "mtmegatron":
-        from mtmegatron.models.fused_spec import get_gpt_layer_fused_spec
-
-        spec = get_gpt_layer_fused_spec(num_experts=num_experts, moe_grouped_gemm=False,
-                                        qk_layernorm=bool(args.qk_layernorm),
-                                        multi_latent_attention=bool(args.multi_latent_attention))
-    else:
-        spec = get_gpt_layer_local_spec(
-            num_experts=num_experts, moe_grouped_gemm=False, normalization=args.normalization,
-            qk_layernorm=bool(args.qk_layernorm), multi_latent_attention=bool(args.multi_latent_attention),
-        )
-    if args.multi_latent_attention:
-        from mtmegatron.models.mla_attention import use_mla_head_dims
-
-        use_mla_head_dims(spec)
-    return spec
-
-
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP)."""
-    def with_hooks(spec):  # our core attention and FP8 linears, on a layer spec or a block spec
-        return apply_fp8_to_spec(apply_attention_to_spec(spec, args), args)
-
-    spec = with_hooks(layer_spec(args))
+    spec = build_layer_spec(args, "moe" if args.num_experts else "dense")
     fused = args.transformer_impl == "mtmegatron"
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss
@@ -131,7 +108,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
     for vp_stage in range(num_chunks):
         vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
         if deepseek.needs_block_spec(args):  # first-k dense + MoE layers: a per-stage layer list
-            spec = with_hooks(deepseek.decoder_block_spec(config, args, lambda n: layer_spec(args, n), vp))
+            spec = deepseek.decoder_block_spec(config, args, vp)
         chunks.append(
             GPTModel(
                 config=config,
@@ -144,7 +121,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
                 position_embedding_type=args.position_embedding_type,
                 rotary_base=args.rotary_base,
                 vp_stage=vp,
-                mtp_block_spec=deepseek.mtp_block_spec(config, spec, vp),
+                mtp_block_spec=deepseek.mtp_block_spec(config, args, vp),
             )
         )
         install_vocab_padding(chunks[-1], args.vocab_size)

@@ -4,6 +4,7 @@ MLA builds its core attention with ``k_channels`` (qk_head_dim + qk_pos_emb_head
 (v_head_dim), which only TransformerEngine's attention accepts; the local one takes neither and sizes its
 output as ``kv_channels * heads``. Its math is already head-dim agnostic (the softmax scale comes from MLA),
 so the subclass here only accepts the two arguments and sizes the output from ``v_channels``.
+``models/layer_spec.py`` puts it into MLA layers whose core attention is megatron's or the fused-softmax one.
 May assume: megatron-core 0.16's DotProductAttention (forward reshapes to ``hidden_size_per_partition``).
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 
 @lru_cache(maxsize=None)
@@ -25,12 +25,3 @@ def with_head_dims(base: type) -> type:
             self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
 
     return type(f"MLA{base.__name__}", (base,), {"__init__": __init__, "__doc__": base.__doc__})
-
-
-def use_mla_head_dims(layer_spec) -> None:
-    """In an MLA layer spec, swap a local DotProductAttention (or subclass) for its head-dims variant.
-    Other core attentions (TransformerEngine's, or one that already takes k/v channels) are left alone."""
-    attention = layer_spec.submodules.self_attention.submodules
-    core = attention.core_attention
-    if isinstance(core, type) and issubclass(core, DotProductAttention):
-        attention.core_attention = with_head_dims(core)

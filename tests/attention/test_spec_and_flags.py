@@ -1,61 +1,13 @@
-"""The spec hook (layer spec, MLA layer spec, decoder block spec, TE left alone) and the attention/CP flag checks.
+"""The attention/CP flag checks (which core attention a layer gets: tests/models/test_layer_spec.py).
 
-In-process and cheap: specs are edited, not built; flags go through ``parse_args`` with an explicit world size.
+In-process and cheap: flags go through ``parse_args`` with an explicit world size.
 """
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from mtmegatron.attention.core import SDPADotProductAttention
-from mtmegatron.attention.spec import apply_attention_to_spec
-from mtmegatron.models.fused_spec import FusedDotProductAttention, get_gpt_layer_fused_spec
 from mtmegatron.training.arguments import ConfigError, parse_args
-
-AUTO, LOCAL = argparse.Namespace(attention_backend="auto"), argparse.Namespace(attention_backend="local")
-
-
-def _core(layer_spec):
-    return layer_spec.submodules.self_attention.submodules.core_attention
-
-
-@pytest.mark.parametrize("make", [
-    lambda: get_gpt_layer_local_spec(),
-    lambda: get_gpt_layer_local_spec(multi_latent_attention=True),
-    lambda: get_gpt_layer_fused_spec(),
-], ids=["local", "local_mla", "mtmegatron_fused"])
-def test_layer_spec_gets_sdpa_attention(make):
-    assert _core(apply_attention_to_spec(make(), AUTO)) is SDPADotProductAttention
-
-
-def test_local_backend_keeps_the_spec():
-    assert _core(apply_attention_to_spec(get_gpt_layer_local_spec(), LOCAL)) is DotProductAttention
-    assert _core(apply_attention_to_spec(get_gpt_layer_fused_spec(), LOCAL)) is FusedDotProductAttention
-
-
-def test_block_spec_every_layer_gets_sdpa_attention():
-    """A decoder block spec (what get_gpt_decoder_block_spec returns): dense and MoE layers, one MLA."""
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-
-    block = TransformerBlockSubmodules(layer_specs=[
-        get_gpt_layer_local_spec(), get_gpt_layer_local_spec(num_experts=2),
-        get_gpt_layer_local_spec(multi_latent_attention=True)])
-    apply_attention_to_spec(block, AUTO)
-    assert all(_core(layer) is SDPADotProductAttention for layer in block.layer_specs)
-
-
-def test_a_transformer_engine_attention_is_left_alone():
-    class TEDotProductAttention:  # stands in for TE's class: not a megatron DotProductAttention
-        pass
-
-    spec = get_gpt_layer_local_spec()
-    spec.submodules.self_attention.submodules.core_attention = TEDotProductAttention
-    assert _core(apply_attention_to_spec(spec, AUTO)) is TEDotProductAttention
-
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
         "--vocab-size", "128", "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2"]

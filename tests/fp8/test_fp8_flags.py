@@ -44,26 +44,19 @@ def test_fp8_flag_mistakes_are_config_errors(extra, message):
         parse(*extra)
 
 
-def test_spec_swap_reaches_dense_and_expert_linears():
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-
+def test_fp8_linears_reach_dense_and_expert_linears():
     from mtmegatron.fp8.linear import Fp8ColumnParallelLinear, Fp8RowParallelLinear
-    from mtmegatron.fp8.spec import apply_fp8_to_spec
+    from mtmegatron.models.layer_spec import build_layer_spec
 
-    args = parse("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-executor", "emulated")
+    args = parse("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-executor", "emulated",
+                 "--num-experts", "4")
     args.fp8_executor_in_use = "emulated"  # no backend activated in this process
-    moe = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False)
-    block = TransformerBlockSubmodules(layer_specs=[get_gpt_layer_local_spec(), moe])
-    swapped = apply_fp8_to_spec(block, args)
-    dense_attn = swapped.layer_specs[0].submodules.self_attention.submodules
+    dense_attn = build_layer_spec(args, "dense").submodules.self_attention.submodules
     assert dense_attn.linear_qkv.module is Fp8ColumnParallelLinear
     assert dense_attn.linear_proj.module is Fp8RowParallelLinear
-    experts = swapped.layer_specs[1].submodules.mlp.submodules.experts.submodules
+    experts = build_layer_spec(args, "moe").submodules.mlp.submodules.experts.submodules
     assert experts.linear_fc1.module is Fp8ColumnParallelLinear and experts.linear_fc2.module is Fp8RowParallelLinear
     assert experts.linear_fc1.params["fp8_recipe"].name == "tensorwise"
-    # the input spec is left untouched
-    assert block.layer_specs[0].submodules.self_attention.submodules.linear_qkv.__name__ == "ColumnParallelLinear"
 
 
 def test_unavailable_executor_is_one_clear_error(tmp_path):

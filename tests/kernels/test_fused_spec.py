@@ -1,4 +1,4 @@
-"""The fused layer spec builds a megatron-core GPTModel on the CPU backend, and with the local spec's weights its
+"""The fused layer spec (build_layer_spec with --transformer-impl mtmegatron --attention-backend local) builds a megatron-core GPTModel on the CPU backend, and with the local spec's weights its
 logits, fused loss and gradients match the local spec's (fp32, tolerance 1e-5 relative / 1e-5 absolute on
 logits and loss, 1e-4 on gradients). Single-rank gloo group in-process."""
 import os
@@ -53,11 +53,13 @@ def _model(spec):
 def test_fused_spec_matches_local_spec(megatron_cpu):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from mtmegatron.models.fused_spec import (FusedDotProductAttention, FusedMLP, FusedRMSNorm,
-                                              get_gpt_layer_fused_spec, install_fused_loss)
+    from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm, install_fused_loss
+    from mtmegatron.models.layer_spec import build_layer_spec
+    from mtmegatron.training.arguments import parse_args
 
+    fused_args = parse_args(["--transformer-impl", "mtmegatron", "--attention-backend", "local", "--mock-data"])
     local = _model(get_gpt_layer_local_spec(normalization="RMSNorm"))
-    fused = _model(get_gpt_layer_fused_spec())
+    fused = _model(build_layer_spec(fused_args, "dense"))
     fused.load_state_dict(local.state_dict(), strict=True)
     layer = fused.decoder.layers[0]
     assert isinstance(layer.input_layernorm, FusedRMSNorm) and isinstance(layer.mlp, FusedMLP)

@@ -1,0 +1,208 @@
+"""The one transformer-layer spec builder: every module of a dense, MoE or MTP layer chosen from the flags here.
+
+``build_layer_spec(args, layer_kind)`` reads like megatron-core's ``get_gpt_layer_local_spec`` /
+``get_gpt_layer_with_transformer_engine_spec`` and reuses their pieces (``ModuleSpec``, the submodules classes,
+``get_moe_module_spec_for_backend``, ``get_mtp_layer_spec_for_backend``, ``LocalSpecProvider``):
+
+| slot | ``--transformer-impl local`` | ``--transformer-impl mtmegatron`` | FP8 executor ``transformer_engine`` |
+|---|---|---|---|
+| norms (input, pre-MLP, q/k/kv, MTP) | megatron's (``WrappedTorchNorm``) | ``FusedRMSNorm`` | ``TENorm``, fused into ``TELayerNormColumnParallelLinear`` where megatron fuses it |
+| linears qkv/proj/fc1/fc2 (experts too) | ``Column/RowParallelLinear``; ``Fp8*`` with FP8 executors ``emulated``/``scaled_mm`` | same | TE's |
+| dense MLP | ``MLP`` | ``FusedMLP`` | ``MLP`` (``FusedMLP`` with mtmegatron) |
+| core attention | ``attention/spec.core_attention_choice``: SDPA, fused softmax, local or TE; MLA's head-dims variant of a local/fused one |||
+
+MLA, qk-layernorm, MoE (shared experts included) and MTP are kept under every choice. Each call returns a new
+spec; nothing is edited after it is built. TransformerEngine is never imported here: where it is not installed
+(tests) its classes are ``ModuleSpec``s naming them (``te_module``), resolved only when a module is built.
+``describe_layer_spec(args)`` is the start-up line that says what was chosen and why.
+May assume: validated flags; megatron-core 0.16; for FP8, the executor resolved (``args.fp8_executor_in_use``)
+or the backend active.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.util
+from dataclasses import dataclass
+
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.moe.experts import SequentialMLP
+from megatron.core.transformer.multi_latent_attention import MLASelfAttention, MLASelfAttentionSubmodules
+from megatron.core.transformer.multi_token_prediction import get_mtp_layer_spec_for_backend
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+from mtmegatron.attention.core import SDPADotProductAttention
+from mtmegatron.attention.spec import core_attention_choice
+from mtmegatron.fp8.spec import fp8_linears, resolve_executor, uses_transformer_engine
+from mtmegatron.models.deepseek_args import moe_layer_pattern
+from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm
+from mtmegatron.models.mla_attention import with_head_dims
+
+LAYER_KINDS = ("dense", "moe", "mtp")
+TE_MODULE = "megatron.core.extensions.transformer_engine"
+
+
+def te_module(name: str):
+    """megatron-core's TE class ``name`` when TransformerEngine is installed, else a ModuleSpec naming it (the
+    class is imported only when the module is built; megatron's MLA compares its down projections by identity
+    with ``TELinear``, so a run with TE gets the class itself)."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        return ModuleSpec(module=(TE_MODULE, name))
+    return getattr(importlib.import_module(TE_MODULE), name)
+
+
+@dataclass(frozen=True)
+class LayerModules(LocalSpecProvider):
+    """What goes into each slot of a layer, as megatron-core's BackendSpecProvider (so its MoE and MTP spec
+    helpers take it; ``activation_func`` stays LocalSpecProvider's None: ``use_te_activation_func`` is off)."""
+
+    norm: object
+    column: object          # linear_qkv / linear_fc1 (dense, experts, shared experts)
+    row: object             # linear_proj / linear_fc2
+    plain_column: object    # MLA's LoRA projections, MTP's eh_proj: never FP8
+    norm_column: object     # TE: norm + column linear in one module; None elsewhere
+    core: object
+    mlp: type
+
+    def column_parallel_linear(self):
+        return self.column
+
+    def row_parallel_linear(self):
+        return self.row
+
+    def fuse_layernorm_and_linear(self) -> bool:
+        return self.norm_column is not None
+
+    def column_parallel_layer_norm_linear(self):
+        return self.norm_column
+
+    def layer_norm(self, rms_norm: bool = False, for_qk: bool = False):
+        return self.norm
+
+    def core_attention(self):
+        return self.core
+
+    def grouped_mlp_modules(self, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool):
+        return SequentialMLP, MLPSubmodules(linear_fc1=self.column, linear_fc2=self.row)
+
+
+def choose_modules(args: argparse.Namespace) -> LayerModules:
+    """The modules of every layer of this run (see the module docstring's table)."""
+    te = uses_transformer_engine(args)
+    fused = args.transformer_impl == "mtmegatron"
+    kind, _ = core_attention_choice(args, transformer_engine=te)
+    if kind == "te":
+        core = te_module("TEDotProductAttention")
+    else:
+        core = {"sdpa": SDPADotProductAttention, "fused_softmax": FusedDotProductAttention,
+                "local": DotProductAttention}[kind]
+    if args.multi_latent_attention and kind in ("fused_softmax", "local"):
+        core = with_head_dims(core)  # megatron's local attention does not take MLA's k/v channels
+    mlp = FusedMLP if fused else MLP
+    if te:
+        return LayerModules(norm=te_module("TENorm"), column=te_module("TEColumnParallelLinear"),
+                            row=te_module("TERowParallelLinear"), plain_column=te_module("TEColumnParallelLinear"),
+                            norm_column=te_module("TELayerNormColumnParallelLinear"), core=core, mlp=mlp)
+    column, row = fp8_linears(args) or (ColumnParallelLinear, RowParallelLinear)
+    norm = FusedRMSNorm if fused else LocalSpecProvider().layer_norm(rms_norm=args.normalization == "RMSNorm")
+    return LayerModules(norm=norm, column=column, row=row, plain_column=ColumnParallelLinear, norm_column=None,
+                        core=core, mlp=mlp)
+
+
+def _num_experts(args: argparse.Namespace, layer_kind) -> int | None:
+    if layer_kind == "moe":
+        if not args.num_experts:
+            raise ValueError("a MoE layer needs --num-experts")
+        return args.num_experts
+    if layer_kind == "dense" or layer_kind is None:
+        return None
+    if not isinstance(layer_kind, int):
+        raise ValueError(f"layer_kind {layer_kind!r}: expected one of {', '.join(LAYER_KINDS)} or a number of experts")
+    return layer_kind or None
+
+
+def build_layer_spec(args: argparse.Namespace, layer_kind="dense") -> ModuleSpec:
+    """A new TransformerLayer spec (``dense``, ``moe``, or a number of experts, None/0 = dense) or, for
+    ``mtp``, a MultiTokenPredictionLayer spec around the decoder's last layer kind."""
+    m = choose_modules(args)
+    if layer_kind == "mtp":
+        last = "moe" if args.num_experts and moe_layer_pattern(args)[-1] else "dense"
+        eh_proj = dataclasses.replace(m, column=m.plain_column)  # MTP's projection stays in high precision
+        return get_mtp_layer_spec_for_backend(build_layer_spec(args, last), eh_proj)
+    num_experts = _num_experts(args, layer_kind)
+    te = m.norm_column is not None
+    qk_layernorm = bool(args.qk_layernorm)
+
+    if num_experts:
+        mlp = get_moe_module_spec_for_backend(m, num_experts=num_experts, moe_grouped_gemm=False)
+    else:  # TE fuses the pre-MLP norm into fc1
+        mlp = ModuleSpec(module=m.mlp, submodules=MLPSubmodules(linear_fc1=m.norm_column if te else m.column,
+                                                                linear_fc2=m.row))
+    pre_mlp_layernorm = IdentityOp if te and not num_experts else m.norm
+
+    if args.multi_latent_attention:  # TE fuses q/kv layernorm into the up projections
+        up = m.norm_column if te and qk_layernorm else m.plain_column
+        down = te_module("TELinear") if te else m.plain_column
+        qk_norm = m.norm if qk_layernorm and not te else IdentityOp
+        self_attention = ModuleSpec(
+            module=MLASelfAttention,
+            params={"attn_mask_type": AttnMaskType.causal},
+            submodules=MLASelfAttentionSubmodules(
+                linear_q_proj=m.plain_column, linear_q_down_proj=down, linear_q_up_proj=up,
+                linear_kv_down_proj=down, linear_kv_up_proj=up, core_attention=m.core, linear_proj=m.row,
+                q_layernorm=qk_norm, kv_layernorm=qk_norm,
+            ),
+        )
+        input_layernorm, keys_map = m.norm, {}
+    else:  # TE fuses the input norm into linear_qkv
+        qk_norm = m.norm if qk_layernorm else IdentityOp
+        self_attention = ModuleSpec(
+            module=SelfAttention,
+            params={"attn_mask_type": AttnMaskType.causal},
+            submodules=SelfAttentionSubmodules(
+                linear_qkv=m.norm_column if te else m.column, core_attention=m.core, linear_proj=m.row,
+                q_layernorm=qk_norm, k_layernorm=qk_norm,
+            ),
+        )
+        input_layernorm = IdentityOp if te else m.norm
+        keys_map = {} if te else {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                                  "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=input_layernorm,
+            self_attention=self_attention,
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=pre_mlp_layernorm,
+            mlp=mlp,
+            mlp_bda=get_bias_dropout_add,
+            sharded_state_dict_keys_map=keys_map,
+        ),
+    )
+
+
+def _name(module) -> str:
+    module = module.module if isinstance(module, ModuleSpec) else module
+    return module[1] if isinstance(module, tuple) else module.__name__
+
+
+def describe_layer_spec(args: argparse.Namespace) -> str:
+    """The start-up line: which norm, core attention (and why), linears and MLP the layers run."""
+    m = choose_modules(args)
+    te = uses_transformer_engine(args)
+    _, why = core_attention_choice(args, transformer_engine=te)
+    executor = f" (FP8 executor {resolve_executor(args)})" if getattr(args, "fp8_format", None) else ""
+    norm = f"{_name(m.norm)}{' + ' + _name(m.norm_column) if te else ''}"
+    return (f"mtmegatron: layers: --transformer-impl {args.transformer_impl} | norm {norm} | attention "
+            f"{_name(m.core)} ({why}) | linears {_name(m.column)}/{_name(m.row)}{executor} | MLP {_name(m.mlp)}")
