@@ -14,13 +14,12 @@ import time
 import warnings
 
 from mtmegatron.backends import BackendUnavailableError, select_backend
-from mtmegatron.training.arguments import ConfigError, parse_args
+from mtmegatron.training.arguments import parse_args
+from mtmegatron.training.errors import ConfigError, exit_with_user_error
 
 
 def _fail(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"mtmegatron.pretrain: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    exit_with_user_error(message)
 
 
 def _quiet_known_noise() -> None:

@@ -100,3 +100,64 @@ def test_moe_with_tp_needs_sequence_parallel():
     with pytest.raises(ConfigError, match="needs --sequence-parallel"):
         parse_args(flags, world_size=2)
     assert parse_args(flags + ["--sequence-parallel"], world_size=2).sequence_parallel
+
+
+TORCHRUN_CASES = {
+    "typo_flag": (["--backend", "cpu", "--trian-iters", "3"],
+                  "unknown flag --trian-iters (did you mean --train-iters?)"),
+    "tp_heads": (["--backend", "cpu", "--mock-data", "--num-attention-heads", "6", "--tensor-model-parallel-size", "4"],
+                 "--tensor-model-parallel-size 4 does not divide --num-attention-heads 6"),
+    "missing_data": (["--backend", "cpu", "--data-path", "/nonexistent/corpus_text_document",
+                      "--tokenizer-model", "/nonexistent/tok"],
+                     "dataset /nonexistent/corpus_text_document: missing"),
+}
+
+
+@pytest.mark.parametrize("case", list(TORCHRUN_CASES))
+def test_user_error_under_torchrun_is_status_2_and_one_line(case):
+    # The whole of stderr is the one message: no per-rank copies, no usage dump, no torchrun report.
+    extra, message = TORCHRUN_CASES[case]
+    proc = _pretrain(extra, nproc=2)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("mtmegatron.pretrain: error: ") and message in lines[0], \
+        proc.stderr[-3000:]
+    assert BANNER not in proc.stdout
+
+
+def test_crash_under_torchrun_keeps_torchrun_report():
+    # Only pretrain's user errors (status 2) are quieted: another failure keeps torchrun's status and report.
+    from mtmegatron.training import torchrun_exit
+
+    script = "import sys; sys.exit(3)"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
+                           f"--master_port={free_port()}", "--no-python", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1 and "ChildFailedError" in proc.stderr
+    assert not torchrun_exit.install(["torchrun", "--nproc_per_node", "2", "train.py"])
+
+
+def test_unknown_flag_is_one_line_with_a_suggestion():
+    proc = _pretrain(["--backend", "cpu", "--tensor-model-paralel-size", "2", "--lr", "1e-3"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("mtmegatron.pretrain: error: unknown flag --tensor-model-paralel-size "
+                                   "(did you mean --tensor-model-parallel-size?) (see --help)")
+
+
+def test_help_describes_every_flag_with_its_default_and_how_to_launch():
+    from mtmegatron.training.arguments import build_parser
+
+    parser = build_parser()
+    undescribed = [a.option_strings[0] for a in parser._actions if not (a.help and a.help.strip())]
+    assert undescribed == []
+    proc = _pretrain(["--help"])
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "usage: torchrun --nproc_per_node N -m mtmegatron.pretrain" in text
+    assert "torchrun --nproc_per_node 2 -m mtmegatron.pretrain" in text.split("launch", 1)[1]
+    for flag, default in (("--lr", "0.001"), ("--train-iters", "1000"), ("--lr-decay-style", "cosine"),
+                          ("--tensor-model-parallel-size", "1"), ("--attention-backend", "auto")):
+        after = text.split(f" {flag} ", 1)[1]
+        assert f"(default: {default})" in after.split(" --", 1)[0], after[:300]
+    assert "(default: None)" not in text  # preset-filled flags say where their value comes from instead
+    assert "the --model preset's" in text

@@ -14,10 +14,8 @@ from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.presets import preset
 from mtmegatron.models.vocab import check_vocab_padding
-
-
-class ConfigError(ValueError):
-    """A bad flag combination; the message is meant for the user as is."""
+from mtmegatron.training import flag_help
+from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
 
 
 # Fields a preset may fill, with the value used when neither flag nor preset sets them.
@@ -185,7 +183,9 @@ def _validate_fp8(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mtmegatron.pretrain", description="Pretrain a GPT-style model with megatron-core")
+    p = flag_help.Parser(prog="mtmegatron.pretrain", usage=flag_help.USAGE, formatter_class=flag_help.HelpFormatter,
+                         epilog=flag_help.EPILOG,
+                         description="Pretrain a GPT-style model with megatron-core (Megatron-LM flag names).")
     _add_model(p)
     _add_parallel(p)
     add_attention_args(p)
@@ -195,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)
+    flag_help.fill_help(p)
     return p
 
 
