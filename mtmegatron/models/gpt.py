@@ -16,11 +16,10 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
+from mtmegatron.fp8.spec import keep_layers_in_bf16, te_config_fields
 from mtmegatron.models import deepseek
+from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
-
-from mtmegatron.attention.spec import apply_attention_to_spec
-from mtmegatron.fp8.spec import apply_fp8_to_spec, keep_layers_in_bf16, te_config_fields
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
