@@ -14,6 +14,7 @@ from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.presets import preset
 from mtmegatron.models.vocab import check_vocab_padding
+from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
 
@@ -259,6 +260,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("--expert-model-parallel-size needs --num-experts")
     check_deepseek_args(args, ConfigError)
     check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
+    check_schedule_flags(args, ConfigError)
     dp, mbs, gbs = args.data_parallel_size, args.micro_batch_size, args.global_batch_size
     if gbs % (mbs * dp):
         raise ConfigError(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "

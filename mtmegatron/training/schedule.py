@@ -7,14 +7,12 @@ restored: if the checkpoint's schedule (max/min lr, warmup steps, decay steps, d
 decay, weight-decay increment style and steps — the values megatron-core's scheduler compares) differs from
 this run's, the load stops with one message unless the user chose: ``--override-opt_param-scheduler`` (this
 run's flags, continued from the checkpoint's step count) or ``--use-checkpoint-opt_param-scheduler`` (the
-checkpoint's values). Giving both is an error. ``wd_incr_steps`` is not compared when both sides keep the
+checkpoint's values). Giving both is a flag error (``check_schedule_flags``, called by arguments.py). ``wd_incr_steps`` is not compared when both sides keep the
 weight decay constant (it has no effect then). ``--finetune`` / ``--no-load-optim`` never restore a schedule.
 May assume: ``args`` validated by training/arguments.py.
 """
 
 from __future__ import annotations
-
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 # scheduler state key -> the flag that sets it
 COMPARED = {
@@ -26,7 +24,17 @@ COMPARED = {
 _STEP_KEYS = ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps")
 
 
-def build_scheduler(optimizer, args) -> OptimizerParamScheduler:
+def check_schedule_flags(args, error=ValueError) -> None:
+    """Flag check (before any process group): at most one of the two resume-schedule flags."""
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually "
+                    "exclusive: pass one")
+
+
+def build_scheduler(optimizer, args):
+    """megatron-core's ``OptimizerParamScheduler`` for the flags."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
     gbs = args.global_batch_size
     return OptimizerParamScheduler(
         optimizer,
@@ -60,10 +68,7 @@ def _describe(key: str, value, gbs: int) -> str:
 
 
 def check_schedule(saved: dict, scheduler, args, directory: str, error=ValueError) -> None:
-    """Raise ``error`` when the saved schedule differs and no flag says which one to use (or both are given)."""
-    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
-        raise error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually "
-                              "exclusive: pass one")
+    """Raise ``error`` when the saved schedule differs and no flag says which one to use."""
     differences = schedule_differences(saved, scheduler.state_dict())
     if not differences or args.override_opt_param_scheduler or args.use_checkpoint_opt_param_scheduler:
         return
