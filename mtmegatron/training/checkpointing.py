@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
 from mtmegatron.training.device import compute_device
-from mtmegatron.training.schedule import check_schedule
+from mtmegatron.training.schedule import check_schedule, loadable_state
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # The distributed optimizer's default format in megatron-core 0.16 ('fully_sharded_model_space') relies on
@@ -278,7 +278,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         _unwrap(chunk).load_state_dict(loaded[key])
     if load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
-        scheduler.load_state_dict(loaded["scheduler"])
+        scheduler.load_state_dict(loadable_state(loaded["scheduler"], scheduler))
     else:  # the optimizer's fp32 main copies must follow the freshly loaded weights
         optimizer.reload_model_params()
     if load_rng:

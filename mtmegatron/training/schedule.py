@@ -61,6 +61,15 @@ def schedule_differences(saved: dict, current: dict) -> dict:
     return {k: (saved[k], current[k]) for k in keys if saved[k] != current[k]}
 
 
+def loadable_state(saved: dict, scheduler) -> dict:
+    """``saved`` with ``wd_incr_steps`` taken from ``scheduler`` where it is not compared (constant weight decay
+    on both sides), so megatron-core's own load-time equality check agrees with ``schedule_differences``."""
+    current = scheduler.state_dict()
+    if saved.get("wd_incr_style") == current["wd_incr_style"] == "constant":
+        return {**saved, "wd_incr_steps": current["wd_incr_steps"]}
+    return saved
+
+
 def _describe(key: str, value, gbs: int) -> str:
     if key in _STEP_KEYS and gbs and value % gbs == 0:
         return f"{value // gbs} iterations"
