@@ -1,7 +1,9 @@
 # Shared by the dist_run_pretrain_*.sh launchers: torchrun arguments from the usual cluster variables.
 # Single box by default; for several nodes export NNODES, NODE_RANK, MASTER_ADDR (and MASTER_PORT) on each.
 # Every argument given to a launcher is passed to mtmegatron.pretrain, after the example's defaults,
-# so any Megatron-LM flag (or --backend cpu|cuda|musa) overrides them.
+# so any Megatron-LM flag (or --backend cpu|cuda|musa) overrides them. Data: mock data unless the arguments
+# give --data-path (with --tokenizer-model) or DATA_PATH=prefix [TOKENIZER_MODEL=dir] is exported.
+# Each example writes to its own run directory, runs/<script name> (LOG_DIR= or --log-dir changes it).
 
 NPROC_PER_NODE=${NPROC_PER_NODE:-2}
 NNODES=${NNODES:-1}
@@ -39,4 +41,63 @@ from_hf_args() {
     python -m mtmegatron.cli convert hf-to-mcore --model "$1" --hf-dir "$HF_DIR" --out "$out"
   fi
   eval "HF_ARGS=($(cat "$out/model_flags.txt") --load \"\$out\")"
+}
+
+# flag_value NAME DEFAULT ARGS...: the last value of --NAME (or --NAME=V) in ARGS, DEFAULT when absent.
+flag_value() {
+  local name=$1 value=$2
+  shift 2
+  while (($#)); do
+    case $1 in
+      --$name) value=${2:-}; shift ;;
+      --$name=*) value=${1#*=} ;;
+    esac
+    shift
+  done
+  printf '%s' "$value"
+}
+
+has_flag() {
+  local name=$1 a
+  shift
+  for a in "$@"; do [[ $a == "--$name" || $a == --$name=* ]] && return 0; done
+  return 1
+}
+
+# data_args ARGS...: the array DATA_ARGS: empty when ARGS choose the data (--data-path or --mock-data),
+# --data-path $DATA_PATH [--tokenizer-model $TOKENIZER_MODEL] when DATA_PATH is exported (a prefix, or a blend
+# "W1 P1 W2 P2"), else --mock-data.
+data_args() {
+  DATA_ARGS=()
+  if has_flag data-path "$@" || has_flag mock-data "$@"; then return 0; fi
+  if [[ -n "${DATA_PATH:-}" ]]; then
+    read -r -a DATA_ARGS <<< "$DATA_PATH"
+    DATA_ARGS=(--data-path "${DATA_ARGS[@]}")
+    if [[ -n "${TOKENIZER_MODEL:-}" ]]; then DATA_ARGS+=(--tokenizer-model "$TOKENIZER_MODEL"); fi
+    return 0
+  fi
+  DATA_ARGS=(--mock-data)
+}
+
+# set_threads BACKEND: export OMP_NUM_THREADS (threads per rank) unless it is exported already: the cores of
+# this node divided by its ranks; with a device backend (cuda, musa) at most 4 (the host only feeds the device).
+set_threads() {
+  if [[ -n "${OMP_NUM_THREADS:-}" ]]; then return 0; fi
+  local cores per
+  cores=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+  per=$((cores / NPROC_PER_NODE))
+  if ((per < 1)); then per=1; fi
+  if [[ $1 != cpu ]] && ((per > 4)); then per=4; fi
+  export OMP_NUM_THREADS=$per
+}
+
+# prepare_launch DEFAULT_BACKEND ARGS...: the backend the run will use (--backend in ARGS, else BACKEND=, else
+# DEFAULT_BACKEND) into BACKEND_USED, threads for it, DATA_ARGS, and the run directory RUN_DIR.
+prepare_launch() {
+  local default=$1
+  shift
+  BACKEND_USED=$(flag_value backend "${BACKEND:-$default}" "$@")
+  set_threads "$BACKEND_USED"
+  data_args "$@"
+  RUN_DIR=${LOG_DIR:-runs/$(basename "$0" .sh)}
 }

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Llama-3 pretraining on Moore Threads GPUs (MUSA). Defaults: the tiny Llama-3 on mock data, TP2 with
-# sequence parallelism, 30 iterations -- it also finishes on a 2-core CPU box in about a minute with
-# --backend cpu. Real shapes: --model-size 8b (or 70b) plus your parallel layout, e.g.
+# Llama-3 pretraining on Moore Threads GPUs (MUSA). Defaults: the tiny Llama-3, TP2 with sequence parallelism,
+# 30 iterations, on mock data -- it also finishes on a 2-core CPU box in about a minute with --backend cpu.
+# Real data: --data-path PREFIX --tokenizer-model DIR (from `mtmegatron preprocess`), or DATA_PATH=PREFIX
+# TOKENIZER_MODEL=DIR. Real shapes: --model-size 8b (or 70b) plus your parallel layout, e.g.
 #   NPROC_PER_NODE=8 NNODES=4 NODE_RANK=$i MASTER_ADDR=node0 \
 #     bash dist_run_pretrain_megatron_llama3_musa.sh --model-size 8b --tensor-model-parallel-size 2 \
 #     --pipeline-model-parallel-size 2 --use-distributed-optimizer --global-batch-size 512 --bf16
+# Writes runs/dist_run_pretrain_megatron_llama3_musa/ (LOG_DIR= or --log-dir to change).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../common.sh"
+prepare_launch musa "$@"
 export_musa_defaults
 from_hf_args llama3  # HF_DIR=/path/to/hf/checkpoint: train from it (see ../common.sh)
 launch_pretrain --backend "${BACKEND:-musa}" --model llama3 --model-size tiny \
   --tensor-model-parallel-size 2 --sequence-parallel \
   --micro-batch-size 2 --global-batch-size 8 --train-iters 30 --lr 1e-3 --lr-warmup-iters 2 \
-  --mock-data --log-interval 5 --log-dir "${LOG_DIR:-runs/llama3}" "${HF_ARGS[@]}" "$@"
+  "${DATA_ARGS[@]}" --log-interval 5 --log-dir "$RUN_DIR" "${HF_ARGS[@]}" "$@"
