@@ -22,9 +22,3 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full[3:]]
     assert [r["lr"] for r in resumed] == [r["lr"] for r in full[3:]]
 
-
-def test_load_without_checkpoint_is_a_clear_error(tmp_path):
-    proc, _ = run_pretrain(1, TINY + ["--train-iters", "1", "--load", str(tmp_path / "none")], tmp_path / "log",
-                           expect_ok=False)
-    assert proc.returncode != 0
-    assert "no latest_checkpointed_iteration.txt there" in proc.stderr
