@@ -1,9 +1,11 @@
-"""Peak memory and time of megatron-core's local ``DotProductAttention`` vs mtmegatron's SDPA core attention.
+"""Peak memory and time of megatron-core's local ``DotProductAttention``, ``--transformer-impl mtmegatron``'s
+fused-softmax attention (``FusedDotProductAttention``: the same ``[b, h, s, s]`` scores, softmax by
+mtmegatron's scaled-upper-triangular kernel) and mtmegatron's SDPA core attention.
 
 One forward + backward of core attention (causal, GQA, fp32 by default) at each sequence length, on the CPU.
 Every (implementation, length) runs in its own fresh process so its peak resident memory is its own: peak =
 max RSS during the call minus RSS just before it (inputs and model state already allocated). Time is the best
-of ``--repeats`` calls after one warm-up. Prints one table with the local/ours ratios.
+of ``--repeats`` calls after one warm-up. Prints one table with the local/ours and fused/ours ratios.
 
 Usage: python benchmarks/attention.py [--seqs 1024 2048 4096 8192] [--heads 4] [--groups 2] [--dim 64]
        [--threads 1] [--dtype float32]
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import time
 
-IMPLS = ("local", "ours")
+IMPLS = ("local", "fused", "ours")
 
 
 def _rss_mib() -> float:
@@ -44,6 +46,7 @@ def run_case(impl: str, seq: int, heads: int, groups: int, dim: int, dtype: str,
     from megatron.core.transformer.enums import AttnMaskType
 
     from mtmegatron.attention.core import SDPADotProductAttention
+    from mtmegatron.models.fused_spec import FusedDotProductAttention
 
     mtmegatron.activate("cpu")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -54,7 +57,7 @@ def run_case(impl: str, seq: int, heads: int, groups: int, dim: int, dtype: str,
     config = TransformerConfig(num_layers=1, hidden_size=heads * dim, num_attention_heads=heads,
                                num_query_groups=groups, kv_channels=dim, attention_dropout=0.0,
                                masked_softmax_fusion=False, use_cpu_initialization=True)
-    cls = DotProductAttention if impl == "local" else SDPADotProductAttention
+    cls = {"local": DotProductAttention, "fused": FusedDotProductAttention, "ours": SDPADotProductAttention}[impl]
     module = cls(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
     dt = getattr(torch, dtype)
     q = torch.randn(seq, 1, heads, dim, dtype=dt, requires_grad=True)
@@ -98,7 +101,8 @@ def main() -> None:
              f"--threads {a.threads}")
     print(f"core attention fwd+bwd, causal, batch 1, {a.heads} heads / {a.groups} KV groups, head dim {a.dim}, "
           f"{a.dtype}, {a.threads} thread(s); peak = RSS above the pre-call baseline")
-    print(f"{'seq':>6} | {'local MiB':>10} {'ours MiB':>9} {'ratio':>6} | {'local s':>8} {'ours s':>7} {'ratio':>6}")
+    print(f"{'seq':>6} | {'local MiB':>10} {'fused MiB':>9} {'ours MiB':>9} | {'local s':>8} {'fused s':>8} "
+          f"{'ours s':>7} | {'local/ours':>10} {'fused/ours':>10}")
     for seq in a.seqs:
         row = {}
         for impl in IMPLS:
@@ -108,9 +112,10 @@ def main() -> None:
             if out.returncode:
                 raise SystemExit(f"{impl} at {seq} failed:\n{out.stderr[-3000:]}")
             row[impl] = json.loads(out.stdout.strip().splitlines()[-1])
-        lo, us = row["local"], row["ours"]
-        print(f"{seq:>6} | {lo['peak_mib']:>10.1f} {us['peak_mib']:>9.1f} {lo['peak_mib'] / max(us['peak_mib'], 0.1):>6.1f}"
-              f" | {lo['seconds']:>8.3f} {us['seconds']:>7.3f} {lo['seconds'] / us['seconds']:>6.2f}", flush=True)
+        lo, fu, us = row["local"], row["fused"], row["ours"]
+        print(f"{seq:>6} | {lo['peak_mib']:>10.1f} {fu['peak_mib']:>9.1f} {us['peak_mib']:>9.1f}"
+              f" | {lo['seconds']:>8.3f} {fu['seconds']:>8.3f} {us['seconds']:>7.3f}"
+              f" | {lo['seconds'] / us['seconds']:>10.2f} {fu['seconds'] / us['seconds']:>10.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 - ``"sdpa"``: mtmegatron's ``SDPADotProductAttention`` (torch's flash / memory-efficient kernels, context
   parallelism) for ``auto|flash|fused`` otherwise. Under ``--transformer-impl mtmegatron`` ``auto`` also picks
   SDPA: mtmegatron's fused softmax (``FusedDotProductAttention``) still materialises ``[b, h, s, s]`` and was
-  slower than SDPA at every benchmark length (``benchmarks/attention.py``, docs/attention.md);
+  slower than SDPA at every fp32 benchmark length and at 2k-4k in bf16 (``benchmarks/attention.py``,
+  docs/attention.md);
 - ``"fused_softmax"``: ``--attention-backend local|unfused`` with ``--transformer-impl mtmegatron``;
 - ``"local"``: megatron-core's ``DotProductAttention`` (``local|unfused`` with ``--transformer-impl local``).
 ``models/layer_spec.py`` turns the kind into the class (and MLA's head-dims variant); nothing here edits a spec.
@@ -21,9 +22,10 @@ from mtmegatron.attention.flags import LOCAL_BACKENDS
 
 KINDS = ("te", "sdpa", "fused_softmax", "local")
 
-# fwd+bwd seconds of one causal core attention (4 heads / 2 KV groups, head dim 64, batch 1, fp32, 1 thread,
-# shared 2-core CPU), benchmarks/attention.py: fused softmax / SDPA at s = 128 ... 8192. SDPA wins everywhere.
-MEASURED_FUSED_OVER_SDPA = "1.3-2.7x"
+# benchmarks/attention.py (fwd+bwd of one causal core attention, 4 heads / 2 KV groups, head dim 64, batch 1,
+# 1 thread, shared 2-core CPU; docs/attention.md): fused-softmax time / SDPA time at s = 128 ... 8192 in fp32.
+# bf16: mixed below 2k (0.5-1.4x, noisy), SDPA 1.5-2.6x faster at 2k-4k.
+MEASURED_FUSED_OVER_SDPA = "1.3-4.6x"
 
 
 def core_attention_choice(args: argparse.Namespace, transformer_engine: bool) -> tuple[str, str]:
@@ -39,6 +41,6 @@ def core_attention_choice(args: argparse.Namespace, transformer_engine: bool) ->
         return "te", f"--attention-backend {backend} with the transformer_engine FP8 executor"
     if fused_impl and backend == "auto":
         return "sdpa", (f"--attention-backend auto: torch SDPA is faster than mtmegatron's fused softmax "
-                        f"(fused/SDPA time {MEASURED_FUSED_OVER_SDPA}, docs/attention.md); "
+                        f"(fp32 fused/SDPA time {MEASURED_FUSED_OVER_SDPA}, docs/attention.md); "
                         "--attention-backend local selects the fused softmax")
     return "sdpa", f"--attention-backend {backend}"
