@@ -21,6 +21,7 @@ from mtmegatron.convert.hf_io import HFCheckpoint, write_checkpoint
 from mtmegatron.convert.mapping import mtp_in_checkpoint, to_hf, to_mcore
 
 FLAGS_FILE = "model_flags.txt"
+_VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
 _LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
 
 
@@ -44,6 +45,20 @@ def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
         raise ConversionError(f"target layout TP{tp} PP{pp} EP{ep}: {e}") from None
 
 
+def pad_vocab(tensors: dict, padded_vocab_size: int) -> dict:
+    """Zero rows appended to the embedding/output weights up to the model's padded vocabulary (models/vocab.py:
+    the padded ids' logits are masked, so the rows never matter; they are sliced off again by ``slice_vocab``)."""
+    for name in _VOCAB_ROWS:
+        if name in tensors and tensors[name].shape[0] < padded_vocab_size:
+            weight = tensors[name]
+            tensors[name] = torch.cat([weight, weight.new_zeros(padded_vocab_size - weight.shape[0], *weight.shape[1:])])
+    return tensors
+
+
+def slice_vocab(state: dict, vocab_size: int) -> dict:
+    return {name: (t[:vocab_size] if name in _VOCAB_ROWS else t) for name, t in state.items()}
+
+
 def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config: dict) -> None:
     expected = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     for name, param in expected.items():
@@ -53,6 +68,10 @@ def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config:
             raise ConversionError(f"{name}: the checkpoint gives shape {tuple(tensors[name].shape)}, the model built "
                                   f"from config.json has {tuple(param.shape)} (config and weights disagree)")
     duplicates = set()
+    if config.get("tie_word_embeddings") and "lm_head.weight" in hf.names:  # some releases store the tied head
+        if not torch.equal(hf["lm_head.weight"], hf["model.embed_tokens.weight"]):
+            raise ConversionError("tie_word_embeddings is true but lm_head.weight differs from the embedding")
+        duplicates.add("lm_head.weight")
     if family == "deepseek-v3":  # the MTP layer's copies of the shared embedding and output head
         mtp = config["num_hidden_layers"]
         duplicates = {n for n in hf.names if n.startswith(f"model.layers.{mtp}.")
@@ -84,22 +103,27 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
         bar.update()
         return hf[name]
 
-    tensors = to_mcore(family, args, get, rope_interleave=config.get("rope_interleave", True))
+    rope_interleave = config.get("rope_interleave", True)
+    tensors = pad_vocab(to_mcore(family, args, get, rope_interleave=rope_interleave), args.padded_vocab_size)
     bar.close()
     _check_complete(model, tensors, hf, family, config)
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
-    save_model_only(model, args, out, model_flags=flags)
+    save_model_only(model, args, out, model_flags=flags, hf_layout={"rope_interleave": rope_interleave})
     with open(f"{out}/{FLAGS_FILE}", "w") as f:
         f.write(shlex.join(flags) + "\n")
     return flags
 
 
-def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool = True) -> dict:
-    """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config."""
+def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool | None = None) -> dict:
+    """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config. The RoPE row
+    layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's."""
     from mtmegatron.convert.model import build_model, checkpoint_common, init_single_rank, load_model, parse_flags
 
-    flags = flags or checkpoint_common(load).get("model_flags")
+    common = checkpoint_common(load)
+    if rope_interleave is None:
+        rope_interleave = common.get("hf_layout", {}).get("rope_interleave", True)
+    flags = flags or common.get("model_flags")
     if not flags:
         raise ConversionError(f"{load} does not record its model flags (it was not written by the converter): "
                               f"pass them after '--', e.g. -- --model llama3 --model-size 8b")
@@ -109,7 +133,8 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
     init_single_rank(args)
     model = build_model(args)
     load_model(model, load)
-    state = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    state = slice_vocab({k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")},
+                        args.vocab_size)
     config = hf_config_from_args(args.model, args, rope_interleave=rope_interleave)
     write_checkpoint(out, to_hf(args.model, args, state, rope_interleave=rope_interleave), config)
     return config

@@ -47,6 +47,29 @@ def _require(condition: bool, message: str) -> None:
         raise ConversionError(message)
 
 
+# config.json fields that change the math, with the values we can represent (absent = the HF default).
+# Anything else is refused with one message naming the field, never converted silently wrong.
+_REPRESENTABLE = {
+    "attention_bias": (False, None), "mlp_bias": (False, None),
+    "sliding_window": (None,), "use_sliding_window": (False, None), "partial_rotary_factor": (1.0, None),
+    "topk_method": ("noaux_tc", None), "moe_layer_freq": (1, None), "layer_types": (None,),
+}
+
+
+def check_representable(config: dict) -> None:
+    """Refuse the first config field whose value changes the math in a way our model cannot reproduce."""
+    for field, allowed in _REPRESENTABLE.items():
+        value = config.get(field)
+        if field == "sliding_window" and value is not None and value >= config.get("max_position_embeddings", 0):
+            continue  # a window as long as any sequence has no effect
+        if field == "layer_types" and value is not None and set(value) <= {"full_attention"}:
+            continue
+        if value not in allowed:
+            raise ConversionError(f"config.json field {field} = {value!r} changes the model's math and has no "
+                                  f"equivalent here (supported: {', '.join(repr(a) for a in allowed if a is not None)}"
+                                  f"{'' if None not in allowed else ' or absent'}); not converted")
+
+
 def _common(config: dict) -> list[str]:
     heads = config["num_attention_heads"]
     flags = [
@@ -58,9 +81,12 @@ def _common(config: dict) -> list[str]:
         "--norm-epsilon", repr(float(config.get("rms_norm_eps", 1e-6))), "--normalization", "RMSNorm",
         "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
     ]
-    _require(config.get("hidden_act", "silu") == "silu", f"hidden_act {config.get('hidden_act')!r}: only silu (SwiGLU)")
-    if not config.get("tie_word_embeddings", False):
-        flags.append("--untie-embeddings-and-output-weights")
+    _require(config.get("hidden_act", "silu") == "silu", f"config.json field hidden_act = {config.get('hidden_act')!r}: "
+                                                          f"only silu (SwiGLU) is supported; not converted")
+    check_representable(config)
+    # every model-defining value explicit, so no preset value leaks into the converted network
+    tied = config.get("tie_word_embeddings", False)
+    flags.append("--no-untie-embeddings-and-output-weights" if tied else "--untie-embeddings-and-output-weights")
     return flags
 
 
@@ -68,14 +94,12 @@ def _llama_like(config: dict) -> list[str]:
     heads, hidden = config["num_attention_heads"], config["hidden_size"]
     head_dim = config.get("head_dim") or hidden // heads
     _require(head_dim * heads == hidden, f"head_dim {head_dim} x {heads} heads != hidden_size {hidden}: not supported")
-    _require(not config.get("attention_bias") and not config.get("mlp_bias"), "attention/MLP biases are not supported")
     theta, scaling = _rope(config)
-    _require(scaling is None, f"RoPE scaling {scaling and scaling.get('rope_type')!r} is not supported for this family")
+    _require(scaling is None, f"config.json field rope_scaling (rope_type {scaling and scaling.get('rope_type')!r}) "
+                              f"is not supported for this family; not converted")
     groups = config.get("num_key_value_heads") or heads
     flags = _common(config) + ["--rotary-base", str(int(theta)) if float(theta).is_integer() else str(theta)]
-    if groups != heads:
-        flags += ["--group-query-attention", "--num-query-groups", str(groups)]
-    return flags
+    return flags + ["--group-query-attention", "--num-query-groups", str(groups)]
 
 
 def _mixtral(config: dict) -> list[str]:
@@ -87,7 +111,6 @@ def _mixtral(config: dict) -> list[str]:
 
 
 def _deepseek_v3(config: dict, with_mtp: bool) -> list[str]:
-    _require(not config.get("attention_bias"), "attention_bias is not supported")
     _require(config.get("scoring_func", "sigmoid") == "sigmoid", "only the sigmoid router (scoring_func) is supported")
     topk, groups, group_topk = config["num_experts_per_tok"], config.get("n_group") or 1, config.get("topk_group") or 1
     _require(config.get("norm_topk_prob", True) or topk == 1,

@@ -59,7 +59,7 @@ def saved_args(args) -> dict:
     return fingerprint(args)
 
 
-def save_model_only(model, args, root: str, model_flags: list[str] | None = None) -> str:
+def save_model_only(model, args, root: str, model_flags: list[str] | None = None, hf_layout: dict | None = None) -> str:
     from megatron.core import dist_checkpointing
 
     from mtmegatron.training.checkpointing import TRACKER, checkpoint_dir
@@ -67,7 +67,7 @@ def save_model_only(model, args, root: str, model_flags: list[str] | None = None
     directory = checkpoint_dir(root, 0)
     os.makedirs(directory, exist_ok=True)
     state = {"model": model.sharded_state_dict(), "iteration": 0, "args": saved_args(args), MODEL_ONLY_KEY: True,
-             "model_flags": list(model_flags or [])}
+             "model_flags": list(model_flags or []), "hf_layout": dict(hf_layout or {})}
     dist_checkpointing.save(state, directory)
     with open(os.path.join(root, TRACKER), "w") as f:
         f.write("0")

@@ -1,7 +1,8 @@
 """Tiny random HF transformers models (the reference nobody here wrote) saved as safetensors checkpoints.
 
 Shapes are small enough for a 2-core CI box but keep every feature the converters map: GQA (Llama, Mixtral),
-experts (Mixtral), and for DeepSeek-V3 first-k dense + MoE layers with three different FFN sizes, a shared
+experts (Mixtral), edge cases keyed ``family:variant`` (plain multi-head attention with tied embeddings and a
+vocabulary of 163 that TP does not divide), and for DeepSeek-V3 first-k dense + MoE layers with three different FFN sizes, a shared
 expert, the group-limited sigmoid router with a non-zero correction bias, MLA with q LoRA and YaRN RoPE, and an
 MTP layer in DeepSeek's release layout (HF's model does not build it; its tensors are added to the files).
 """
@@ -47,7 +48,24 @@ def _deepseek_config():
     )
 
 
-CONFIGS = {"llama3": _llama_config, "mixtral": _mixtral_config, "deepseek-v3": _deepseek_config}
+def _llama_mha_tied_config():
+    """Llama-2 style multi-head attention (kv heads == heads), tied embeddings, a vocabulary (163) that neither
+    TP2 nor 128 divides."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=163, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                       rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True)
+
+
+def _mixtral_vocab163_config():
+    config = _mixtral_config()
+    config.vocab_size = 163
+    return config
+
+
+CONFIGS = {"llama3": _llama_config, "mixtral": _mixtral_config, "deepseek-v3": _deepseek_config,
+           "llama3:mha-tied-163": _llama_mha_tied_config, "mixtral:vocab-163": _mixtral_vocab163_config}
 
 
 def _randomize(model) -> None:
