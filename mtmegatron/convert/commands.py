@@ -1,10 +1,12 @@
 """``mtmegatron convert hf-to-mcore`` and ``mtmegatron convert mcore-to-hf``.
 
 hf-to-mcore: HF config -> our flags (hf_config), the target layout validated with the pretrain flag checks,
-the model built on one CPU rank, every tensor mapped (mapping) and shape-checked, written as a model-only
+the model built on one CPU rank, every tensor mapped (mapping), the vocabulary rows zero-padded to the model's
+``padded_vocab_size`` (models/vocab.py) and shape-checked, written as a model-only
 distributed checkpoint plus ``model_flags.txt`` (the flags to pass to pretrain next to ``--load``).
 mcore-to-hf: the flags stored in the checkpoint (or given after ``--``) rebuild the model, the checkpoint is
-loaded (resharded from whatever layout wrote it) and written as HF safetensors + config.json.
+loaded (resharded from whatever layout wrote it), the vocabulary padding sliced off, and written as HF
+safetensors + config.json (RoPE row layout as recorded at conversion).
 May assume: run as a plain single process (it creates a one-rank gloo group).
 """
 

@@ -1,7 +1,8 @@
 """HF ``config.json`` <-> mtmegatron pretrain flags, per model family, refusing what we cannot represent.
 
-``flags_from_hf(family, config)`` gives the Megatron-LM flags that build the same network (a ConversionError
-names the first HF setting that has no equivalent); ``hf_config_from_args(family, args)`` gives a config.json
+``flags_from_hf(family, config)`` gives the Megatron-LM flags that build the same network, every model value
+explicit so no preset value leaks in (a ConversionError names the first config field that changes the math and
+has no equivalent: ``check_representable``); ``hf_config_from_args(family, args)`` gives a config.json
 for the way back. Facts used: Llama/Mixtral need head_dim == hidden/heads and no biases; DeepSeek-V3's router
 scores a group by its top-2 experts (megatron: top topk/group_topk), normalises the top-k weights (megatron's
 sigmoid router always does), and its RoPE dims are interleaved pairs (rope_interleave, undone in mapping.py).
