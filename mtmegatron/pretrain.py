@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 import warnings
 
 from mtmegatron.backends import BackendUnavailableError, select_backend
@@ -71,12 +70,10 @@ def run(args, backend, tokenizer=None) -> int:
     import torch
     from megatron.core import parallel_state
 
-    from mtmegatron.training import checkpointing, placement, robustness
-    from mtmegatron.training.device import compute_device
+    from mtmegatron.training import checkpointing
     from mtmegatron.training.data import build_gpt_datasets, build_mock_dataset, micro_batches
-    from mtmegatron.training.evaluate import validation_loss
     from mtmegatron.training.finish import write_outputs
-    from mtmegatron.training.loop import train_step
+    from mtmegatron.training.loop import RunState, train
     from mtmegatron.training.metrics import MetricsWriter, print_rank0
     from mtmegatron.training.setup import build, count_parameters, init_distributed
 
@@ -99,11 +96,10 @@ def run(args, backend, tokenizer=None) -> int:
 
         print_rank0(rank, describe(args))
 
-    start = 0
-    train_state = {"skipped_steps": 0}
+    state = RunState()
     if args.load:
-        start = checkpointing.load(args.load, model, optimizer, scheduler, args, train_state)
-        print_rank0(rank, f"mtmegatron: loaded {args.load} (continuing at iteration {start})")
+        state.start = checkpointing.load(args.load, model, optimizer, scheduler, args, state.train_state)
+        print_rank0(rank, f"mtmegatron: loaded {args.load} (continuing at iteration {state.start})")
 
     gbs = args.global_batch_size
     num_samples = (args.train_iters + 1) * gbs
@@ -116,60 +112,18 @@ def run(args, backend, tokenizer=None) -> int:
                     f"{f', {len(valid)} valid' if valid is not None else ', no validation split'}"
                     f" | tokenizer {tokenizer.source} ({tokenizer.vocab_size} tokens)")
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [micro_batches(dataset, args, dp_rank, start) for _ in model]
-    evaluate = valid is not None and args.eval_iters > 0 and args.eval_interval
+    iterators = [micro_batches(dataset, args, dp_rank, state.start) for _ in model]
 
     tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
-    writer = MetricsWriter(args.log_dir, rank, args.train_iters, args.log_interval, resume=start > 0, start=start,
-                           tensorboard_dir=tensorboard_dir, progress=True)
-    termination = robustness.TerminationRequest()
-    tokens_per_step = gbs * args.seq_length
-    last = min(args.train_iters, args.exit_interval or args.train_iters)
-    saved_at = None
-    status = 0
-    terminated = False
-    try:
-        for iteration in range(start + 1, last + 1):
-            args.iteration = iteration
-            t0 = time.perf_counter()
-            stats = train_step(iterators, model, optimizer, scheduler, args)
-            elapsed = time.perf_counter() - t0
-            if iteration == start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
-                device = compute_device()
-                checked = placement.check(model, optimizer, device)
-                print_rank0(rank, f"mtmegatron: placement: all {checked} parameters, buffers, gradient buffers "
-                            f"and optimizer states on {device}")
-            train_state["skipped_steps"] += int(stats["skipped"])
-            row = {"iteration": iteration, **stats, "tokens_per_sec": tokens_per_step / elapsed,
-                   "step_time_ms": elapsed * 1000.0, "skipped_steps": train_state["skipped_steps"]}
-            if evaluate and (iteration % args.eval_interval == 0 or iteration == last):
-                row["val_loss"] = validation_loss(valid, model, args)
-            writer.log(row)
-            if args.max_skipped_steps is not None and train_state["skipped_steps"] > args.max_skipped_steps:
-                print_rank0(rank, f"mtmegatron: error: {train_state['skipped_steps']} steps skipped for inf/nan "
-                            f"loss or gradients (more than --max-skipped-steps {args.max_skipped_steps}); "
-                            f"stopping at iteration {iteration}")
-                status, last = 1, iteration
-                break
-            if args.save and args.save_interval and iteration % args.save_interval == 0:
-                checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, train_state)
-                saved_at = iteration
-            if termination.requested():
-                print_rank0(rank, f"mtmegatron: SIGTERM received: stopping after iteration {iteration}"
-                            f"{'' if args.save else ' (no --save given: no checkpoint written)'}")
-                last, terminated = iteration, True
-                break
-        if status == 0 and args.save and saved_at != last and (last > start or last == 0):  # 0: initial ckpt
-            path = checkpointing.save(args.save, last, model, optimizer, scheduler, args, train_state)
-            print_rank0(rank, f"mtmegatron: saved {path}")
-    finally:
-        writer.close()
-        termination.restore()
-    if status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
-        write_outputs(model, None if terminated else tokenizer, args)
+    writer = MetricsWriter(args.log_dir, rank, args.train_iters, args.log_interval, resume=state.start > 0,
+                           start=state.start, tensorboard_dir=tensorboard_dir, progress=True)
+    state.last = min(args.train_iters, args.exit_interval or args.train_iters)
+    train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state)
+    if state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
+        write_outputs(model, None if state.terminated else tokenizer, args)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-    return status
+    return state.status
 
 
 if __name__ == "__main__":

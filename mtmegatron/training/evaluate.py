@@ -12,7 +12,7 @@ import torch
 from megatron.core import parallel_state
 
 from mtmegatron.training.data import micro_batches
-from mtmegatron.training.loop import _global_mean_loss, run_schedule
+from mtmegatron.training.train_step import _global_mean_loss, run_schedule
 
 
 def validation_loss(valid_dataset, model, args) -> float:

@@ -68,13 +68,14 @@ def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
     )
 
 
-def train_step(data_iterators, model, optimizer, scheduler, args) -> dict:
+def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0) -> dict:
+    """One optimizer step over a global batch; ``iteration`` only names the step in inf/nan reports."""
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     losses_reduced = run_schedule(data_iterators, model, args, forward_only=False)
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
-    if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, getattr(args, "iteration", 0)):
+    if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, iteration):
         update_successful, grad_norm = False, None  # inf/nan never reaches the weights (fp16: the optimizer's)
     else:
         update_successful, grad_norm, _ = optimizer.step()

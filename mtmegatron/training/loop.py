@@ -1,0 +1,78 @@
+"""The iteration loop of ``mtmegatron.pretrain``: steps, metrics rows, validation, periodic and final saves,
+the skipped-step limit, SIGTERM, and the placement check after the first step on a device.
+
+``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
+started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
+May assume: process groups, model, optimizer, scheduler and data iterators are built (training/setup.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from mtmegatron.training import checkpointing, placement, robustness
+from mtmegatron.training.device import compute_device
+from mtmegatron.training.evaluate import validation_loss
+from mtmegatron.training.metrics import print_rank0
+from mtmegatron.training.train_step import train_step
+
+
+@dataclass
+class RunState:
+    """What the run derives while it trains (args stay as validated)."""
+    start: int = 0                  # the last iteration already done (a loaded checkpoint's)
+    last: int = 0                   # the last iteration this run does (or did, after a stop)
+    status: int = 0                 # process exit status: 1 after too many skipped steps
+    terminated: bool = False        # stopped by SIGTERM
+    saved_at: int | None = None     # iteration of the newest checkpoint this run wrote
+    train_state: dict = None        # saved in checkpoints: {"skipped_steps": N}
+
+    def __post_init__(self):
+        if self.train_state is None:
+            self.train_state = {"skipped_steps": 0}
+
+
+def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state: RunState) -> RunState:
+    """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end."""
+    termination = robustness.TerminationRequest()
+    tokens_per_step = args.global_batch_size * args.seq_length
+    evaluate = valid is not None and args.eval_iters > 0 and args.eval_interval
+    try:
+        for iteration in range(state.start + 1, state.last + 1):
+            t0 = time.perf_counter()
+            stats = train_step(iterators, model, optimizer, scheduler, args, iteration)
+            elapsed = time.perf_counter() - t0
+            if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
+                device = compute_device()
+                checked = placement.check(model, optimizer, device)
+                print_rank0(rank, f"mtmegatron: placement: all {checked} parameters, buffers, gradient buffers "
+                            f"and optimizer states on {device}")
+            skipped = state.train_state["skipped_steps"] = state.train_state["skipped_steps"] + int(stats["skipped"])
+            row = {"iteration": iteration, **stats, "tokens_per_sec": tokens_per_step / elapsed,
+                   "step_time_ms": elapsed * 1000.0, "skipped_steps": skipped}
+            if evaluate and (iteration % args.eval_interval == 0 or iteration == state.last):
+                row["val_loss"] = validation_loss(valid, model, args)
+            writer.log(row)
+            if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:
+                print_rank0(rank, f"mtmegatron: error: {skipped} steps skipped for inf/nan "
+                            f"loss or gradients (more than --max-skipped-steps {args.max_skipped_steps}); "
+                            f"stopping at iteration {iteration}")
+                state.status, state.last = 1, iteration
+                break
+            if args.save and args.save_interval and iteration % args.save_interval == 0:
+                checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
+                state.saved_at = iteration
+            if termination.requested():
+                print_rank0(rank, f"mtmegatron: SIGTERM received: stopping after iteration {iteration}"
+                            f"{'' if args.save else ' (no --save given: no checkpoint written)'}")
+                state.last, state.terminated = iteration, True
+                break
+        if (state.status == 0 and args.save and state.saved_at != state.last
+                and (state.last > state.start or state.last == 0)):  # 0: the initial checkpoint
+            path = checkpointing.save(args.save, state.last, model, optimizer, scheduler, args, state.train_state)
+            print_rank0(rank, f"mtmegatron: saved {path}")
+    finally:
+        writer.close()
+        termination.restore()
+    return state
