@@ -74,6 +74,7 @@ def run(args, backend, tokenizer=None) -> int:
     from mtmegatron.training.data import build_gpt_datasets, build_mock_dataset, micro_batches
     from mtmegatron.training.finish import write_outputs
     from mtmegatron.training.loop import RunState, train
+    from mtmegatron.models.layer_spec import describe_layer_spec
     from mtmegatron.training.metrics import MetricsWriter, print_rank0
     from mtmegatron.training.setup import build, count_parameters, init_distributed
 
@@ -91,6 +92,7 @@ def run(args, backend, tokenizer=None) -> int:
     from mtmegatron.ops import native
 
     print_rank0(rank, f"mtmegatron: {native.status(backend.device_type)}")
+    print_rank0(rank, describe_layer_spec(args))
     if args.fp8_format:
         from mtmegatron.fp8.spec import describe
 
