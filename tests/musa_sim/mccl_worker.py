@@ -34,6 +34,10 @@ uneven = [torch.empty(1, device=dev), torch.empty(2, device=dev)]  # NCCL accept
 dist.all_gather(uneven, torch.arange(rank + 1.0, device=dev) + 5)
 assert [t.tolist() for t in uneven] == [[5.0], [5.0, 6.0]], uneven
 
+mine_uneven = torch.empty(rank + 1, device=dev)  # uneven reduce_scatter: rank r keeps r + 1 values
+dist.reduce_scatter(mine_uneven, [torch.full((1,), 1.0 + rank, device=dev), torch.full((2,), 10.0 * (rank + 1), device=dev)])
+assert mine_uneven.tolist() == ([3.0] if rank == 0 else [30.0, 30.0]), mine_uneven
+
 splits = [1, 2] if rank == 0 else [2, 1]  # uneven: rank0 keeps 1 sends 2, rank1 sends 2 keeps 1
 a2a = torch.empty(3, device=dev)
 dist.all_to_all_single(a2a, torch.arange(3.0, device=dev) + 10 * rank, splits, splits)

@@ -1,8 +1,8 @@
 """The "mccl" torch.distributed backend of the simulated MUSA device.
 
 A Python ``ProcessGroup`` over a private gloo group (same store, prefixed) that runs every collective on
-zero-copy host aliases of the musa tensors, so results land in device memory (uneven all_gather outputs are
-accepted, as NCCL accepts them). Like NCCL/MCCL it refuses host
+zero-copy host aliases of the musa tensors, so results land in device memory (uneven all_gather outputs and reduce_scatter
+inputs are accepted, as NCCL accepts them). Like NCCL/MCCL it refuses host
 tensors (RuntimeError naming the op and the tensor's device) and non-contiguous tensors. Every call and refusal
 is counted in torch_musa.sim. Collectives complete before they return (the Work is already done); send/recv
 return gloo's pending work so both directions of a batch_isend_irecv can be posted before anything waits.
@@ -239,8 +239,18 @@ class MCCLProcessGroup(dist.ProcessGroup):
         for output, inputs in zip(outputs, input_lists):
             hosts = self._host("reduce_scatter", inputs)
             sim.count("reduce_scatter", _nbytes(inputs))
-            flat = torch.cat([h.reshape(-1) for h in hosts])
-            self._scatter_reduce("reduce_scatter", output, flat, opts.reduceOp)
+            if len({h.numel() for h in hosts}) == 1:
+                flat = torch.cat([h.reshape(-1) for h in hosts])
+                self._scatter_reduce("reduce_scatter", output, flat, opts.reduceOp)
+                continue
+            # NCCL reduces uneven pieces one destination at a time; so does this (gloo has no uneven form)
+            (h_out,) = self._host("reduce_scatter", [output])
+            for rank, piece in enumerate(hosts):
+                work = piece.clone()
+                _recent_hosts.append([work])
+                self._allreduce_host([work], opts.reduceOp)
+                if rank == self.rank():
+                    h_out.copy_(work.view_as(h_out))
         return _Work(outputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
