@@ -127,9 +127,17 @@ def test_cuda_requested_without_cuda(entry_points, monkeypatch):
     assert registry.select_backend(None, environ={}) is CUDA, "auto-detect must take cuda when it has devices"
 
 
+def _unset_until_teardown(monkeypatch, var: str) -> None:
+    """Unset ``var`` and restore its original state (set or unset) at teardown, also when the code under test
+    sets it meanwhile (a bare ``delenv`` of an unset variable records nothing to undo, so the value the probe
+    writes would leak into later tests: the simulated-MUSA lane then saw 2 devices)."""
+    monkeypatch.setenv(var, "")
+    monkeypatch.delenv(var)
+
+
 def _simulate_musa_install(monkeypatch, *, torch_musa: bool, torchada: bool, num_devices: int = 0):
     for var in ("MUSA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):  # the probe syncs them; keep the real env
-        monkeypatch.delenv(var, raising=False)
+        _unset_until_teardown(monkeypatch, var)
     real_find_spec = importlib.util.find_spec
     present = {"torch_musa": torch_musa, "torchada": torchada}
 
@@ -288,7 +296,7 @@ def test_visible_devices_are_synced_before_torch_musa_is_imported(entry_points, 
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torch_musa", raising=False)
     monkeypatch.setattr(torch, "musa", None, raising=False)
-    monkeypatch.delenv("MUSA_VISIBLE_DEVICES", raising=False)
+    _unset_until_teardown(monkeypatch, "MUSA_VISIBLE_DEVICES")  # the probe sets it: undone at teardown
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert registry.select_backend("musa", environ={}) is MUSA
     assert sys.modules["torch_musa"].SEEN_MUSA_VISIBLE_DEVICES == "3,5"

@@ -38,7 +38,9 @@ def extension_path() -> str:
 
 def sim_env(extra: dict | None = None) -> dict:
     """Environment for a subprocess that runs on the simulated MUSA device (builds the simulator first)."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    # visible-device variables of the calling process would shrink the simulator (torchada copies CUDA's to MUSA's)
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARS and k not in ("MUSA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}
     env["MUSA_SIM_EXT"] = extension_path()
     env.setdefault("MUSA_SIM_DEVICE_COUNT", "8")
     env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(REPO / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
