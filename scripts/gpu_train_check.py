@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import re
 import socket
 import subprocess
@@ -99,6 +100,10 @@ def render(results: list[Result]) -> str:
 
 
 # ---- running ----------------------------------------------------------------------------------------------------
+_LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_RUN_ID"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,8 +125,12 @@ def pretrain_cmd(backend: str, model: str, dtype: str, iters: int, log_dir: Path
 def run_pretrain(cmd: list[str], log_dir: Path, timeout: int = 600) -> tuple[list[float] | None, str]:
     """(losses, '') or (None, why it failed)."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    # a launcher's variables inherited from the caller (RANK, MASTER_PORT of a finished job) must not reach the run;
+    # a one-process run gets a fresh port of its own
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env["MASTER_PORT"] = str(free_port())
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=log_dir)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=log_dir, env=env)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout}s: {' '.join(cmd)}"
     if proc.returncode != 0:

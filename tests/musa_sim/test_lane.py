@@ -53,9 +53,11 @@ CASES = {
     "deepseek_ep2": DEEPSEEK + ["--expert-model-parallel-size", "2"],
     "cp2": LLAMA + ["--context-parallel-size", "2"],
     # delayed scaling: per-layer amax history and scales that must follow the weights to the device
-    # one executor on both backends (the cpu backend prefers torch._scaled_mm, musa does not offer it)
+    # one executor on both backends (the cpu backend prefers torch._scaled_mm, musa does not offer it), and the
+    # local attention: the SDPA kernels of host and device differ ~1e-7 in fp32, which FP8 rounding turns into
+    # 1.7e-4 by iteration 4 (measured; identical with the same attention kernel)
     "fp8_delayed_tp2_sp": LLAMA + TP2_SP + ["--fp8-format", "hybrid", "--fp8-recipe", "delayed",
-                                            "--fp8-executor", "emulated"],
+                                            "--fp8-executor", "emulated", "--attention-backend", "local"],
 }
 
 
