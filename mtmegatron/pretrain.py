@@ -17,10 +17,6 @@ from mtmegatron.training.arguments import parse_args
 from mtmegatron.training.errors import ConfigError, exit_with_user_error
 
 
-def _fail(message: str) -> None:
-    exit_with_user_error(message)
-
-
 def _quiet_known_noise() -> None:
     """Silence notices that repeat on every rank and say nothing actionable on a run that works."""
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed", category=UserWarning)
@@ -35,7 +31,7 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         backend = select_backend(args.backend)
     except (ConfigError, BackendUnavailableError) as e:
-        _fail(str(e))
+        exit_with_user_error(str(e))
     import mtmegatron
     from mtmegatron.patches import UnsupportedMegatronVersion
 
@@ -45,25 +41,25 @@ def main(argv=None) -> int:
     try:
         mtmegatron.activate(backend)
     except UnsupportedMegatronVersion as e:
-        _fail(str(e))
+        exit_with_user_error(str(e))
     if args.fp8_format:  # the FP8 executor depends on the active backend
         from mtmegatron.fp8.spec import resolve_executor
 
         try:
             resolve_executor(args)
         except ValueError as e:
-            _fail(str(e))
+            exit_with_user_error(str(e))
     from mtmegatron.data.resolve import resolve_data
     from mtmegatron.training.checkpointing import CheckpointError
 
     try:
         tokenizer = resolve_data(args, progress=int(os.environ.get("RANK", "0")) == 0)
     except ConfigError as e:
-        _fail(str(e))
+        exit_with_user_error(str(e))
     try:
         return run(args, backend, tokenizer)
     except CheckpointError as e:
-        _fail(str(e))
+        exit_with_user_error(str(e))
 
 
 def run(args, backend, tokenizer=None) -> int:

@@ -14,6 +14,7 @@ import logging
 import torch
 
 from . import collectives, cpu_device, device_remap
+from .megatron_bindings import LAZY_CALL_MODULES
 
 # Inside the RNG tracker's fork() the "device" RNG *is* the CPU RNG on this backend, so megatron-core's
 # "CPU RNG state changed within GPU RNG context" warning is expected there and says nothing.
@@ -25,13 +26,6 @@ class _DropRngWarning(logging.Filter):
         return _RNG_WARNING not in record.getMessage()
 
 
-# Modules that bound torch.cuda._lazy_call/_lazy_init at import time (torch queues those calls until CUDA
-# initialises, which never happens on this backend, so RNG state changes would be silently dropped).
-_LAZY_CALL_MODULES = (
-    "megatron.core.tensor_parallel.random",
-    "megatron.core.distributed.fsdp.src.megatron_fsdp.utils",
-)
-
 _state: dict = {}
 
 
@@ -41,7 +35,9 @@ def install(backend) -> None:
     problem = device_remap.supported()
     if problem:
         raise RuntimeError(problem)
-    lazy_modules = [importlib.import_module(name) for name in _LAZY_CALL_MODULES]
+    # their import-time _lazy_call/_lazy_init would queue RNG state changes until CUDA initialises, which never
+    # happens on this backend (the changes would be silently dropped)
+    lazy_modules = [importlib.import_module(name) for name in LAZY_CALL_MODULES]
     real_cuda = torch.cuda
     _state.update(
         real_cuda=real_cuda,
@@ -52,7 +48,7 @@ def install(backend) -> None:
     torch.cuda = cpu_device.build_module(real_cuda)
     for module in lazy_modules:
         module._lazy_call, module._lazy_init = cpu_device._lazy_call, cpu_device._lazy_init
-    logging.getLogger(_LAZY_CALL_MODULES[0]).addFilter(_state["filter"])
+    logging.getLogger(LAZY_CALL_MODULES[0]).addFilter(_state["filter"])
     _state["mode"].__enter__()
     collectives.install(backend.dist_backend)
 
@@ -62,7 +58,7 @@ def uninstall() -> None:
         return
     collectives.uninstall()
     _state["mode"].__exit__(None, None, None)
-    logging.getLogger(_LAZY_CALL_MODULES[0]).removeFilter(_state["filter"])
+    logging.getLogger(LAZY_CALL_MODULES[0]).removeFilter(_state["filter"])
     for module, lazy_call, lazy_init in _state["lazy_refs"]:
         module._lazy_call, module._lazy_init = lazy_call, lazy_init
     torch.cuda = _state["real_cuda"]

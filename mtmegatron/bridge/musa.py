@@ -22,15 +22,10 @@ import torchada  # noqa: F401 - imports torch_musa and applies torchada's patche
 from mtmegatron.backends import musa_runtime
 
 from . import collectives
+from .megatron_bindings import LAZY_CALL_MODULES
 
-# module -> names it binds from torch.cuda at import time
-_IMPORT_TIME_BINDINGS = {
-    "megatron.core.tensor_parallel.random": {"_lazy_call": "_lazy_call", "_lazy_init": "_lazy_init",
-                                             "device_ctx_manager": "device"},
-    "megatron.core.distributed.fsdp.src.megatron_fsdp.utils": {"_lazy_call": "_lazy_call",
-                                                               "_lazy_init": "_lazy_init",
-                                                               "device_ctx_manager": "device"},
-}
+# the name each LAZY_CALL_MODULES module binds -> the torch.cuda name it took
+_IMPORT_TIME_NAMES = {"_lazy_call": "_lazy_call", "_lazy_init": "_lazy_init", "device_ctx_manager": "device"}
 # megatron.core.transformer.module: (name, host legacy type, accelerator legacy type name)
 _LEGACY_TYPE_TUPLES = (("_FLOAT_TYPES", torch.FloatTensor, "FloatTensor"),
                        ("_HALF_TYPES", torch.HalfTensor, "HalfTensor"),
@@ -62,10 +57,10 @@ def _rebind(module, name, value) -> None:
 def _rebind_megatron_import_time_names() -> None:
     """Point megatron-core's import-time ``torch.cuda`` bindings at the redirected module (modules not yet
     imported need nothing: they will bind the redirected names themselves)."""
-    for module_name, names in _IMPORT_TIME_BINDINGS.items():
+    for module_name in LAZY_CALL_MODULES:
         module = sys.modules.get(module_name)
         if module is not None:
-            for attr, cuda_name in names.items():
+            for attr, cuda_name in _IMPORT_TIME_NAMES.items():
                 _rebind(module, attr, getattr(torch.cuda, cuda_name))
     module = sys.modules.get("megatron.core.transformer.module")
     if module is not None:
