@@ -14,6 +14,7 @@ from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.presets import preset
 from mtmegatron.models.vocab import check_vocab_padding
+from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
@@ -97,8 +98,6 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--overlap-grad-reduce", action="store_true")
-    g.add_argument("--overlap-param-gather", action="store_true")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
@@ -193,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training(p)
     _add_io(p)
     _add_fp8(p)
+    add_memory_args(p)
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)
@@ -282,8 +282,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("--exit-interval must be positive")
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
-    if args.overlap_param_gather and not args.use_distributed_optimizer:
-        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+    check_memory_args(args, ConfigError)
     from mtmegatron.training import run_args
 
     run_args.validate(args, ConfigError)

@@ -76,8 +76,6 @@ HELP = {
     "context_parallel_size": "CP: ranks that split each sequence",
     "sequence_parallel": "sequence parallelism (with TP > 1; ignored at TP 1)",
     "use_distributed_optimizer": "shard optimizer state over data-parallel ranks",
-    "overlap_grad_reduce": "overlap the gradient all-reduce with the backward pass",
-    "overlap_param_gather": "overlap the parameter all-gather (needs --use-distributed-optimizer)",
     # training
     "micro_batch_size": "samples per forward/backward on one rank",
     "global_batch_size": "samples per optimizer step (a multiple of micro-batch size x data-parallel size)",

@@ -1,0 +1,96 @@
+"""Memory and overlap flags of ``mtmegatron.pretrain`` (Megatron-LM names and semantics) and their rules.
+
+Optimizer CPU offload (megatron-core's HybridDeviceOptimizer), the precision-aware optimizer, overlapped
+gradient reduce-scatter / parameter all-gather, and activation recompute. Every invalid combination is one
+``ConfigError`` raised before any process group exists, with megatron's rule in words.
+May assume: the model fields are filled (preset applied) and data_parallel_size is derived.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# megatron-core 0.16's choices for --recompute-modules
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+def add_memory_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("memory and overlap (see docs/memory.md)")
+    g.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="overlap the gradient all-reduce / reduce-scatter with the backward pass")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="overlap the distributed optimizer's parameter all-gather with the next forward pass")
+    g.add_argument("--use-precision-aware-optimizer", action="store_true",
+                   help="the optimizer keeps master weights and moments itself (needs the distributed optimizer)")
+    g.add_argument("--optimizer-cpu-offload", action="store_true",
+                   help="keep optimizer states (and run the update) on the host for a fraction of the parameters")
+    g.add_argument("--optimizer-offload-fraction", type=float, default=1.0,
+                   help="share of the parameters (by element count) whose optimizer runs on the host")
+    g.add_argument("--overlap-cpu-optimizer-d2h-h2d", action="store_true",
+                   help="copy gradients to the host and parameters back on side streams, overlapped")
+    g.add_argument("--use-torch-optimizer-for-cpu-offload", action="store_true",
+                   help="the host-side update uses torch.optim.AdamW instead of the fused adam_step kernel")
+    g.add_argument("--no-pin-cpu-grads", dest="pin_cpu_grads", action="store_false",
+                   help="do not pin the host gradient buffers of the offloaded optimizer")
+    g.add_argument("--no-pin-cpu-params", dest="pin_cpu_params", action="store_false",
+                   help="do not pin the host parameter copies of the offloaded optimizer")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="recompute activations in backward: whole layers (full) or chosen modules (selective)")
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
+                   help="full recompute: groups of N layers everywhere (uniform) or the first N per stage (block)")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="N for --recompute-method")
+    g.add_argument("--recompute-modules", nargs="*", choices=RECOMPUTE_MODULES, default=None,
+                   help="selective recompute: which submodules (default core_attn)")
+
+
+def check_memory_args(args: argparse.Namespace, error: type[Exception]) -> None:
+    """Megatron-LM's rules for these flags, each as one message."""
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        raise error("--overlap-param-gather needs --use-distributed-optimizer")
+    if args.overlap_param_gather and not args.overlap_grad_reduce:
+        raise error("--overlap-param-gather needs --overlap-grad-reduce (as in Megatron-LM)")
+    if args.use_precision_aware_optimizer and not args.use_distributed_optimizer:
+        raise error("--use-precision-aware-optimizer needs --use-distributed-optimizer")
+    if args.optimizer_cpu_offload:
+        if not args.use_precision_aware_optimizer:
+            raise error("--optimizer-cpu-offload needs --use-precision-aware-optimizer (the offloaded optimizer "
+                        "reuses its code path, as in Megatron-LM)")
+        if args.fp16:
+            raise error("--optimizer-cpu-offload supports fp32 and --bf16 here, not --fp16")
+    elif args.overlap_cpu_optimizer_d2h_h2d or args.use_torch_optimizer_for_cpu_offload:
+        raise error("--overlap-cpu-optimizer-d2h-h2d / --use-torch-optimizer-for-cpu-offload need "
+                    "--optimizer-cpu-offload")
+    if not 0.0 <= args.optimizer_offload_fraction <= 1.0:
+        raise error(f"--optimizer-offload-fraction must be between 0 and 1, not {args.optimizer_offload_fraction}")
+    _check_recompute(args, error)
+
+
+def _check_recompute(args: argparse.Namespace, error: type[Exception]) -> None:
+    granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if granularity is None:
+        if method is not None or n is not None or args.recompute_modules:
+            raise error("--recompute-method/--recompute-num-layers/--recompute-modules need --recompute-granularity")
+        return
+    if granularity == "selective":
+        if method is not None or n is not None:
+            raise error("--recompute-granularity selective takes --recompute-modules, not --recompute-method/"
+                        "--recompute-num-layers (as in megatron-core)")
+        modules = args.recompute_modules if args.recompute_modules is not None else ["core_attn"]
+        if "mla_up_proj" in modules and not args.multi_latent_attention:
+            raise error("--recompute-modules mla_up_proj needs --multi-latent-attention")
+        if "moe_act" in modules:
+            raise error("--recompute-modules moe_act needs megatron-core's grouped GEMM experts, which this "
+                        "package does not build; use moe or mlp")
+        if any(m in modules for m in ("moe", "shared_experts")) and not args.num_experts:
+            raise error("--recompute-modules moe/shared_experts need an MoE model (--num-experts)")
+        return
+    if args.recompute_modules:
+        raise error("--recompute-modules applies to --recompute-granularity selective only")
+    if method is None or n is None:
+        raise error("--recompute-granularity full needs --recompute-method uniform|block and --recompute-num-layers")
+    per_stage = args.num_layers // args.pipeline_model_parallel_size
+    if args.virtual_pipeline_model_parallel_size:
+        per_stage = args.num_layers_per_virtual_pipeline_stage
+    if not 1 <= n <= per_stage:
+        raise error(f"--recompute-num-layers {n} must be between 1 and the {per_stage} layers of a model chunk")
