@@ -132,9 +132,11 @@ def _num_experts(args: argparse.Namespace, layer_kind) -> int | None:
     return layer_kind or None
 
 
-def build_layer_spec(args: argparse.Namespace, layer_kind="dense") -> ModuleSpec:
+def build_layer_spec(args: argparse.Namespace, layer_kind="dense",
+                     attn_mask_type: AttnMaskType = AttnMaskType.causal) -> ModuleSpec:
     """A new TransformerLayer spec (``dense``, ``moe``, or a number of experts, None/0 = dense) or, for
-    ``mtp``, a MultiTokenPredictionLayer spec around the decoder's last layer kind."""
+    ``mtp``, a MultiTokenPredictionLayer spec around the decoder's last layer kind. ``attn_mask_type``:
+    causal for decoders, ``no_mask`` for a vision encoder."""
     m = choose_modules(args)
     if layer_kind == "mtp":
         last = "moe" if args.num_experts and moe_layer_pattern(args)[-1] else "dense"
@@ -157,7 +159,7 @@ def build_layer_spec(args: argparse.Namespace, layer_kind="dense") -> ModuleSpec
         qk_norm = m.norm if qk_layernorm and not te else IdentityOp
         self_attention = ModuleSpec(
             module=MLASelfAttention,
-            params={"attn_mask_type": AttnMaskType.causal},
+            params={"attn_mask_type": attn_mask_type},
             submodules=MLASelfAttentionSubmodules(
                 linear_q_proj=m.plain_column, linear_q_down_proj=down, linear_q_up_proj=up,
                 linear_kv_down_proj=down, linear_kv_up_proj=up, core_attention=m.core, linear_proj=m.row,
@@ -169,7 +171,7 @@ def build_layer_spec(args: argparse.Namespace, layer_kind="dense") -> ModuleSpec
         qk_norm = m.norm if qk_layernorm else IdentityOp
         self_attention = ModuleSpec(
             module=SelfAttention,
-            params={"attn_mask_type": AttnMaskType.causal},
+            params={"attn_mask_type": attn_mask_type},
             submodules=SelfAttentionSubmodules(
                 linear_qkv=m.norm_column if te else m.column, core_attention=m.core, linear_proj=m.row,
                 q_layernorm=qk_norm, k_layernorm=qk_norm,

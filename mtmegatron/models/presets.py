@@ -28,6 +28,12 @@ _DEEPSEEK_V3_COMMON = dict(
     mtp_num_layers=1, mtp_loss_scaling_factor=0.1,
 )
 
+# LLaVA: a CLIP-style ViT (LLaVA-1.5 reads the penultimate CLIP layer without its class token: the encoder here has
+# exactly the layers whose output is used), a 2-layer MLP projector and a Llama-style language model.
+_CLIP_L14_336 = dict(vision_model_type="clip", img_h=336, img_w=336, patch_dim=14, vision_num_layers=23,
+                     vision_hidden_size=1024, vision_ffn_hidden_size=4096, vision_num_attention_heads=16,
+                     vision_norm_epsilon=1e-5, disable_vision_class_token=True)
+
 PRESETS: dict[str, dict[str, dict]] = {
     "llama3": {
         "tiny": dict(
@@ -59,6 +65,21 @@ PRESETS: dict[str, dict[str, dict]] = {
             rotary_base=1000000, num_experts=8, moe_router_topk=2, moe_token_dispatcher_type="alltoall",
             moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2,
         ),
+    },
+    "llava": {
+        # a 4-layer language model, a 2-layer ViT on 32x32 images in 8x8 patches: 16 image embeddings per image
+        "tiny": dict(
+            _LLAMA_COMMON, num_layers=4, hidden_size=128, ffn_hidden_size=352, num_attention_heads=8,
+            num_query_groups=4, seq_length=128, vocab_size=1024, rotary_base=500000, vision_model_type="clip",
+            img_h=32, img_w=32, patch_dim=8, vision_num_layers=2, vision_hidden_size=64, vision_ffn_hidden_size=256,
+            vision_num_attention_heads=4, vision_norm_epsilon=1e-5, disable_vision_class_token=True,
+        ),
+        # LLaVA-1.5-7B (llava-hf/llava-1.5-7b-hf): CLIP ViT-L/14-336 + Vicuna-7B (Llama-2 shape, no GQA)
+        "7b": {
+            **_LLAMA_COMMON, **_CLIP_L14_336, "num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 11008,
+            "num_attention_heads": 32, "group_query_attention": False, "seq_length": 4096, "vocab_size": 32064,
+            "rotary_base": 10000, "norm_epsilon": 1e-5, "prompt_format": "vicuna_v1",
+        },
     },
     "deepseek-v3": {
         # 1 dense + 3 MoE layers; dense FFN 160, routed experts 32, shared expert 64: all sizes differ

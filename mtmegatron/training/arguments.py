@@ -12,6 +12,7 @@ import os
 
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
+from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields, pipeline_divides_layers
 from mtmegatron.models.presets import preset
 from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
@@ -43,9 +44,10 @@ MODEL_FIELDS = {
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="llama3", help="model family preset (llama3, mixtral, deepseek-v3)")
+    g.add_argument("--model", default="llama3", help="model family preset (llama3, mixtral, deepseek-v3, llava)")
     g.add_argument("--model-size", default="tiny",
-                   help="preset size (llama3: tiny/8b/70b; mixtral: tiny/8x7b; deepseek-v3: tiny/lite/671b)")
+                   help="preset size (llama3: tiny/8b/70b; mixtral: tiny/8x7b; deepseek-v3: tiny/lite/671b; "
+                        "llava: tiny/7b)")
     for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
                  "seq-length", "max-position-embeddings", "vocab-size", "rotary-base", "num-experts",
                  "moe-router-topk", "moe-ffn-hidden-size"):
@@ -193,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_io(p)
     _add_fp8(p)
     add_memory_args(p)
+    add_llava_args(p)
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)
@@ -205,6 +208,7 @@ def _fill_from_preset(args: argparse.Namespace) -> None:
     for field, fallback in MODEL_FIELDS.items():
         if getattr(args, field) is None:
             setattr(args, field, values.get(field, fallback))
+    fill_llava_fields(args, values, ConfigError)  # LLaVA: vision fields; --seq-length = --decoder-seq-length
     if args.ffn_hidden_size is None and args.hidden_size:
         args.ffn_hidden_size = 4 * args.hidden_size
     if args.num_query_groups is None or not args.group_query_attention:
@@ -233,7 +237,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.num_attention_heads % args.num_query_groups:
         raise ConfigError(f"--num-query-groups {args.num_query_groups} does not divide --num-attention-heads "
                           f"{args.num_attention_heads}")
-    if args.num_layers % pp:
+    if not pipeline_divides_layers(args):
         raise ConfigError(f"--pipeline-model-parallel-size {pp} does not divide --num-layers {args.num_layers}")
     if world_size % (tp * pp * cp):
         raise ConfigError(f"world size {world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
@@ -249,6 +253,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
     if args.sequence_parallel and tp == 1:
         args.sequence_parallel = False  # as Megatron-LM: SP is a TP feature
+    check_llava_args(args, ConfigError)
     if args.num_experts:
         if args.num_experts % ep:
             raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")
