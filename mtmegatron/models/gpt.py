@@ -103,7 +103,12 @@ def _two_stage_interleaved(args) -> bool:
 
 
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
-    """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP)."""
+    """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP); for ``--model llava``
+    one LLaVAModel per stage (models/llava.py)."""
+    if args.model == "llava":
+        from mtmegatron.models.llava import build_llava_chunks
+
+        return build_llava_chunks(args, config)
     spec = build_layer_spec(args, "moe" if args.num_experts else "dense")
     fused = args.transformer_impl == "mtmegatron"
     if fused:
