@@ -1,5 +1,7 @@
 """The iteration loop of ``mtmegatron.pretrain``: steps, metrics rows, validation, periodic and final saves,
-the skipped-step limit, SIGTERM, and the placement check after the first step on a device.
+the skipped-step limit, SIGTERM, and the placement check after the first step on a device. With
+--overlap-param-gather the parameters are all-gathered before evaluation and every save and when the loop ends
+(training/overlap.py).
 
 ``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
@@ -15,6 +17,7 @@ from mtmegatron.training import checkpointing, placement, robustness
 from mtmegatron.training.device import compute_device
 from mtmegatron.training.evaluate import validation_loss
 from mtmegatron.training.metrics import print_rank0
+from mtmegatron.training.overlap import ParamGather
 from mtmegatron.training.train_step import train_step
 
 
@@ -38,11 +41,14 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     termination = robustness.TerminationRequest()
     tokens_per_step = args.global_batch_size * args.seq_length
     evaluate = valid is not None and args.eval_iters > 0 and args.eval_interval
+    params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
+    params.start()
     try:
         for iteration in range(state.start + 1, state.last + 1):
             t0 = time.perf_counter()
             stats = train_step(iterators, model, optimizer, scheduler, args, iteration)
             elapsed = time.perf_counter() - t0
+            params.after_step(not stats["skipped"])
             if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
                 device = compute_device()
                 checked = placement.check(model, optimizer, device)
@@ -52,7 +58,8 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             row = {"iteration": iteration, **stats, "tokens_per_sec": tokens_per_step / elapsed,
                    "step_time_ms": elapsed * 1000.0, "skipped_steps": skipped}
             if evaluate and (iteration % args.eval_interval == 0 or iteration == state.last):
-                row["val_loss"] = validation_loss(valid, model, args)
+                with params.gathered():
+                    row["val_loss"] = validation_loss(valid, model, args)
             writer.log(row)
             if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:
                 print_rank0(rank, f"mtmegatron: error: {skipped} steps skipped for inf/nan "
@@ -61,6 +68,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 state.status, state.last = 1, iteration
                 break
             if args.save and args.save_interval and iteration % args.save_interval == 0:
+                params.sync()
                 checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
                 state.saved_at = iteration
             if termination.requested():
@@ -68,6 +76,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                             f"{'' if args.save else ' (no --save given: no checkpoint written)'}")
                 state.last, state.terminated = iteration, True
                 break
+        params.finish()  # the model is plain from here on: final save, sampling, export
         if (state.status == 0 and args.save and state.saved_at != state.last
                 and (state.last > state.start or state.last == 0)):  # 0: the initial checkpoint
             path = checkpointing.save(args.save, state.last, model, optimizer, scheduler, args, state.train_state)

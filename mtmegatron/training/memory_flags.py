@@ -20,6 +20,9 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="overlap the gradient all-reduce / reduce-scatter with the backward pass")
     g.add_argument("--overlap-param-gather", action="store_true",
                    help="overlap the distributed optimizer's parameter all-gather with the next forward pass")
+    g.add_argument("--ddp-bucket-size", type=int, default=None,
+                   help="elements per gradient reduce / parameter gather bucket with --overlap-grad-reduce "
+                        "(default megatron-core's: max(40M, 1M x data-parallel size))")
     g.add_argument("--use-precision-aware-optimizer", action="store_true",
                    help="the optimizer keeps master weights and moments itself (needs the distributed optimizer)")
     g.add_argument("--optimizer-cpu-offload", action="store_true",
@@ -50,6 +53,11 @@ def check_memory_args(args: argparse.Namespace, error: type[Exception]) -> None:
         raise error("--overlap-param-gather needs --use-distributed-optimizer")
     if args.overlap_param_gather and not args.overlap_grad_reduce:
         raise error("--overlap-param-gather needs --overlap-grad-reduce (as in Megatron-LM)")
+    if args.ddp_bucket_size is not None:
+        if not args.overlap_grad_reduce:
+            raise error("--ddp-bucket-size needs --overlap-grad-reduce (megatron-core uses one bucket without it)")
+        if args.ddp_bucket_size < 1:
+            raise error(f"--ddp-bucket-size must be a positive number of elements, not {args.ddp_bucket_size}")
     if args.use_precision_aware_optimizer and not args.use_distributed_optimizer:
         raise error("--use-precision-aware-optimizer needs --use-distributed-optimizer")
     if args.optimizer_cpu_offload:

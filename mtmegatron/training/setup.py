@@ -12,11 +12,12 @@ import random
 import numpy as np
 import torch
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.module import Float16Module
 
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
+from mtmegatron.training import overlap
 from mtmegatron.training.device import compute_device, move_module
 from mtmegatron.training.schedule import build_scheduler
 
@@ -61,12 +62,8 @@ def build(args):
         move_module(chunk, device)  # parameters (attributes kept) and buffers; a no-op on the cpu backend
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=args.overlap_grad_reduce,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-    )
-    model = [
+    ddp_config = overlap.ddp_config(args)
+    model = [  # Megatron-LM: chunks after the first are not bucketed (their reduce overlaps anyway)
         DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=(i > 0))
         for i, chunk in enumerate(chunks)
     ]
@@ -94,11 +91,7 @@ def build(args):
     scheduler = build_scheduler(optimizer, args)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
-    if args.overlap_grad_reduce:
-        config.no_sync_func = [chunk.no_sync for chunk in model]
-        config.grad_sync_func = [chunk.start_grad_sync for chunk in model]
-        if len(model) == 1:
-            config.no_sync_func, config.grad_sync_func = config.no_sync_func[0], config.grad_sync_func[0]
+    overlap.install_sync_funcs(config, model, args)
     return model, optimizer, scheduler, config
 
 
