@@ -68,15 +68,18 @@ def load_tokenizer(path: str) -> HFTokenizer:
     return HFTokenizer(tokenizer, file)
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str) -> HFTokenizer:
-    """Train a byte-level BPE of at most ``vocab_size`` tokens on ``texts``; saved as out_dir/tokenizer.json."""
-    if vocab_size < MIN_BPE_VOCAB:
-        raise TokenizerError(f"a byte-level BPE needs a vocabulary of at least {MIN_BPE_VOCAB} tokens "
+def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str,
+              extra_special_tokens: tuple[str, ...] = ()) -> HFTokenizer:
+    """Train a byte-level BPE of at most ``vocab_size`` tokens on ``texts``; saved as out_dir/tokenizer.json.
+    ``extra_special_tokens`` (e.g. a chat template's ``<|eot_id|>``) each become one token, never split."""
+    special_tokens = [EOD, PAD, *extra_special_tokens]
+    if vocab_size < 256 + len(special_tokens):
+        raise TokenizerError(f"a byte-level BPE needs a vocabulary of at least {256 + len(special_tokens)} tokens "
                              f"(asked for {vocab_size})")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD, PAD], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts, trainer=trainer)
     os.makedirs(out_dir, exist_ok=True)
