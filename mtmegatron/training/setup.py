@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.module import Float16Module
 
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
 from mtmegatron.training import overlap
 from mtmegatron.training.device import compute_device, move_module
+from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
 
 
@@ -69,25 +69,7 @@ def build(args):
     ]
     for chunk in model:
         chunk.broadcast_params()
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(
-            optimizer="adam",
-            lr=args.lr,
-            min_lr=args.min_lr,
-            weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1,
-            adam_beta2=args.adam_beta2,
-            adam_eps=args.adam_eps,
-            clip_grad=args.clip_grad,
-            bf16=args.bf16,
-            fp16=args.fp16,
-            loss_scale=args.loss_scale,
-            initial_loss_scale=args.initial_loss_scale,
-            params_dtype=config.params_dtype,
-            use_distributed_optimizer=args.use_distributed_optimizer,
-        ),
-        model,
-    )
+    optimizer = build_optimizer(args, model, config.params_dtype)
     scheduler = build_scheduler(optimizer, args)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss

@@ -1,0 +1,101 @@
+"""The optimizer of a pretrain run: megatron-core's ``get_megatron_optimizer`` with this run's flags.
+
+Adam's update is mtmegatron's FusedAdam (``mtmegatron::adam_step``; patches/optimizer_fused_adam.py) unless
+TransformerEngine/apex provide theirs. ``--optimizer-cpu-offload`` builds megatron-core's HybridDeviceOptimizer,
+made backend-neutral by patches/hybrid_optimizer_backend.py. Pinned host buffers are asked for only where the
+backend has pinned memory (not on the cpu backend, where host memory is the device memory); rank 0 prints one
+line saying what was offloaded. Test hook: ``MTMEGATRON_OPTIMIZER_STATS=DIR`` makes every rank write
+``DIR/rank<R>.json`` (offload_stats after each optimizer step).
+May assume: flags validated (arguments.py, memory_flags.py), process groups and DDP-wrapped model chunks built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+from mtmegatron.training.device import compute_device
+from mtmegatron.training.offload_stats import inner_optimizers, offload_stats
+
+STATS_ENV = "MTMEGATRON_OPTIMIZER_STATS"
+
+
+def optimizer_config(args, params_dtype: torch.dtype) -> OptimizerConfig:
+    pinned = compute_device().type != "cpu"
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=args.lr,
+        min_lr=args.min_lr,
+        weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_eps=args.adam_eps,
+        clip_grad=args.clip_grad,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        loss_scale=args.loss_scale,
+        initial_loss_scale=args.initial_loss_scale,
+        params_dtype=params_dtype,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        use_precision_aware_optimizer=args.use_precision_aware_optimizer,
+        optimizer_cpu_offload=args.optimizer_cpu_offload,
+        optimizer_offload_fraction=args.optimizer_offload_fraction if args.optimizer_cpu_offload else 0.0,
+        overlap_cpu_optimizer_d2h_h2d=args.overlap_cpu_optimizer_d2h_h2d,
+        use_torch_optimizer_for_cpu_offload=args.use_torch_optimizer_for_cpu_offload,
+        pin_cpu_grads=args.pin_cpu_grads and pinned,
+        pin_cpu_params=args.pin_cpu_params and pinned,
+    )
+
+
+def build_optimizer(args, model, params_dtype: torch.dtype):
+    optimizer = get_megatron_optimizer(optimizer_config(args, params_dtype), model)
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        print(f"mtmegatron: {describe(optimizer, args)}", flush=True)
+    if os.environ.get(STATS_ENV):
+        _write_stats_after_each_step(optimizer, os.environ[STATS_ENV], rank)
+    return optimizer
+
+
+def _fmt(n: float, unit: str = "") -> str:
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.1f}{suffix}{unit}"
+    return f"{n:.0f}{unit and ' ' + unit}"
+
+
+def describe(optimizer, args) -> str:
+    """One line: which Adam runs the update, and (with offload) what this rank offloaded."""
+    inners = inner_optimizers(optimizer)
+    names = sorted({type(sub).__module__.split(".")[0] + "." + type(sub).__name__
+                    for inner in inners for sub in getattr(inner, "sub_optimizers", [inner])})
+    line = f"optimizer: {', '.join(names) or 'none on this rank'}"
+    if not args.optimizer_cpu_offload:
+        return line
+    stats = offload_stats(optimizer)
+    if not stats["offload"]:
+        raise RuntimeError("--optimizer-cpu-offload was given but megatron-core built no HybridDeviceOptimizer")
+    # states the Adam will create: fp32 master, exp_avg, exp_avg_sq (fp32) per element; the device part of
+    # fp32 parameters keeps no separate master copy
+    master = 4 if (args.bf16 or args.fp16) else 0
+    host = stats["offloaded_params"] * (4 + 4 + 4)
+    device = (stats["total_params"] - stats["offloaded_params"]) * (master + 4 + 4)
+    share = stats["offloaded_params"] / max(stats["total_params"], 1)
+    return (f"{line}; optimizer offload: {100 * share:.1f}% of {_fmt(stats['total_params'])} params on rank 0 "
+            f"(fraction {args.optimizer_offload_fraction}), states host {_fmt(host, 'B')} / device "
+            f"{_fmt(device, 'B')}; copies on {stats['streams']}")
+
+
+def _write_stats_after_each_step(optimizer, directory: str, rank: int) -> None:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"rank{rank}.json")
+
+    def write(*_):
+        with open(path, "w") as f:
+            json.dump(offload_stats(optimizer), f)
+
+    for inner in inner_optimizers(optimizer):
+        inner.register_step_post_hook(write)
