@@ -52,17 +52,24 @@ def main(argv=None) -> int:
     from mtmegatron.data.resolve import resolve_data
     from mtmegatron.training.checkpointing import CheckpointError
 
+    data = None
     try:
-        tokenizer = resolve_data(args, progress=int(os.environ.get("RANK", "0")) == 0)
+        if args.model == "llava":  # images + conversations (training/multimodal_data.py)
+            from mtmegatron.training.multimodal_data import prepare
+
+            data = prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
+            tokenizer = data.tokenizer
+        else:
+            tokenizer = resolve_data(args, progress=int(os.environ.get("RANK", "0")) == 0)
     except ConfigError as e:
         exit_with_user_error(str(e))
     try:
-        return run(args, backend, tokenizer)
+        return run(args, backend, tokenizer, data)
     except CheckpointError as e:
         exit_with_user_error(str(e))
 
 
-def run(args, backend, tokenizer=None) -> int:
+def run(args, backend, tokenizer=None, data=None) -> int:
     import torch
     from megatron.core import parallel_state
 
@@ -102,7 +109,13 @@ def run(args, backend, tokenizer=None) -> int:
     gbs = args.global_batch_size
     num_samples = (args.train_iters + 1) * gbs
     valid = None
-    if args.mock_data:
+    if data is not None:  # --model llava
+        from mtmegatron.training.multimodal_data import Split
+
+        dataset = Split(data.train, data.collate, shuffle=True)
+        valid = Split(data.valid, data.collate, shuffle=False) if data.valid is not None else None
+        print_rank0(rank, f"mtmegatron: {data.info['summary']} | tokenizer {tokenizer.source}")
+    elif args.mock_data:
         dataset = build_mock_dataset(args, num_samples)
     else:
         dataset, valid = build_gpt_datasets(args, num_samples, args.eval_iters * gbs or None, tokenizer)
@@ -118,7 +131,11 @@ def run(args, backend, tokenizer=None) -> int:
     state.last = min(args.train_iters, args.exit_interval or args.train_iters)
     train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state)
     if state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
-        write_outputs(model, None if state.terminated else tokenizer, args)
+        write_outputs(model, None if state.terminated or data is not None else tokenizer, args)
+        if data is not None:
+            from mtmegatron.training.multimodal_finish import write_multimodal_outputs
+
+            write_multimodal_outputs(model, data, args, sample=not state.terminated)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return state.status

@@ -19,6 +19,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
+from megatron.core.enums import ModelType
 from megatron.core.models.multimodal.llava_model import LLaVAModel
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer import TransformerConfig
@@ -127,6 +128,7 @@ def build_llava_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
             max_num_tiles=args.max_num_tiles,
             vp_stage=vp,
         )
+        model.model_type = ModelType.encoder_or_decoder  # the schedules read it (GPTModel sets it, LLaVAModel not)
         install_vocab_padding(model.language_model, args.vocab_size)  # embedding and/or output layer
         model.freeze(freeze_language_model=args.freeze_LM, freeze_vision_model=args.freeze_ViT,
                      freeze_vision_projection=args.freeze_projection)

@@ -61,7 +61,15 @@ def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int 
 
 
 def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int) -> Iterator[dict]:
-    """Yield this DP rank's micro-batches for iterations ``start_iteration, start_iteration+1, ...``."""
+    """This DP rank's micro-batches for iterations ``start_iteration, start_iteration+1, ...``."""
+    if args.model == "llava":  # image + conversation batches (training/multimodal_data.py)
+        from mtmegatron.training import multimodal_data
+
+        return multimodal_data.micro_batches(dataset, args, dp_rank, start_iteration)
+    return _token_micro_batches(dataset, args, dp_rank, start_iteration)
+
+
+def _token_micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int) -> Iterator[dict]:
     gbs, mbs, dp = args.global_batch_size, args.micro_batch_size, args.data_parallel_size
     per_rank = gbs // dp
     iteration = start_iteration

@@ -1,7 +1,8 @@
 """The metrics contract and console progress.
 
 Rank 0 appends one JSON object per training iteration to ``<log-dir>/metrics.jsonl`` with at least
-``iteration``, ``loss`` (LM loss averaged over the global batch), ``grad_norm``, ``lr``, ``tokens_per_sec``;
+``iteration``, ``loss`` (LM loss averaged over the global batch), ``grad_norm``, ``lr``, ``tokens_per_sec``
+(``--model llava``: also ``image_tokens``, the image embeddings in the step's global batch);
 and prints a Megatron-style progress line every ``--log-interval`` iterations. Optionally: the same scalars
 as tensorboard events, and a tqdm progress bar (loss, tokens/s) when the console is a terminal. A resumed
 run drops rows past its checkpoint before appending, so the file stays one row per iteration.
@@ -62,6 +63,8 @@ class MetricsWriter:
             norm = "   n/a" if grad_norm is None or math.isnan(grad_norm) else f"{grad_norm:7.3f}"
             extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss", "mtp_loss", "val_loss")
                             if row.get(k) is not None)
+            if row.get("image_tokens") is not None:  # --model llava
+                extra += f" | image tokens {row['image_tokens']}"
             if row.get("skipped"):
                 extra += (f" | step skipped (inf/nan loss or gradients; with fp16 the loss scale is lowered)"
                           f" | {row.get('skipped_steps', 1)} skipped so far")

@@ -56,8 +56,12 @@ def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
     """One global batch through megatron-core's schedule (chosen from the parallel state); the last stage's
     per-micro-batch loss dicts."""
     forward_backward = get_forward_backward_func()
+    if args.model == "llava":
+        from mtmegatron.training.multimodal_step import forward_step as step
+    else:
+        step = forward_step
     return forward_backward(
-        forward_step_func=forward_step,
+        forward_step_func=step,
         data_iterator=data_iterators if len(model) > 1 else data_iterators[0],
         model=model if len(model) > 1 else model[0],
         num_microbatches=args.num_microbatches,
@@ -87,4 +91,5 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         "lr": lr,
         "skipped": not update_successful,
         **aux_loss_stats(args),  # mtp_loss / moe_aux_loss when the model has them
+        **({"image_tokens": data_iterators[0].image_tokens(iteration)} if args.model == "llava" else {}),
     }
