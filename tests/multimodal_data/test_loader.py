@@ -163,3 +163,24 @@ def test_dataloader_with_workers(tokenizer, folder):
     loader = torch.utils.data.DataLoader(train, batch_size=4, num_workers=1, collate_fn=info["collate_fn"])
     batches = list(loader)
     assert len(batches) == 2 and batches[0]["tokens"].shape[0] == 4
+
+
+def test_json_array_files(tokenizer, folder):
+    import json
+
+    records = [qa("a.png", sample_id="g1"), qa(None, question="Hi?", answer="one", sample_id="g2"),
+               qa("missing.png", sample_id="m")]
+    path = folder / "llava.json"
+    path.write_text(json.dumps(records, indent=1))
+    with pytest.raises(BadSample, match=r"llava\.json:record 3 \(id 'm'\): image file not found"):
+        ConversationDataset([str(path)], None, tokenizer, config(), progress=False, cache=False)
+    dataset = ConversationDataset([str(path)], None, tokenizer, config(skip=True), progress=False)
+    assert len(dataset) == 2 and len(dataset.bad_samples) == 1
+    jsonl = ConversationDataset([write_jsonl(folder / "same.jsonl", records[:2])], None, tokenizer, config(),
+                                progress=False)
+    for i in range(2):
+        for key in ("tokens", "labels", "loss_mask", "images"):
+            assert torch.equal(dataset[i][key], jsonl[i][key])
+    (folder / "broken.json").write_text("[{")
+    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+        ConversationDataset([str(folder / "broken.json")], None, tokenizer, config(), progress=False)

@@ -1,7 +1,7 @@
 """``build_multimodal_datasets``: the one entry point the LLaVA training side calls.
 
 Reads these ``args`` fields (flags of ``--model llava``):
-- ``data_path``: JSONL file(s) (list or str); None -> the embedded shapes dataset (``shapes.py``; its
+- ``data_path``: JSONL file(s), or JSON array files as LLaVA ships them (list or str); None -> the embedded shapes dataset (``shapes.py``; its
   ``*_captions.jsonl`` with ``--prompt-format plain``), generated once into the cache with its own tokenizer;
 - ``valid_data_path`` (optional): held-out JSONL file(s); without it ``split`` ("train,valid,test" weights,
   default "969,30,1") carves a seeded random held-out subset out of ``data_path``;
@@ -54,13 +54,29 @@ def _field(args, name, default=None):
 def _text_of(paths: list[str]):
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            for line in f:
+            if f.read(4096).lstrip().startswith("["):
+                f.seek(0)
                 try:
-                    for turn in json.loads(line)["conversations"]:
+                    records = json.load(f)
+                except ValueError:
+                    records = []  # reported by the validation pass
+            else:
+                f.seek(0)
+                records = (_loads(line) for line in f)
+            for record in records:
+                try:
+                    for turn in record["conversations"]:
                         yield turn["value"].replace("<image>", "")
-                except (ValueError, KeyError, TypeError):
-                    continue  # bad lines are reported by the validation pass
+                except (KeyError, TypeError):
+                    continue  # bad records are reported by the validation pass
     yield from ("user", "assistant", "system", "\n\n")
+
+
+def _loads(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def _bpe_for(paths: list[str], vocab_size: int):

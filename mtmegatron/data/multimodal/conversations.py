@@ -5,11 +5,13 @@ the record is parsed and its roles checked (``records.py``), rendered with the t
 and fully decoded (missing or corrupt files), its tile count computed, and the sample cut to
 ``decoder_seq_length`` (``sample.py``). The first bad sample stops the pass with one ``BadSample`` error naming
 the file, line and id; with ``skip_bad_samples`` bad samples are left out and counted (``bad_samples``). The
-result, an index of (file, byte offset, line, tiles per image) per good sample, is cached as JSON under
+result, an index of (file, byte offset or array index, line, tiles per image) per good sample, is cached as JSON under
 ``$MTMEGATRON_CACHE/multimodal-index/`` keyed on the files' size/mtime and every setting that changes it, and
 built by one process at a time (file lock), so all ranks share it. ``__getitem__`` re-reads the line, renders
 it and loads the images again: it cannot fail on data that passed validation (unless the files changed).
-May assume: POSIX file system (fcntl); plain (uncompressed) UTF-8 JSONL, one record per line.
+Files are JSONL (one record per line, read back by byte offset) or one JSON array of records (LLaVA's own
+``.json`` layout, held in memory once per process).
+May assume: POSIX file system (fcntl); plain (uncompressed) UTF-8.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from mtmegatron.data.multimodal.images import ImageConfig, image_size
-from mtmegatron.data.multimodal.records import BadSample, parse_line
+from mtmegatron.data.multimodal.records import BadSample, parse_line, parse_record
 from mtmegatron.data.multimodal.sample import SampleDoesNotFit, fit_sample
 from mtmegatron.data.multimodal.template import check_template, render
 
@@ -59,6 +61,8 @@ class ConversationDataset(torch.utils.data.Dataset):
         self.image_folder = os.path.abspath(image_folder or os.path.dirname(self.paths[0]))
         self.tokenizer, self.config = tokenizer, config
         self.pad_id = pad_id(tokenizer)
+        self._arrays: dict[str, list] = {}
+        self.is_array = [_is_json_array(p) for p in self.paths]
         index = self._load_or_build_index(progress, cache)
         self.entries = index["entries"]
         self.bad_samples = index["bad"]  # [path, line, id, reason] of each skipped sample
@@ -104,25 +108,59 @@ class ConversationDataset(torch.utils.data.Dataset):
         with tqdm(total=total, unit="B", unit_scale=True, desc="validating multimodal samples",
                   disable=not progress, file=sys.stderr) as bar:
             for file_index, path in enumerate(self.paths):
-                with open(path, "rb") as f:
-                    offset, number = 0, 0
-                    for raw in f:
-                        number += 1
-                        bar.update(len(raw))
-                        if raw.strip():
-                            try:
-                                tiles = self._validate(raw.decode("utf-8"), path, number)
-                                entries.append([file_index, offset, number, tiles])
-                            except BadSample as e:
-                                if not self.config.skip_bad_samples:
-                                    raise BadSample(e.path, e.line, e.sample_id, e.reason + _skip_hint(1)) from None
-                                bad.append([e.path, e.line, e.sample_id, e.reason])
-                                bar.set_postfix(bad=len(bad), refresh=False)
-                        offset += len(raw)
+                for position, number, record in self._records(file_index, bar):
+                    try:
+                        tiles = self._validate(record, path, number)
+                        entries.append([file_index, position, number, tiles])
+                    except BadSample as e:
+                        if not self.config.skip_bad_samples:
+                            raise BadSample(e.path, e.line, e.sample_id, e.reason + _skip_hint(1)) from None
+                        bad.append([e.path, e.line, e.sample_id, e.reason])
+                        bar.set_postfix(bad=len(bad), refresh=False)
         return {"entries": entries, "bad": bad}
 
-    def _validate(self, line: str, path: str, number: int) -> list[int]:
-        sample_id, turns, image_paths = parse_line(line, path, number, self.image_folder)
+    def _records(self, file_index: int, bar):
+        """(position, line number or "record N", raw line or decoded record) of each record of ``path``; the
+        position is a byte offset (JSONL) or an index (JSON array)."""
+        path = self.paths[file_index]
+        if self.is_array[file_index]:
+            records = self._array(path)
+            bar.update(os.path.getsize(path))
+            for k, record in enumerate(records):
+                yield k, f"record {k + 1}", record
+            return
+        with open(path, "rb") as f:
+            offset = 0
+            for number, raw in enumerate(f, 1):
+                bar.update(len(raw))
+                if raw.strip():
+                    yield offset, number, raw.decode("utf-8")
+                offset += len(raw)
+
+    def _array(self, path: str) -> list:
+        """The records of a JSON array file (LLaVA's ``llava_v1_5_mix665k.json`` layout), loaded once."""
+        if path not in self._arrays:
+            with open(path, encoding="utf-8") as f:
+                try:
+                    records = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                                     f"expected JSONL (one record per line) or one JSON array of records") from None
+            if not isinstance(records, list):
+                raise ValueError(f"{path}: a JSON file must hold an array of records")
+            self._arrays[path] = records
+        return self._arrays[path]
+
+    def __getstate__(self):  # DataLoader workers reload JSON arrays themselves rather than receive a pickled copy
+        return {**self.__dict__, "_arrays": {}}
+
+    def _parse(self, record, path: str, number):
+        if isinstance(record, str):
+            return parse_line(record, path, number, self.image_folder)
+        return parse_record(record, path, number, self.image_folder)
+
+    def _validate(self, record, path: str, number) -> list[int]:
+        sample_id, turns, image_paths = self._parse(record, path, number)
         tiles = []
         for image in image_paths:
             if not os.path.isfile(image):
@@ -143,18 +181,16 @@ class ConversationDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.entries)
 
-    def read_record(self, i: int) -> tuple[str, int, str]:
-        """(path, line number, raw JSON line) of sample ``i``."""
-        file_index, offset, number, _ = self.entries[i]
-        path = self.paths[file_index]
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return path, number, f.readline().decode("utf-8")
-
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        path, number, line = self.read_record(i)
-        tiles = self.entries[i][3]
-        _, turns, image_paths = parse_line(line, path, number, self.image_folder)
+        file_index, position, number, tiles = self.entries[i]
+        path = self.paths[file_index]
+        if self.is_array[file_index]:
+            record = self._array(path)[position]
+        else:
+            with open(path, "rb") as f:
+                f.seek(position)
+                record = f.readline().decode("utf-8")
+        _, turns, image_paths = self._parse(record, path, number)
         ids, trained = render(self.config.template, turns, self.tokenizer)
         sample = fit_sample(ids, trained, tiles, self.config.img_seq_len, self.config.decoder_seq_length,
                             self.pad_id)
@@ -163,6 +199,11 @@ class ConversationDataset(torch.utils.data.Dataset):
         sample["images"] = torch.cat(images) if images else torch.zeros((0, 3, cfg.img_h, cfg.img_w))
         sample["num_image_tiles"] = torch.tensor(tiles, dtype=torch.int32)
         return sample
+
+
+def _is_json_array(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4096).lstrip().startswith(b"[")
 
 
 def _skip_hint(num_bad: int) -> str:

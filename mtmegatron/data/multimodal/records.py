@@ -6,7 +6,8 @@ Record: ``{"id": ..., "image": "a.jpg" | ["a.jpg", "b.jpg"] | absent, "conversat
 user, and there is at least one answer. ``<image>`` tags go in user turns, one per listed image, in order; a
 record with images and no tag gets ``<image>\\n`` (one per image) prepended to its first user turn (as LLaVA
 does).
-Every problem is a ``BadSample`` whose message names the file, the line and the record's id.
+Every problem is a ``BadSample`` whose message names the file, the line (or the record's position in a JSON
+array file) and the record's id.
 May assume: nothing about the record (it comes from a user's file).
 """
 
@@ -35,6 +36,11 @@ def parse_line(line: str, path: str, number: int, image_folder: str) -> tuple[ob
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise BadSample(path, number, None, f"malformed JSON ({e.msg} at column {e.colno})") from None
+    return parse_record(record, path, number, image_folder)
+
+
+def parse_record(record, path: str, number, image_folder: str) -> tuple[object, list[Turn], list[str]]:
+    """``parse_line`` for an already decoded record (``number``: its line, or "record N" in a JSON array)."""
     if not isinstance(record, dict):
         raise BadSample(path, number, None, "not a JSON object")
     sample_id = record.get("id")
