@@ -127,7 +127,7 @@ def _args(**kw):
     return argparse.Namespace(**{**base, **kw})
 
 
-def test_build_embedded_and_user_data(tokenizer, folder):
+def test_build_embedded_and_user_data(tokenizer, folder, capsys):
     train, valid, tok, info = build_multimodal_datasets(_args(), img_seq_len=16, progress=False)
     assert info["train_samples"] == 4000 and info["valid_samples"] == 256 and info["bad_samples"] == 0
     batch = info["collate_fn"]([train[i] for i in range(4)])
@@ -145,9 +145,10 @@ def test_build_embedded_and_user_data(tokenizer, folder):
     with pytest.raises(ConfigError, match=r"user\.jsonl:21 \(id 'm'\): image file not found"):
         build_multimodal_datasets(_args(data_path=[path]), img_seq_len=4, tokenizer=tokenizer, progress=False)
     train, valid, _, info = build_multimodal_datasets(_args(data_path=[path], skip_bad_samples=True),
-                                                      img_seq_len=4, tokenizer=tokenizer, progress=False)
+                                                      img_seq_len=4, tokenizer=tokenizer)
     assert (len(train), len(valid), info["bad_samples"]) == (18, 2, 1)
     assert "skipped 1 bad sample" in info["summary"]
+    assert re.search(r"skipped 1 bad sample\(s\); first: .*user\.jsonl:21 \(id 'm'\)", capsys.readouterr().err)
     # no --tokenizer-model: a BPE with the template's special tokens is trained on the conversations
     _, _, bpe, _ = build_multimodal_datasets(_args(data_path=[path], skip_bad_samples=True), img_seq_len=4,
                                              progress=False)

@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 
 import numpy as np
 import torch
@@ -103,7 +104,8 @@ def _held_out(dataset, split: str, seed: int):
 
 def build_multimodal_datasets(args: argparse.Namespace, img_seq_len: int, tokenizer=None, progress: bool = True):
     """(train dataset, valid dataset or None, tokenizer, info); ``info["collate_fn"]`` makes batches
-    (``collate.py``), ``info["bad_samples"]`` counts skipped samples, ``info["summary"]`` is one line for logs."""
+    (``collate.py``), ``info["bad_samples"]`` counts skipped samples (also printed to stderr when ``progress``),
+    ``info["summary"]`` is one line for logs."""
     template = _field(args, "prompt_format", "llama3")
     data_paths = _as_list(getattr(args, "data_path", None))
     valid_paths = _as_list(getattr(args, "valid_data_path", None))
@@ -162,4 +164,7 @@ def build_multimodal_datasets(args: argparse.Namespace, img_seq_len: int, tokeni
     skipped = f", skipped {len(bad)} bad sample(s)" if bad else ""
     info["summary"] = (f"multimodal data: {info['train_samples']} train / {info['valid_samples']} valid samples "
                        f"({template} template, {img_seq_len} image embeddings per tile){skipped}")
+    if bad and progress:  # progress: this is the rank that talks
+        print(f"--skip-bad-samples: skipped {len(bad)} bad sample(s); first: {info['bad_examples'][0]}",
+              file=sys.stderr)
     return train, valid, tokenizer, info
