@@ -1,8 +1,9 @@
 """``build_multimodal_datasets``: the one entry point the LLaVA training side calls.
 
 Reads these ``args`` fields (flags of ``--model llava``):
-- ``data_path``: JSONL file(s), or JSON array files as LLaVA ships them (list or str); None -> the embedded shapes dataset (``shapes.py``; its
-  ``*_captions.jsonl`` with ``--prompt-format plain``), generated once into the cache with its own tokenizer;
+- ``data_path``: JSONL file(s), or JSON array files as LLaVA ships them (list or str); None -> the embedded
+  shapes dataset (``shapes.py``; its ``*_captions.jsonl`` with ``--prompt-format plain``), generated once into
+  the cache with its own tokenizer (``SHAPES_SEED``, at most ``SHAPES_MAX_SIDE`` pixels a side);
 - ``valid_data_path`` (optional): held-out JSONL file(s); without it ``split`` ("train,valid,test" weights,
   default "969,30,1") carves a seeded random held-out subset out of ``data_path``;
 - ``image_folder``: where the JSONL image paths point (default: the first JSONL's directory);
