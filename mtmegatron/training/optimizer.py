@@ -5,7 +5,10 @@ TransformerEngine/apex provide theirs. ``--optimizer-cpu-offload`` builds megatr
 made backend-neutral by patches/hybrid_optimizer_backend.py. Pinned host buffers are asked for only where the
 backend has pinned memory (not on the cpu backend, where host memory is the device memory); rank 0 prints one
 line saying what was offloaded. Test hook: ``MTMEGATRON_OPTIMIZER_STATS=DIR`` makes every rank write
-``DIR/rank<R>.json`` (offload_stats after each optimizer step).
+``DIR/rank<R>.json`` (offload_stats after each optimizer step); with ``MTMEGATRON_TEST_DROP_GRAD=STEP`` as well,
+the offloaded optimizer's STEP-th step sees no gradient for its first host-updated and first device-updated
+parameter (as for an unused expert) and ``DIR/drop_grad_rank<R>.pt`` holds their values and states before and
+after that step.
 May assume: flags validated (arguments.py, memory_flags.py), process groups and DDP-wrapped model chunks built.
 """
 
@@ -17,10 +20,12 @@ import os
 import torch
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+from mtmegatron.optim import FusedAdam
 from mtmegatron.training.device import compute_device
 from mtmegatron.training.offload_stats import inner_optimizers, offload_stats
 
 STATS_ENV = "MTMEGATRON_OPTIMIZER_STATS"
+DROP_GRAD_ENV = "MTMEGATRON_TEST_DROP_GRAD"
 
 
 def optimizer_config(args, params_dtype: torch.dtype) -> OptimizerConfig:
@@ -51,12 +56,17 @@ def optimizer_config(args, params_dtype: torch.dtype) -> OptimizerConfig:
 
 
 def build_optimizer(args, model, params_dtype: torch.dtype):
+    # the offloaded optimizer's param groups name its sub-optimizer classes; they are saved in the checkpoint's
+    # common state, which megatron reads with torch.load(weights_only=True)
+    torch.serialization.add_safe_globals([FusedAdam, torch.optim.AdamW])
     optimizer = get_megatron_optimizer(optimizer_config(args, params_dtype), model)
     rank = torch.distributed.get_rank()
     if rank == 0:
         print(f"mtmegatron: {describe(optimizer, args)}", flush=True)
     if os.environ.get(STATS_ENV):
         _write_stats_after_each_step(optimizer, os.environ[STATS_ENV], rank)
+        if os.environ.get(DROP_GRAD_ENV):
+            _drop_grad_at(optimizer, int(os.environ[DROP_GRAD_ENV]), os.environ[STATS_ENV], rank)
     return optimizer
 
 
@@ -99,3 +109,38 @@ def _write_stats_after_each_step(optimizer, directory: str, rank: int) -> None:
 
     for inner in inner_optimizers(optimizer):
         inner.register_step_post_hook(write)
+
+
+def _drop_grad_at(optimizer, step: int, directory: str, rank: int) -> None:
+    def snapshot(hdo, orig):
+        state = hdo.state.get(orig, {})
+        return {"param": orig.detach().clone(),
+                **{k: v.detach().clone() for k, v in state.items() if torch.is_tensor(v)}}
+
+    for inner in inner_optimizers(optimizer):
+        if not hasattr(inner, "gpu_params_map_cpu_copy"):
+            continue
+        calls, chosen, record = [0], {}, {}
+
+        def pre(hdo, args, kwargs):
+            calls[0] += 1
+            if calls[0] != step:
+                return
+            params = [p for group in hdo.param_groups for p in group["params"]]
+            host = [p for p in params if p in hdo.gpu_params_map_cpu_copy]
+            device = [p for p in params if p not in hdo.gpu_params_map_cpu_copy]
+            chosen.update({role: ps[0] for role, ps in (("host", host), ("device", device)) if ps})
+            for role, p in chosen.items():
+                record[role] = {"before": snapshot(hdo, p)}
+                p.decoupled_grad = None
+                p.grad = None
+
+        def post(hdo, args, kwargs):
+            if calls[0] != step:
+                return
+            for role, p in chosen.items():
+                record[role]["after"] = snapshot(hdo, p)
+            torch.save(record, os.path.join(directory, f"drop_grad_rank{rank}.pt"))
+
+        inner.register_step_pre_hook(pre)
+        inner.register_step_post_hook(post)
