@@ -20,8 +20,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.utils import get_attr_wrapped_model
 
-from mtmegatron.data.multimodal.records import parse_line
-from mtmegatron.data.multimodal.template import IMAGE_TOKEN_INDEX, Turn, render
+from mtmegatron.data.multimodal.template import Turn, render
 from mtmegatron.training.device import compute_device
 from mtmegatron.training.evaluate import validation_loss
 from mtmegatron.training.metrics import print_rank0
@@ -35,12 +34,22 @@ def image_eval(model, valid, args) -> dict:
             "eval_iters": args.eval_iters, "global_batch_size": args.global_batch_size}
 
 
-def _record(dataset, index: int):
-    """(path, line number, raw line, image folder) of sample ``index`` of a loader dataset or a Subset of one."""
+def _conversation(dataset, index: int):
+    """(sample id, turns, image paths, image folder, loader dataset) of sample ``index`` of a loader dataset or
+    a Subset of one. Reads the record as ``ConversationDataset.__getitem__`` does (it has no public accessor
+    for the raw conversation yet)."""
     if isinstance(dataset, torch.utils.data.Subset):
-        return _record(dataset.dataset, dataset.indices[index])
-    path, number, line = dataset.read_record(index)
-    return path, number, line, dataset.image_folder, dataset
+        return _conversation(dataset.dataset, dataset.indices[index])
+    file_index, position, number, _ = dataset.entries[index]
+    path = dataset.paths[file_index]
+    if dataset.is_array[file_index]:
+        record = dataset._array(path)[position]
+    else:
+        with open(path, "rb") as f:
+            f.seek(position)
+            record = f.readline().decode("utf-8")
+    sample_id, turns, image_paths = dataset._parse(record, path, number)
+    return sample_id, turns, image_paths, dataset.image_folder, dataset
 
 
 def _prompt(template: str, question: Turn, tokenizer) -> list[int]:
@@ -95,8 +104,7 @@ def answer_samples(model, data, args) -> list[str]:
     chunk.eval()
     try:
         for i in range(min(args.num_samples, len(source))):
-            path, number, line, folder, dataset = _record(source, i)
-            sample_id, turns, image_paths = parse_line(line, path, number, folder)
+            sample_id, turns, image_paths, folder, dataset = _conversation(source, i)
             turns = [t for t in turns if t.role != "system"]
             question, reference = turns[0], turns[1].content.strip() if len(turns) > 1 else ""
             if question.content.count("<image>") != len(image_paths):  # the plain template reads no text
