@@ -7,6 +7,8 @@ distributed checkpoint plus ``model_flags.txt`` (the flags to pass to pretrain n
 mcore-to-hf: the flags stored in the checkpoint (or given after ``--``) rebuild the model, the checkpoint is
 loaded (resharded from whatever layout wrote it), the vocabulary padding sliced off, and written as HF
 safetensors + config.json (RoPE row layout as recorded at conversion).
+LLaVA (convert/llava.py) also writes ``hf_unused_vision.safetensors`` beside the checkpoint: the CLIP layers after
+HF's feature layer and ``post_layernorm``, which LLaVA never reads, kept so that the way back is bit-exact.
 May assume: run as a plain single process (it creates a one-rank gloo group).
 """
 
@@ -47,21 +49,26 @@ def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
         raise ConversionError(f"target layout TP{tp} PP{pp} EP{ep}: {e}") from None
 
 
+def _is_vocab_rows(name: str) -> bool:
+    return any(name == rows or name.endswith("." + rows) for rows in _VOCAB_ROWS)  # LLaVA: under language_model.
+
+
 def pad_vocab(tensors: dict, padded_vocab_size: int) -> dict:
     """Zero rows appended to the embedding/output weights up to the model's padded vocabulary (models/vocab.py:
     the padded ids' logits are masked, so the rows never matter; they are sliced off again by ``slice_vocab``)."""
-    for name in _VOCAB_ROWS:
-        if name in tensors and tensors[name].shape[0] < padded_vocab_size:
+    for name in [n for n in tensors if _is_vocab_rows(n)]:
+        if tensors[name].shape[0] < padded_vocab_size:
             weight = tensors[name]
             tensors[name] = torch.cat([weight, weight.new_zeros(padded_vocab_size - weight.shape[0], *weight.shape[1:])])
     return tensors
 
 
 def slice_vocab(state: dict, vocab_size: int) -> dict:
-    return {name: (t[:vocab_size] if name in _VOCAB_ROWS else t) for name, t in state.items()}
+    return {name: (t[:vocab_size] if _is_vocab_rows(name) else t) for name, t in state.items()}
 
 
-def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config: dict) -> None:
+def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config: dict,
+                    duplicates: set | None = None) -> None:
     expected = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     for name, param in expected.items():
         if name not in tensors:
@@ -69,8 +76,8 @@ def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config:
         if tuple(tensors[name].shape) != tuple(param.shape):
             raise ConversionError(f"{name}: the checkpoint gives shape {tuple(tensors[name].shape)}, the model built "
                                   f"from config.json has {tuple(param.shape)} (config and weights disagree)")
-    duplicates = set()
-    if config.get("tie_word_embeddings") and "lm_head.weight" in hf.names:  # some releases store the tied head
+    duplicates = set(duplicates or ())
+    if family != "llava" and config.get("tie_word_embeddings") and "lm_head.weight" in hf.names:  # some releases store the tied head
         if not torch.equal(hf["lm_head.weight"], hf["model.embed_tokens.weight"]):
             raise ConversionError("tie_word_embeddings is true but lm_head.weight differs from the embedding")
         duplicates.add("lm_head.weight")
@@ -88,13 +95,19 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
     """Convert; returns the model flags a pretrain run needs next to ``--load out``."""
     from mtmegatron.convert.model import build_model, init_single_rank, parse_flags, save_model_only
 
+    from mtmegatron.convert import llava
+
     hf = HFCheckpoint(hf_dir)
     config = hf.config()
     family = family_of(config, model_name)
-    with_mtp = family == "deepseek-v3" and mtp_in_checkpoint(hf.names, config["num_hidden_layers"])
-    if family == "deepseek-v3" and config.get("num_nextn_predict_layers") and not with_mtp:
-        print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP", file=sys.stderr)
-    flags = flags_from_hf(family, config, with_mtp)
+    plan = None
+    if family == "llava":
+        flags, plan = llava.flags_from_hf(config, hf.names)
+    else:
+        with_mtp = family == "deepseek-v3" and mtp_in_checkpoint(hf.names, config["num_hidden_layers"])
+        if family == "deepseek-v3" and config.get("num_nextn_predict_layers") and not with_mtp:
+            print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP", file=sys.stderr)
+        flags = flags_from_hf(family, config, with_mtp)
     validate_layout(flags, tp, pp, ep)
     args = parse_flags(flags)
     init_single_rank(args)
@@ -106,20 +119,32 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
         return hf[name]
 
     rope_interleave = config.get("rope_interleave", True)
-    tensors = pad_vocab(to_mcore(family, args, get, rope_interleave=rope_interleave), args.padded_vocab_size)
+    hf_layout, duplicates, carried = {"rope_interleave": rope_interleave}, set(), {}
+    if plan is not None:  # LLaVA: the tower's tensors LLaVA never reads are carried beside the checkpoint
+        tensors, duplicates = llava.to_mcore(args, get, plan, hf.names)
+        carried = {name: get(name) for name in llava.carried_names(hf.names, plan)}
+        hf_layout["llava"] = llava.dumps_record(plan)
+    else:
+        tensors = to_mcore(family, args, get, rope_interleave=rope_interleave)
+    tensors = pad_vocab(tensors, args.padded_vocab_size)
     bar.close()
-    _check_complete(model, tensors, hf, family, config)
+    _check_complete(model, tensors, hf, family, config, duplicates)
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
-    save_model_only(model, args, out, model_flags=flags, hf_layout={"rope_interleave": rope_interleave})
+    save_model_only(model, args, out, model_flags=flags, hf_layout=hf_layout)
+    if plan is not None:
+        llava.write_carried(out, carried, plan)
     with open(f"{out}/{FLAGS_FILE}", "w") as f:
         f.write(shlex.join(flags) + "\n")
     return flags
 
 
-def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool | None = None) -> dict:
+def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool | None = None,
+                image_token_id: int | None = None) -> dict:
     """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config. The RoPE row
-    layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's."""
+    layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's. LLaVA: the
+    HF image token id and key layout recorded at conversion (``image_token_id`` overrides), the carried tower
+    layers when ``load`` has them (convert/llava.py)."""
     from mtmegatron.convert.model import build_model, checkpoint_common, init_single_rank, load_model, parse_flags
 
     common = checkpoint_common(load)
@@ -130,24 +155,33 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
         raise ConversionError(f"{load} does not record its model flags (it was not written by the converter): "
                               f"pass them after '--', e.g. -- --model llama3 --model-size 8b")
     args = parse_flags(list(flags))
-    if args.model not in ("llama3", "mixtral", "deepseek-v3"):
+    if args.model not in ("llama3", "mixtral", "deepseek-v3", "llava"):
         raise ConversionError(f"--model {args.model}: no HF mapping")
+    if image_token_id is not None and args.model != "llava":
+        raise ConversionError("--image-token-id is only meaningful for --model llava")
     init_single_rank(args)
     model = build_model(args)
     load_model(model, load)
     state = slice_vocab({k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")},
                         args.vocab_size)
-    config = hf_config_from_args(args.model, args, rope_interleave=rope_interleave)
-    write_checkpoint(out, to_hf(args.model, args, state, rope_interleave=rope_interleave), config)
+    if args.model == "llava":
+        from mtmegatron.convert import llava
+
+        tensors, config = llava.export(args, state, common.get("hf_layout", {}).get("llava", {}), load,
+                                       image_token_id)
+    else:
+        config = hf_config_from_args(args.model, args, rope_interleave=rope_interleave)
+        tensors = to_hf(args.model, args, state, rope_interleave=rope_interleave)
+    write_checkpoint(out, tensors, config)
     return config
 
 
 def add_parser(sub) -> None:
     """Register ``convert hf-to-mcore|mcore-to-hf`` on the ``mtmegatron`` command's subparsers."""
-    convert = sub.add_parser("convert", help="HF <-> megatron-core checkpoints (llama3, mixtral, deepseek-v3)")
+    convert = sub.add_parser("convert", help="HF <-> megatron-core checkpoints (llama3, mixtral, deepseek-v3, llava)")
     kinds = convert.add_subparsers(dest="direction", required=True)
     a = kinds.add_parser("hf-to-mcore", help="HF safetensors -> model-only megatron-core dist checkpoint")
-    a.add_argument("--model", required=True, choices=["llama3", "mixtral", "deepseek-v3"])
+    a.add_argument("--model", required=True, choices=["llama3", "mixtral", "deepseek-v3", "llava"])
     a.add_argument("--hf-dir", required=True)
     a.add_argument("--out", required=True)
     a.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -157,6 +191,9 @@ def add_parser(sub) -> None:
     b = kinds.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF safetensors")
     b.add_argument("--load", required=True)
     b.add_argument("--out", required=True)
+    b.add_argument("--image-token-id", type=int, default=None,
+                   help="llava: the HF image token id to write (default: the one recorded at conversion; required "
+                        "for a checkpoint trained from scratch)")
     b.add_argument("model_flags", nargs=argparse.REMAINDER,
                    help="model flags after '--' for a checkpoint that does not record them")
     b.set_defaults(fn=_run_mcore_to_hf)
@@ -171,7 +208,7 @@ def _run_hf_to_mcore(args) -> int:
 
 def _run_mcore_to_hf(args) -> int:
     flags = [f for f in args.model_flags if f != "--"] or None
-    mcore_to_hf(args.load, args.out, flags)
+    mcore_to_hf(args.load, args.out, flags, image_token_id=args.image_token_id)
     print(f"mtmegatron convert: wrote {args.out} (HF safetensors + config.json)")
     return 0
 

@@ -6,13 +6,15 @@ has no equivalent: ``check_representable``); ``hf_config_from_args(family, args)
 for the way back. Facts used: Llama/Mixtral need head_dim == hidden/heads and no biases; DeepSeek-V3's router
 scores a group by its top-2 experts (megatron: top topk/group_topk), normalises the top-k weights (megatron's
 sigmoid router always does), and its RoPE dims are interleaved pairs (rope_interleave, undone in mapping.py).
+LLaVA's config (a CLIP tower around a Llama text config) is handled in convert/llava.py with ``_llama_like``.
 May assume: plain dicts (config.json as loaded).
 """
 
 from __future__ import annotations
 
-FAMILIES = {"llama": "llama3", "mixtral": "mixtral", "deepseek_v3": "deepseek-v3"}
-HF_ARCH = {"llama3": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "deepseek-v3": "DeepseekV3ForCausalLM"}
+FAMILIES = {"llama": "llama3", "mixtral": "mixtral", "deepseek_v3": "deepseek-v3", "llava": "llava"}
+HF_ARCH = {"llama3": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "deepseek-v3": "DeepseekV3ForCausalLM",
+           "llava": "LlavaForConditionalGeneration"}
 HF_TYPE = {v: k for k, v in FAMILIES.items()}
 
 

@@ -20,7 +20,9 @@ MODEL_ONLY_KEY = "model_only"
 def parse_flags(flags: list[str], world_size: int = 1):
     from mtmegatron.training.arguments import parse_args
 
-    return parse_args(flags + ["--mock-data", "--backend", "cpu"], world_size=world_size, for_training=False)
+    # LLaVA's data default is the embedded dataset (its rules refuse mock data); nothing is read here either way
+    data = [] if "llava" in flags else ["--mock-data"]
+    return parse_args(flags + data + ["--backend", "cpu"], world_size=world_size, for_training=False)
 
 
 def init_single_rank(args) -> None:

@@ -36,8 +36,9 @@ def add_llava_args(p: argparse.ArgumentParser) -> None:
                  "decoder-first-pipeline-num-layers"):
         g.add_argument(f"--{name}", type=int, default=None)
     g.add_argument("--vision-norm-epsilon", type=float, default=None)
-    g.add_argument("--disable-vision-class-token", action="store_true", default=None,
-                   help="drop the vision class token from the image embeddings (LLaVA-1.5's 'default' features)")
+    g.add_argument("--disable-vision-class-token", action=argparse.BooleanOptionalAction, default=None,
+                   help="drop the vision class token from the image embeddings (LLaVA-1.5's 'default' features); "
+                        "--no-disable-vision-class-token keeps it whatever the preset says")
     g.add_argument("--freeze-LM", action="store_true", help="freeze the language model (LLaVA stage 1)")
     g.add_argument("--freeze-ViT", action="store_true", help="freeze the vision encoder")
     g.add_argument("--freeze-projection", action="store_true", help="freeze the vision projector")

@@ -1,0 +1,283 @@
+"""``mtmegatron convert`` for LLaVA against HF transformers' ``LlavaForConditionalGeneration`` (hf_llava.py).
+
+* Parity: the tiny random HF LLaVA is converted with the CLI and loaded into our ``--model llava`` under TP1 and
+  TP2 (2 spawned ranks); on batches with 0, 1, 2 and mixed 0/1/2 images per sample our fp32 logits at every
+  combined position of every sample match HF's within 1e-4 (measured: ~3e-7 at TP1 and TP2, float reduction
+  order only; the values are printed).
+* Round trips: HF -> mcore -> HF gives back every tensor of the files ``save_pretrained`` wrote bit-exactly,
+  under the same names (the CLIP layer after the feature layer and ``post_layernorm`` carried in
+  ``hf_unused_vision.safetensors``) and the LLaVA config values; a checkpoint with no HF origin (random init, no
+  carried file, no recorded token id) -> HF (with ``--image-token-id``) loads into transformers with every key
+  used, gives our logits (the stand-in tower: no extra layer, feature layer -1, identity ``post_layernorm``) and
+  converts back to the same mcore tensors bit-exactly.
+* Refusals: each unsupported HF setting gives its one message and exit status 2 from the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import hf_llava  # noqa: E402
+
+MAX_ABS = 1e-4
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+HELPER = str(Path(__file__).with_name("hf_llava.py"))
+
+
+def run(*command: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(HF dir, mcore dir, reference) of the tiny LLaVA, converted once with the CLI."""
+    root = tmp_path_factory.mktemp("llava")
+    hf_dir, mc_dir = root / "hf", root / "mcore"
+    run(HELPER, str(hf_dir))
+    run("-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llava", "--hf-dir", str(hf_dir),
+        "--out", str(mc_dir))
+    return hf_dir, mc_dir, torch.load(hf_dir / "reference.pt")
+
+
+def model_flags(mc_dir: Path) -> list[str]:
+    return shlex.split((mc_dir / "model_flags.txt").read_text()) + ["--micro-batch-size", "1",
+                                                                    "--global-batch-size", "1"]
+
+
+def _logits_worker(rank, world_size, backend_name, flags, checkpoint, batches):
+    import mtmegatron
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from mtmegatron.backends import get_backend
+    from mtmegatron.convert.model import build_model, load_model, parse_flags
+    from mtmegatron.training.setup import init_distributed
+
+    args = parse_flags(flags, world_size=world_size)
+    backend = get_backend(backend_name)
+    mtmegatron.activate(backend)
+    init_distributed(args, backend)
+    model = build_model(args)
+    if checkpoint:
+        load_model(model, checkpoint)
+    model.eval()
+    out = {}
+    for name, (tokens, images, counts) in batches.items():
+        tiles = torch.ones(len(images), dtype=torch.int)
+        with torch.no_grad():
+            logits, _ = model(torch.as_tensor(images), torch.as_tensor(tokens), None, None, num_image_tiles=tiles)
+            logits = gather_from_tensor_model_parallel_region(logits)[..., : args.vocab_size]
+        out[name] = logits.float()
+        if name == "1-image":  # the same batch with blank images: the vision path must matter
+            with torch.no_grad():
+                blank, _ = model(torch.zeros_like(torch.as_tensor(images)), torch.as_tensor(tokens), None, None,
+                                 num_image_tiles=tiles)
+            out["1-image:blank"] = gather_from_tensor_model_parallel_region(blank)[..., : args.vocab_size].float()
+    return out if rank == 0 else None
+
+
+def _max_diffs(ours: dict, reference: dict) -> dict:
+    """name -> max |diff| over every sample's combined positions (HF length per sample)."""
+    diffs = {}
+    for name, per_sample in reference.items():
+        worst = 0.0
+        for i, hf in enumerate(per_sample):
+            mine = torch.as_tensor(ours[name])[i, : hf.shape[0]]
+            assert mine.shape == hf.shape, (name, i, mine.shape, hf.shape)
+            worst = max(worst, (mine - hf).abs().max().item())
+        diffs[name] = worst
+    return diffs
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_logits_match_hf(converted, run_ranks, monkeypatch, tp):
+    monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
+    _, mc_dir, reference = converted
+    flags = model_flags(mc_dir) + ["--tensor-model-parallel-size", str(tp)]
+    ours = run_ranks(_logits_worker, tp, "cpu", flags, str(mc_dir), reference["batches"], timeout=240)[0]
+    diffs = _max_diffs(ours, reference["logits"])
+    print(f"\nllava tp{tp}: max |logit diff| vs HF per batch: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+    assert all(v <= MAX_ABS for v in diffs.values()), diffs
+    # the images matter: blank images move our logits far more than the tolerance
+    moved = (torch.as_tensor(ours["1-image"]) - torch.as_tensor(ours["1-image:blank"])).abs().max().item()
+    assert moved > 100 * MAX_ABS, moved
+
+
+def test_hf_round_trip_is_exact(converted, tmp_path):
+    from safetensors.torch import load_file
+
+    hf_dir, mc_dir, _ = converted
+    assert (mc_dir / "hf_unused_vision.safetensors").is_file()
+    back = tmp_path / "back"
+    run("-m", "mtmegatron.cli", "convert", "mcore-to-hf", "--load", str(mc_dir), "--out", str(back))
+    original, returned = load_file(hf_dir / "model.safetensors"), load_file(back / "model.safetensors")
+    assert sorted(original) == sorted(returned)  # the layout save_pretrained wrote, name for name
+    assert "vision_tower.encoder.layers.2.mlp.fc1.weight" in returned  # the unused third layer came back
+    for name, tensor in original.items():
+        assert torch.equal(tensor, returned[name]), name
+    config, reference = json.loads((back / "config.json").read_text()), json.loads((hf_dir / "config.json").read_text())
+    for key in ("image_token_index", "image_seq_length", "vision_feature_layer", "vision_feature_select_strategy",
+                "projector_hidden_act"):
+        assert config[key] == reference[key], key
+    for part, keys in (("vision_config", ("num_hidden_layers", "hidden_size", "intermediate_size", "image_size",
+                                         "patch_size", "num_attention_heads", "layer_norm_eps", "projection_dim")),
+                       ("text_config", ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size",
+                                        "num_key_value_heads", "rms_norm_eps", "max_position_embeddings"))):
+        for key in keys:
+            assert config[part][key] == reference[part][key], (part, key)
+
+
+_SCRATCH = """
+import sys, torch
+from mtmegatron.convert.model import build_model, init_single_rank, parse_flags, save_model_only
+flags = sys.argv[2:]
+args = parse_flags(flags)
+init_single_rank(args)
+torch.manual_seed(3)
+model = build_model(args)  # megatron's random init: a checkpoint with no HF origin
+with torch.no_grad():
+    for name, p in model.named_parameters():  # non-trivial norms and biases too
+        if p.dim() == 1:
+            p.add_(torch.randn(p.shape) * 0.1)
+save_model_only(model, args, sys.argv[1], model_flags=flags)
+"""
+
+
+def test_scratch_checkpoint_to_hf_and_back(converted, run_ranks, monkeypatch, tmp_path):
+    """mcore -> HF -> mcore bit-exact for a checkpoint with no HF origin, and the HF side computes our logits."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
+    _, mc_dir, reference = converted
+    flags = shlex.split((mc_dir / "model_flags.txt").read_text())
+    scratch, hf_out, again = tmp_path / "scratch", tmp_path / "hf", tmp_path / "again"
+    run("-c", _SCRATCH, str(scratch), *flags)
+    proc = subprocess.run([sys.executable, "-m", "mtmegatron.cli", "convert", "mcore-to-hf", "--load", str(scratch),
+                           "--out", str(hf_out)], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 2 and "--image-token-id" in proc.stderr, proc.stderr[-3000:]
+    run("-m", "mtmegatron.cli", "convert", "mcore-to-hf", "--load", str(scratch), "--out", str(hf_out),
+        "--image-token-id", str(hf_llava.IMAGE_TOKEN))
+    config = json.loads((hf_out / "config.json").read_text())
+    assert config["vision_feature_layer"] == -1 and config["vision_config"]["num_hidden_layers"] == 2
+    written = load_file(hf_out / "model.safetensors")
+    assert torch.equal(written["vision_tower.post_layernorm.weight"], torch.ones(64))
+    run(HELPER, "--logits", str(hf_out), str(tmp_path / "hf_logits.pt"))  # loads with every key used
+    hf_logits = torch.load(tmp_path / "hf_logits.pt")
+    ours = run_ranks(_logits_worker, 1, "cpu", flags + ["--micro-batch-size", "1", "--global-batch-size", "1"],
+                     str(scratch), reference["batches"], timeout=240)[0]
+    diffs = _max_diffs(ours, hf_logits)
+    print(f"\nllava scratch -> HF (stand-in tower): max |logit diff| {max(diffs.values()):.2e}")
+    assert all(v <= MAX_ABS for v in diffs.values()), diffs
+    run("-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llava", "--hf-dir", str(hf_out),
+        "--out", str(again))
+    assert (again / "model_flags.txt").read_text().split() == (mc_dir / "model_flags.txt").read_text().split()
+    dumped = run("-c", _DUMP, str(scratch), str(again), *flags).stdout
+    assert dumped.strip().endswith("identical"), dumped[-2000:]
+
+
+_DUMP = """
+import sys, torch
+from mtmegatron.convert.model import build_model, init_single_rank, load_model, parse_flags
+args = parse_flags(sys.argv[3:])
+init_single_rank(args)
+states = []
+for root in sys.argv[1:3]:
+    model = build_model(args)
+    load_model(model, root)
+    states.append({k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")})
+assert sorted(states[0]) == sorted(states[1])
+bad = [k for k in states[0] if not torch.equal(states[0][k], states[1][k])]
+print(f"{len(states[0])} tensors, differing: {bad}" if bad else f"{len(states[0])} tensors identical")
+"""
+
+
+# ---- refusals ---------------------------------------------------------------------------------------------
+def _edited(hf_dir: Path, target: Path, edit) -> Path:
+    target.mkdir()
+    os.symlink(hf_dir / "model.safetensors", target / "model.safetensors")
+    config = json.loads((hf_dir / "config.json").read_text())
+    edit(config)
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+REFUSALS = {
+    "siglip-tower": (lambda c: c["vision_config"].update(model_type="siglip_vision_model"),
+                     "only CLIP (clip_vision_model) towers"),
+    "feature-layer-list": (lambda c: c.update(vision_feature_layer=[-2, -1]), "only one feature layer"),
+    "select-strategy": (lambda c: c.update(vision_feature_select_strategy="cls"),
+                        "vision_feature_select_strategy = 'cls'"),
+    "projector-act": (lambda c: c.update(projector_hidden_act="relu"), "projector_hidden_act = 'relu'"),
+    "projector-bias": (lambda c: c.update(multimodal_projector_bias=False), "multimodal_projector_bias = false"),
+    "image-size": (lambda c: c["vision_config"].update(image_size=36), "not a multiple of patch_size 8"),
+    "vision-act": (lambda c: c["vision_config"].update(hidden_act="gelu"), "vision_config.hidden_act = 'gelu'"),
+    "text-model": (lambda c: c["text_config"].update(model_type="mistral"), "only Llama language models"),
+    "feature-layer-0": (lambda c: c.update(vision_feature_layer=0), "at least one layer"),
+    "config-vs-weights": (lambda c: c["vision_config"].update(intermediate_size=80), "config and weights disagree"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_unsupported_llava_is_refused(converted, tmp_path, capsys, case):
+    from mtmegatron.cli import main
+
+    edit, message = REFUSALS[case]
+    hf_dir = _edited(converted[0], tmp_path / "hf", edit)
+    # in-process: every refusal comes before any torch compute (config.json and tensor names only)
+    status = main(["convert", "hf-to-mcore", "--model", "llava", "--hf-dir", str(hf_dir), "--out",
+                   str(tmp_path / "out")]) if case != "config-vs-weights" else None
+    if case == "config-vs-weights":  # found by the shape check after the model is built: in a subprocess
+        proc = subprocess.run([sys.executable, "-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llava",
+                               "--hf-dir", str(hf_dir), "--out", str(tmp_path / "out")], capture_output=True,
+                              text=True, env=ENV, timeout=300)
+        status, err = proc.returncode, proc.stderr
+    else:
+        err = capsys.readouterr().err
+    assert status == 2 and message in err and "Traceback" not in err, err[-3000:]
+
+
+def test_target_layout_is_validated(converted, tmp_path, capsys):
+    from mtmegatron.cli import main
+
+    status = main(["convert", "hf-to-mcore", "--model", "llava", "--hf-dir", str(converted[0]), "--out",
+                   str(tmp_path / "out"), "--tensor-model-parallel-size", "8"])
+    err = capsys.readouterr().err
+    assert status == 2 and "target layout TP8" in err, err[-3000:]
+
+
+def test_hf_defaults_match_transformers():
+    """The defaults filled into a partial config.json are transformers' own."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    from mtmegatron.convert import llava
+
+    llava_config = LlavaConfig()
+    for key, value in llava.LLAVA_DEFAULTS.items():
+        name = "image_token_id" if key == "image_token_index" else key
+        assert getattr(llava_config, name, getattr(llava_config, key, None)) == value, key
+    for key, value in llava.LLAVA_VISION_DEFAULTS.items():
+        assert getattr(llava_config.vision_config, key) == value, key
+    clip = CLIPVisionConfig()
+    for key, value in llava.CLIP_VISION_DEFAULTS.items():
+        assert getattr(clip, key) == value, key
+    llama = LlamaConfig()
+    for key, value in llava.LLAMA_DEFAULTS.items():
+        if key == "num_key_value_heads":  # None: as many as the attention heads
+            value = llama.num_attention_heads
+            value_hf = llama.num_key_value_heads
+        elif key == "rope_theta":
+            value_hf = (getattr(llama, "rope_parameters", None) or {}).get("rope_theta", getattr(llama, key, None))
+        else:
+            value_hf = getattr(llama, key)
+        assert value_hf == value, key
