@@ -294,3 +294,50 @@ def test_converted_checkpoint_trains(converted, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2] and all(0 < r["loss"] < 20 for r in rows), rows
     assert all(r["image_tokens"] > 0 for r in rows), rows
+
+
+def test_key_layouts_are_recognised():
+    """Each LLaVA key layout resolves to its prefixes (the way back writes the one read); two at once is refused."""
+    from mtmegatron.convert.hf_config import ConversionError
+    from mtmegatron.convert.llava import _find_prefixes
+
+    def names(language, head, vision, projector):
+        return [language + "embed_tokens.weight", head, vision + "embeddings.patch_embedding.weight",
+                projector + "linear_1.weight"]
+
+    layouts = [("language_model.model.", "language_model.lm_head.weight", "vision_tower.vision_model.",
+                "multi_modal_projector."),  # llava-hf releases (transformers 4.x)
+               ("language_model.model.", "language_model.lm_head.weight", "vision_tower.", "multi_modal_projector."),
+               ("model.language_model.", "lm_head.weight", "model.vision_tower.", "model.multi_modal_projector.")]
+    for layout in layouts:
+        found = _find_prefixes(names(*layout))
+        assert (found["language"], found["head"], found["vision"], found["projector"]) == layout
+    with pytest.raises(ConversionError, match="not a LlavaForConditionalGeneration layout"):
+        _find_prefixes(names(*layouts[0]) + names(*layouts[2]))
+
+
+def test_partial_config_gets_hf_defaults():
+    """A config.json in LLaVA-1.5-7B's style (text fields left to LlamaConfig's defaults) gives the 7b preset's
+    shape: CLIP ViT-L/14-336 minus its last layer, a Llama-2-7B language model."""
+    from mtmegatron.convert.llava import flags_from_hf
+    from mtmegatron.models.presets import preset
+
+    config = {"model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
+              "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "tie_word_embeddings": False,
+              "text_config": {"model_type": "llama", "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+                              "vocab_size": 32064},
+              "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
+                                "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
+                                "patch_size": 14, "projection_dim": 768}}
+    names = ["language_model.model.embed_tokens.weight", "language_model.lm_head.weight",
+             "vision_tower.vision_model.embeddings.patch_embedding.weight", "multi_modal_projector.linear_1.weight"]
+    flags, plan = flags_from_hf(config, names)
+    value = {flags[i][2:].replace("-", "_"): flags[i + 1] for i in range(len(flags) - 1) if flags[i].startswith("--")}
+    expected = preset("llava", "7b")
+    for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size", "img_h",
+                  "patch_dim", "vision_num_layers", "vision_hidden_size", "vision_ffn_hidden_size",
+                  "vision_num_attention_heads", "rotary_base"):
+        assert int(value[field]) == expected[field], field
+    assert float(value["norm_epsilon"]) == expected["norm_epsilon"]
+    assert "--disable-vision-class-token" in flags
+    assert plan.num_hf_layers == 24 and plan.num_used_layers == 23 and plan.record["image_token_index"] == 32000
