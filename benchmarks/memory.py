@@ -1,0 +1,205 @@
+"""What each memory feature costs and saves, for one model and layout: ``python benchmarks/memory.py [--help]``.
+
+One run trains the same model once per row (plain; optimizer CPU offload at fraction 0 / 0.5 / 1.0; overlapped
+grad reduce + param gather off/on; recompute none / selective / full) with ``torchrun`` on ``--nproc`` ranks of
+``--backend`` (default: a small Llama-3 on the CPU backend, DP2 with the distributed optimizer, fp32) and prints:
+* step time: mean over the steps after ``--warmup``, and its ratio to the plain row;
+* peak device memory: the backend's allocator peak (``max_memory_allocated``) on cuda/musa; the CPU backend has no
+  device allocator statistics, so the column says ``n/a (cpu)`` there;
+* activations saved for backward: peak bytes alive in autograd's saved tensors during a step (parameters
+  excluded), counted with ``torch.autograd.graph.saved_tensors_hooks`` on every backend; this is what recompute
+  trades for time;
+* optimizer state on device / on host, and bytes copied per step (D2H + H2D) from
+  ``mtmegatron.training.offload_stats`` (the offloaded optimizer's own counters).
+Every number is rank 0's. May assume: run from the repository (or with mtmegatron installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+MODEL = ["--model", "llama3", "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "8",
+         "--num-query-groups", "4", "--ffn-hidden-size", "384", "--seq-length", "128",
+         "--max-position-embeddings", "128", "--vocab-size", "2048", "--micro-batch-size", "2",
+         "--global-batch-size", "8", "--lr", "1e-4", "--lr-decay-style", "constant", "--mock-data",
+         "--use-distributed-optimizer"]
+OFFLOAD = ["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--optimizer-offload-fraction"]
+ROWS = [
+    ("plain", []),
+    ("offload 0.0", OFFLOAD + ["0.0"]),
+    ("offload 0.5", OFFLOAD + ["0.5"]),
+    ("offload 1.0", OFFLOAD + ["1.0"]),
+    ("overlap off", []),  # the same flags as plain: the run-to-run spread of the step time
+    ("overlap on", ["--overlap-grad-reduce", "--overlap-param-gather"]),
+    ("recompute none", []),
+    ("recompute selective", ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"]),
+    ("recompute full", ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                        "--recompute-num-layers", "1"]),
+]
+
+
+class SavedActivations:
+    """Peak bytes of tensors autograd keeps for backward (parameters and other leaves excluded)."""
+
+    def __init__(self):
+        self.live = self.peak = 0
+
+    def pack(self, tensor):
+        if tensor.is_leaf and tensor.requires_grad:
+            return tensor
+        size = tensor.untyped_storage().nbytes()
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        return _Held(tensor, size, self)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+
+class _Held:
+    __slots__ = ("tensor", "size", "owner")
+
+    def __init__(self, tensor, size, owner):
+        self.tensor, self.size, self.owner = tensor, size, owner
+
+    def __del__(self):
+        self.owner.live -= self.size
+
+
+def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
+    """One row, inside torchrun: build the run as pretrain does, train ``iters`` steps, write rank 0's numbers."""
+    import torch
+
+    import mtmegatron
+    from mtmegatron.backends import select_backend
+    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.training.data import build_mock_dataset, micro_batches
+    from mtmegatron.training.offload_stats import offload_stats
+    from mtmegatron.training.overlap import ParamGather
+    from mtmegatron.training.setup import build, init_distributed
+    from megatron.core import parallel_state
+    from mtmegatron.training.train_step import train_step
+
+    args = parse_args(pretrain_args + ["--train-iters", str(iters)])
+    backend = select_backend(args.backend)
+    mtmegatron.activate(backend)
+    init_distributed(args, backend)
+    model, optimizer, scheduler, _ = build(args)
+    dataset = build_mock_dataset(args, (iters + 1) * args.global_batch_size)
+    iterators = [micro_batches(dataset, args, parallel_state.get_data_parallel_rank(), 0) for _ in model]
+    device_module = None if backend.device_type == "cpu" else backend.device_module()
+    params = ParamGather(model, args)
+    params.start()
+    saved = SavedActivations()
+    times, copied = [], []
+    for iteration in range(1, iters + 1):
+        before = offload_stats(optimizer)
+        if iteration == warmup + 1 and device_module is not None:
+            device_module.reset_peak_memory_stats()
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            stats = train_step(iterators, model, optimizer, scheduler, args, iteration)
+        if device_module is not None:
+            device_module.synchronize()
+        elapsed = time.perf_counter() - t0
+        params.after_step(not stats["skipped"])
+        after = offload_stats(optimizer)
+        if iteration > warmup:
+            times.append(elapsed)
+            copied.append(after["d2h_bytes"] + after["h2d_bytes"] - before["d2h_bytes"] - before["h2d_bytes"])
+    params.finish()
+    final = offload_stats(optimizer)
+    if torch.distributed.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump({
+                "step_s": sum(times) / len(times),
+                "peak_device_bytes": None if device_module is None else device_module.max_memory_allocated(),
+                "saved_activation_bytes": saved.peak,
+                "device_state_bytes": final["device_state_bytes"],
+                "host_state_bytes": final["host_state_bytes"],
+                "copied_bytes_per_step": sum(copied) / len(copied),
+                "loss": stats["loss"],
+            }, f)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mib(n) -> str:
+    return "n/a (cpu)" if n is None else f"{n / 2**20:.2f}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter,
+                                epilog="Rows: " + ", ".join(name for name, _ in ROWS))
+    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "musa"])
+    p.add_argument("--nproc", type=int, default=2, help="ranks (data-parallel unless --extra says otherwise)")
+    p.add_argument("--iters", type=int, default=6, help="training steps per row")
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing")
+    p.add_argument("--rows", nargs="*", default=None, help="only these rows (names as in the table)")
+    p.add_argument("--extra", default="", help="more pretrain flags for every row, e.g. \"--bf16 --num-layers 16\"")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args, rest = p.parse_known_args(argv)
+    if args.worker:
+        worker(rest, args.iters, args.warmup, args.out)
+        return 0
+    if args.warmup >= args.iters:
+        p.error("--warmup must be smaller than --iters")
+    rows = [(n, f) for n, f in ROWS if args.rows is None or n in args.rows]
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, flags) in enumerate(rows, 1):
+            out = os.path.join(tmp, f"row{i}.json")
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
+                   f"--master_port={_free_port()}", os.path.abspath(__file__), "--worker", "--out", out,
+                   "--iters", str(args.iters), "--warmup", str(args.warmup),
+                   "--backend", args.backend, *MODEL, *args.extra.split(), *flags]
+            print(f"[{i}/{len(rows)}] {name} ...", end=" ", flush=True)
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+            if proc.returncode != 0 or not os.path.exists(out):
+                print("failed")
+                print(proc.stderr[-3000:], file=sys.stderr)
+                return 1
+            with open(out) as f:
+                results[name] = json.load(f)
+            print(f"{time.perf_counter() - t0:.0f} s (step {results[name]['step_s'] * 1000:.0f} ms)", flush=True)
+    plain = results.get("plain", next(iter(results.values())))["step_s"]
+    header = ("row", "step ms", "x plain", "peak device MiB", "saved act. MiB", "opt. state device MiB",
+              "opt. state host MiB", "copied MiB/step", "last loss")
+    table = [header]
+    for name, r in results.items():
+        table.append((name, f"{r['step_s'] * 1000:.0f}", f"{r['step_s'] / plain:.2f}",
+                      _mib(r["peak_device_bytes"]), _mib(r["saved_activation_bytes"]),
+                      _mib(r["device_state_bytes"]), _mib(r["host_state_bytes"]),
+                      _mib(r["copied_bytes_per_step"]), f"{r['loss']:.4f}"))
+    widths = [max(len(row[c]) for row in table) for c in range(len(header))]
+    print(f"\nbackend {args.backend}, {args.nproc} ranks, {args.iters} steps per row ({args.warmup} warm-up), rank 0:")
+    for j, row in enumerate(table):
+        print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")
+        if j == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    if args.backend == "cpu":
+        print("peak device memory: not measurable on the cpu backend (no device allocator); on cpu the 'device' and "
+              "'host' optimizer state are both host memory, counted by the optimizer that owns them")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
