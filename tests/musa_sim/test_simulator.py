@@ -164,6 +164,58 @@ assert torch.equal(dev_mm.cpu(), host_mm)
 """, env)
 
 
+def test_convolutions_run_on_device_and_match_the_host(env):
+    """aten::convolution on a PrivateUse1 tensor goes to convolution_overrideable and its backward to
+    convolution_backward_overrideable (no CPU kernel the fallback could borrow): the simulator's kernels must give
+    the host's values and gradients, on the input's device, for every convolution parameter and output_mask."""
+    run("""
+import pytest
+torch.manual_seed(0)
+
+def check(make, shape, dev, input_grad=True):
+    host = make()
+    x = torch.randn(*shape, requires_grad=input_grad)
+    out_host = host(x)
+    out_host.sin().sum().backward()
+    on_dev = make()
+    on_dev.load_state_dict(host.state_dict())
+    on_dev.to(dev)
+    xd = x.detach().to(dev).requires_grad_(input_grad)
+    out = on_dev(xd)
+    out.sin().sum().backward()
+    assert out.device == torch.device(dev) and torch.equal(out.detach().cpu(), out_host.detach()), make
+    for (name, p), q in zip(host.named_parameters(), on_dev.parameters()):
+        assert q.grad.device == torch.device(dev) and torch.equal(q.grad.cpu(), p.grad), name
+    if input_grad:
+        assert xd.grad.device == torch.device(dev) and torch.equal(xd.grad.cpu(), x.grad)
+    else:
+        assert xd.grad is None   # output_mask[0] false
+
+nn = torch.nn
+# not the current device (musa:0): results follow the input's device
+check(lambda: nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2), (2, 4, 9, 9), "musa:1")
+check(lambda: nn.Conv2d(3, 8, (2, 3), stride=(1, 2), padding=(2, 0), dilation=(2, 1), bias=False), (2, 3, 8, 10),
+      "musa:2")
+check(lambda: nn.Conv2d(3, 16, 4, stride=4), (2, 3, 16, 16), "musa:1", input_grad=False)  # a ViT patch embedding
+check(lambda: nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 5, 5), "musa:3")
+check(lambda: nn.Conv1d(4, 4, 3, padding=1), (2, 4, 7), "musa:0")
+check(lambda: nn.Conv2d(2, 4, 3), (2, 5, 5), "musa:1")                                    # unbatched input
+
+# weight frozen: only the input's gradient (output_mask [True, False, False])
+conv = nn.Conv2d(2, 4, 3).to("musa:1").requires_grad_(False)
+xd = torch.randn(1, 2, 6, 6, device="musa:1", requires_grad=True)
+conv(xd).sum().backward()
+assert xd.grad.device == torch.device("musa:1") and conv.weight.grad is None
+
+conv2d, w = torch.nn.functional.conv2d, torch.randn(4, 2, 3, 3, device="musa:1")
+x1 = torch.randn(1, 2, 6, 6, device="musa:1")
+for bad in (lambda: conv2d(x1.to("musa:2"), w), lambda: conv2d(x1, w, torch.zeros(4, device="musa:0")),
+            lambda: conv2d(x1, w.cpu()), lambda: conv2d(x1, w, torch.zeros(4)), lambda: conv2d(x1.cpu(), w)):
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        bad()
+""", env)
+
+
 def test_mccl_on_two_ranks_gives_values_counts_and_refuses_host_tensors(tmp_path):
     env = sim_env({"MUSA_SIM_STATS_DIR": str(tmp_path), "MUSA_SIM_DEVICE_COUNT": "2"})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",

@@ -466,6 +466,14 @@ struct Call {
     device = dev;
   }
 
+  // After every argument went through to_host: a host tensor among device tensors is torch's device error.
+  void check_no_host_arg() {
+    if (!host_arg.empty() && device >= 0) {
+      mismatch("musa:" + std::to_string(device), "cpu (argument '" + host_arg + "')");
+    }
+    if (device < 0) device = t_device;
+  }
+
   at::Tensor to_host(const at::Tensor& t, const std::string& arg, bool is_index) {
     if (!t.defined()) return t;
     if (t.device().type() != kDev) {
@@ -563,10 +571,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
       generator_slots.push_back(i);
     }
   }
-  if (!call.host_arg.empty() && call.device >= 0) {
-    call.mismatch("musa:" + std::to_string(call.device), "cpu (argument '" + call.host_arg + "')");
-  }
-  if (call.device < 0) call.device = t_device;
+  call.check_no_host_arg();
   for (size_t i : generator_slots) {  // random ops draw from the musa device's generator, never the host's
     c10::IValue& v = (*stack)[first + i];
     if (v.isNone()) {
@@ -615,6 +620,54 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   // Mutable list arguments (e.g. _foreach_*_ ops) return nothing; resized out= lists are not supported.
 }
 
+// ---- convolutions ----------------------------------------------------------------------------------------
+// For a PrivateUse1 input, aten::convolution picks the "overrideable" backend: the forward dispatches to
+// convolution_overrideable and autograd to convolution_backward_overrideable, whose only kernels throw
+// NotImplementedError (there is no CPU kernel for the fallback to borrow). torch_musa implements both (muDNN);
+// here they run torch's CPU convolution (at::convolution / at::convolution_backward, the kernels the cpu
+// backend uses) on host aliases, with the same device checks and results as the fallback.
+c10::OperatorHandle aten_op(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }
+
+std::optional<at::Tensor> optional_to_host(Call& call, const std::optional<at::Tensor>& t, const char* arg) {
+  if (!t.has_value() || !t->defined()) return std::nullopt;
+  return call.to_host(*t, arg, false);
+}
+
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                                    at::IntArrayRef output_padding, int64_t groups) {
+  static const c10::OperatorHandle op = aten_op("aten::convolution_overrideable");
+  Call call(op);
+  at::Tensor host_input = call.to_host(input, "input", false);
+  at::Tensor host_weight = call.to_host(weight, "weight", false);
+  std::optional<at::Tensor> host_bias = optional_to_host(call, bias, "bias");
+  call.check_no_host_arg();
+  CurrentDevice guard(static_cast<DeviceIndex>(call.device));
+  return call.to_device(at::convolution(host_input, host_weight, host_bias, stride, padding, dilation, transposed,
+                                        output_padding, groups));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  static const c10::OperatorHandle op = aten_op("aten::convolution_backward_overrideable");
+  Call call(op);
+  at::Tensor host_grad = call.to_host(grad_output, "grad_output", false);
+  at::Tensor host_input = call.to_host(input, "input", false);
+  at::Tensor host_weight = call.to_host(weight, "weight", false);
+  call.check_no_host_arg();
+  CurrentDevice guard(static_cast<DeviceIndex>(call.device));
+  // the bias has one entry per output channel (dim 1 of grad_output, transposed or not); undefined results
+  // where output_mask is false, as torch's kernels return
+  std::vector<int64_t> bias_sizes{host_grad.size(1)};
+  auto [grad_input, grad_weight, grad_bias] =
+      at::convolution_backward(host_grad, host_input, host_weight, bias_sizes, stride, padding, dilation,
+                               transposed, output_padding, groups, output_mask);
+  return {call.to_device(grad_input), call.to_device(grad_weight), call.to_device(grad_bias)};
+}
+
 }  // namespace musa_sim
 
 // ---- registration --------------------------------------------------------------------------------------
@@ -633,6 +686,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_", &musa_sim::set_empty);
   m.impl("record_stream", &musa_sim::record_stream);
   m.impl("native_dropout", &musa_sim::native_dropout);
+  m.impl("convolution_overrideable", &musa_sim::convolution_overrideable);
+  m.impl("convolution_backward_overrideable", &musa_sim::convolution_backward_overrideable);
   m.impl("view", &at::native::view);
   m.impl("as_strided", &at::native::as_strided_tensorimpl);
   m.impl("_reshape_alias", &at::native::_reshape_alias);
