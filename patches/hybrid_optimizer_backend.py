@@ -17,7 +17,8 @@ parameters at their old values, so training silently went on from the previous (
 optimizer hands the offloaded optimizer non-leaf views of them (``ValueError: can't optimize a non-leaf
 Tensor``): DistributedOptimizer._build_model_and_main_param_groups now hands over detached views of the same
 memory (same attributes) when offloading. Copies are counted per optimizer in
-``_mtm_counters`` (read by mtmegatron.training.offload_stats).
+``_mtm_counters`` (read by mtmegatron.training.offload_stats), and so are those made while one of the optimizer's
+own non-default streams was current (what --overlap-cpu-optimizer-d2h-h2d promises).
 Versions: megatron-core 0.16.x.
 """
 
@@ -79,8 +80,20 @@ def _get_sub_optimizer_param_groups(self, offload_fraction):
     return cpu_groups, gpu_groups, to_host, host_to_device, to_fp32
 
 
+def _on_side_stream(self, streams, side) -> bool:
+    """Whether the copies now go to ``side`` (one of the optimizer's streams) and it is not the device's default
+    stream: with --overlap-cpu-optimizer-d2h-h2d megatron made separate streams, else both are the current one."""
+    if not self.overlap_cpu_optimizer_d2h_h2d or streams is torch.cpu:  # cpu backend: no device streams
+        return False
+    current = streams.current_stream()
+    return (current == side
+            and current.stream_id != streams.default_stream().stream_id)
+
+
 def _set_sub_optimizer_grads(self):
     counters = _counters(self)
+    # megatron calls this inside ``with torch.cuda.stream(self._d2h_stream)`` (the backend's stream via the bridge)
+    side = _on_side_stream(self, torch.get_device_module(_device_type()), self._d2h_stream)
     if self.param_update_in_fp32:
         for orig, fp32 in self.param_to_fp32_param.items():
             if orig in self.gpu_params_map_cpu_copy:
@@ -109,6 +122,7 @@ def _set_sub_optimizer_grads(self):
             inner.grad.copy_(grad, non_blocking=True)
             counters["d2h_bytes"] += grad.numel() * grad.element_size()
             counters["d2h_copies"] += 1
+            counters["d2h_side_stream_copies"] += side
         self._cpu_optimizer_map_data_event[optimizer] = self._d2h_stream.record_event()
 
 
@@ -121,11 +135,13 @@ def _register_param_copy_back_gpu_hook(self):
         counters = _counters(self)
         self._h2d_stream.wait_stream(streams.current_stream())
         with streams.stream(self._h2d_stream):
+            side = _on_side_stream(self, streams, self._h2d_stream)
             for inner in (p for group in optimizer.param_groups for p in group["params"]):
                 orig = self.cpu_copys_map_gpu_param[inner]
                 orig.data.copy_(inner.data, non_blocking=True)
                 counters["h2d_bytes"] += inner.numel() * inner.element_size()
                 counters["h2d_copies"] += 1
+                counters["h2d_side_stream_copies"] += side
         self._h2d_stream.record_event().wait(streams.current_stream())
 
     def fp32_copy_back(optimizer, args, kwargs):

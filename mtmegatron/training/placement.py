@@ -3,7 +3,9 @@ accelerator backend must be on ``backend.device(LOCAL_RANK)``; one left on the h
 reports far away from its cause (or, with a host copy, trains silently wrong). ``misplaced`` lists offenders
 by name; ``check`` raises one error naming them. The training loop checks once after the first optimizer step
 (when the optimizer state exists). Host scalars that torch keeps on the host by design (Adam's ``step``) are
-not training state on the device and are allowed.
+not training state on the device and are allowed. With ``--optimizer-cpu-offload`` the host-side optimizers of
+megatron-core's HybridDeviceOptimizer keep their parameter copies and state on the host by design: those must be
+on ``cpu`` instead (and are not counted among the tensors reported on the device).
 May assume: DDP-wrapped megatron-core model chunks and a megatron-core optimizer (possibly chained).
 """
 
@@ -30,30 +32,45 @@ def _chunk_tensors(index: int, chunk):
                     yield f"model[{index}].{kind}[{b}].{field}", data
 
 
+def _offloaded_ids(torch_optimizer) -> set[int]:
+    """ids of the host copies and host state of a HybridDeviceOptimizer's host-side optimizers (else empty)."""
+    ids = set()
+    for sub in getattr(torch_optimizer, "sub_optimizers", []):
+        if sub is torch_optimizer.gpu_optimizer:
+            continue
+        ids.update(id(p) for group in sub.param_groups for p in group["params"])
+        ids.update(id(v) for state in sub.state.values() for v in state.values() if torch.is_tensor(v))
+    return ids
+
+
 def _optimizer_tensors(optimizer):
+    """(name, tensor, on the host by design) of the optimizer's parameters and state."""
     for o, inner in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
         torch_optimizer = getattr(inner, "optimizer", None)
         if torch_optimizer is None:
             continue
+        offloaded = _offloaded_ids(torch_optimizer)
         for g, group in enumerate(torch_optimizer.param_groups):
             for p, param in enumerate(group["params"]):
-                yield f"optimizer[{o}].param_groups[{g}][{p}]", param
+                yield f"optimizer[{o}].param_groups[{g}][{p}]", param, False
         for s, state in enumerate(torch_optimizer.state.values()):
             for key, value in state.items():
                 if torch.is_tensor(value) and not (key in _HOST_SCALARS and value.dim() == 0):
-                    yield f"optimizer[{o}].state[{s}].{key}", value
+                    yield f"optimizer[{o}].state[{s}].{key}", value, id(value) in offloaded
 
 
 def misplaced(model, optimizer, device: torch.device) -> tuple[int, list[str]]:
-    """(number of tensors checked, names of those not on ``device``)."""
+    """(number of tensors checked on ``device``, names of those not where they belong: ``device``, or ``cpu``
+    for offloaded optimizer state)."""
     checked, wrong = 0, []
-    tensors = [t for i, chunk in enumerate(model) for t in _chunk_tensors(i, chunk)]
+    tensors = [(*t, False) for i, chunk in enumerate(model) for t in _chunk_tensors(i, chunk)]
     if optimizer is not None:
         tensors += list(_optimizer_tensors(optimizer))
-    for name, tensor in tensors:
-        checked += 1
-        if tensor.device != device:
-            wrong.append(f"{name} on {tensor.device}")
+    host = torch.device("cpu")
+    for name, tensor, offloaded in tensors:
+        checked += not offloaded
+        if tensor.device != (host if offloaded else device):
+            wrong.append(f"{name} on {tensor.device}" + (" (offloaded: belongs on cpu)" if offloaded else ""))
     return checked, wrong
 
 
