@@ -12,6 +12,7 @@ Layouts: TP2+SP, PP2+VPP2, DP2 + distributed optimizer in fp32 and bf16 (grad cl
 EP2 and EP2 x TP2+SP (4 ranks),
 DeepSeek-V3 tiny (MTP on) TP2+SP and EP2, CP2, FP8 delayed scaling under TP2+SP; then bit-exact resume with dropout
 (device RNG in the checkpoint), an HF-converted checkpoint, and the main command's outputs on the embedded corpus.
+LLaVA TP2+SP (the CLIP encoder's Conv2d, eval and greedy answers) is tests/llava/test_llava_musa_sim.py.
 """
 
 from __future__ import annotations
