@@ -24,8 +24,10 @@ from mtmegatron.training.device import to_compute_device
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    losses = output_tensor.float().view(-1)
-    mask = loss_mask.view(-1).float()
+    # reshape, not view: when a micro-batch's samples hold different numbers of image tiles, LLaVAModel cuts the
+    # combined sequence back to --decoder-seq-length by slicing, and the mask it returns is not contiguous
+    losses = output_tensor.float().reshape(-1)
+    mask = loss_mask.reshape(-1).float()
     assert losses.numel() == mask.numel(), f"per-token loss {tuple(output_tensor.shape)} vs mask {tuple(loss_mask.shape)}"
     loss = torch.sum(losses * mask) / mask.sum()
     return loss, {"lm loss": loss.detach().clone()}
