@@ -36,19 +36,10 @@ def image_eval(model, valid, args) -> dict:
 
 def _conversation(dataset, index: int):
     """(sample id, turns, image paths, image folder, loader dataset) of sample ``index`` of a loader dataset or
-    a Subset of one. Reads the record as ``ConversationDataset.__getitem__`` does (it has no public accessor
-    for the raw conversation yet)."""
+    a Subset of one."""
     if isinstance(dataset, torch.utils.data.Subset):
         return _conversation(dataset.dataset, dataset.indices[index])
-    file_index, position, number, _ = dataset.entries[index]
-    path = dataset.paths[file_index]
-    if dataset.is_array[file_index]:
-        record = dataset._array(path)[position]
-    else:
-        with open(path, "rb") as f:
-            f.seek(position)
-            record = f.readline().decode("utf-8")
-    sample_id, turns, image_paths = dataset._parse(record, path, number)
+    sample_id, turns, image_paths = dataset.conversation(index)
     return sample_id, turns, image_paths, dataset.image_folder, dataset
 
 

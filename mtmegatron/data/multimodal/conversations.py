@@ -181,8 +181,9 @@ class ConversationDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        file_index, position, number, tiles = self.entries[i]
+    def conversation(self, i: int):
+        """(sample id, turns, image paths) of sample ``i``, read from its file as validated."""
+        file_index, position, number, _ = self.entries[i]
         path = self.paths[file_index]
         if self.is_array[file_index]:
             record = self._array(path)[position]
@@ -190,7 +191,11 @@ class ConversationDataset(torch.utils.data.Dataset):
             with open(path, "rb") as f:
                 f.seek(position)
                 record = f.readline().decode("utf-8")
-        _, turns, image_paths = self._parse(record, path, number)
+        return self._parse(record, path, number)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        tiles = self.entries[i][3]
+        _, turns, image_paths = self.conversation(i)
         ids, trained = render(self.config.template, turns, self.tokenizer)
         sample = fit_sample(ids, trained, tiles, self.config.img_seq_len, self.config.decoder_seq_length,
                             self.pad_id)
