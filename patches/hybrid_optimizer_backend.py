@@ -92,7 +92,7 @@ def _on_side_stream(self, streams, side) -> bool:
 
 def _set_sub_optimizer_grads(self):
     counters = _counters(self)
-    # megatron calls this inside ``with torch.cuda.stream(self._d2h_stream)`` (the backend's stream via the bridge)
+    # megatron calls this inside its d2h stream context (the backend's stream via the bridge)
     side = _on_side_stream(self, torch.get_device_module(_device_type()), self._d2h_stream)
     if self.param_update_in_fp32:
         for orig, fp32 in self.param_to_fp32_param.items():

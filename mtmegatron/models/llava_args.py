@@ -31,11 +31,18 @@ def add_llava_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("LLaVA (--model llava; see docs/llava.md)")
     g.add_argument("--vision-model-type", choices=VISION_MODEL_TYPES + REFUSED_VISION_TYPES, default=None,
                    help="vision encoder: clip (class token) or siglip (none)")
-    for name in ("img-h", "img-w", "patch-dim", "vision-num-layers", "vision-hidden-size", "vision-ffn-hidden-size",
-                 "vision-num-attention-heads", "decoder-seq-length", "max-num-tiles",
-                 "decoder-first-pipeline-num-layers"):
-        g.add_argument(f"--{name}", type=int, default=None)
-    g.add_argument("--vision-norm-epsilon", type=float, default=None)
+    for name, what in (
+            ("img-h", "image (tile) height in pixels"), ("img-w", "image (tile) width in pixels"),
+            ("patch-dim", "ViT patch size in pixels"),
+            ("vision-num-layers", "vision encoder layers (those whose output LLaVA reads)"),
+            ("vision-hidden-size", "vision encoder width"), ("vision-ffn-hidden-size", "vision encoder MLP width"),
+            ("vision-num-attention-heads", "vision encoder attention heads"),
+            ("decoder-seq-length", "combined image+text positions the language model sees (sets --seq-length)"),
+            ("max-num-tiles", "with --use-tiling: most tiles per image"),
+            ("decoder-first-pipeline-num-layers", "language layers on the first pipeline stage (which also "
+                                                  "holds the vision encoder); the rest split evenly")):
+        g.add_argument(f"--{name}", type=int, default=None, help=what)
+    g.add_argument("--vision-norm-epsilon", type=float, default=None, help="vision encoder LayerNorm epsilon")
     g.add_argument("--disable-vision-class-token", action=argparse.BooleanOptionalAction, default=None,
                    help="drop the vision class token from the image embeddings (LLaVA-1.5's 'default' features); "
                         "--no-disable-vision-class-token keeps it whatever the preset says")

@@ -63,9 +63,20 @@ CASES = {
 
 
 
+# The same Adam on both backends where low precision amplifies kernel rounding: the cpu backend runs the native
+# C++ adam_step, the simulated device (no native MUSA build) the op's torch reference; the two differ in the last
+# bit of fp32, which bf16 weight rounding turned into 4.4e-5 (bf16 distopt) and FP8 into 6.0e-4 (delayed scaling)
+# by iteration 4 (measured). These cases take megatron's torch AdamW on both sides; FusedAdam on the device is
+# covered by every other case and tests/optimizer/test_offload_musa_sim.py, the kernels' agreement by
+# tests/kernels/test_adam.py.
+SAME_ADAM = {"dp2_distopt_bf16", "fp8_delayed_tp2_sp"}
+TORCH_ADAM = {"MTMEGATRON_DISABLE_PATCHES": "optimizer_fused_adam"}
+
+
 def _run(backend: str, args: list[str], log_dir: Path, nproc: int = 2, stats_dir: Path | None = None,
-         timeout: int = 400):
-    env = sim_env({"MUSA_SIM_STATS_DIR": str(stats_dir)} if stats_dir else None) if backend == "musa" else None
+         timeout: int = 400, extra_env: dict | None = None):
+    extra = {**({"MUSA_SIM_STATS_DIR": str(stats_dir)} if stats_dir else {}), **(extra_env or {})}
+    env = sim_env(extra or None) if backend == "musa" else (extra_env or None)
     return run_pretrain(nproc, ["--backend", backend, *args], log_dir, timeout=timeout, env=env)
 
 
@@ -91,8 +102,9 @@ def _assert_same_losses(musa_rows, cpu_rows) -> None:
 def test_layout_matches_the_cpu_backend(case, tmp_path):
     args = CASES[case]
     nproc = 4 if "tp2" in case and "ep2" in case else 2
-    proc, musa_rows = _run("musa", args, tmp_path / "musa", nproc=nproc, stats_dir=tmp_path / "stats")
-    _, cpu_rows = _run("cpu", args, tmp_path / "cpu", nproc=nproc)
+    env = TORCH_ADAM if case in SAME_ADAM else None
+    proc, musa_rows = _run("musa", args, tmp_path / "musa", nproc=nproc, stats_dir=tmp_path / "stats", extra_env=env)
+    _, cpu_rows = _run("cpu", args, tmp_path / "cpu", nproc=nproc, extra_env=env)
     assert len(musa_rows) == ITERS
     _assert_same_losses(musa_rows, cpu_rows)
     _assert_ran_on_the_device(proc, tmp_path / "stats", nproc)
