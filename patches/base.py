@@ -69,3 +69,13 @@ def set_attr(dotted: str, value, must_exist: bool = True) -> Callable[[], None]:
             setattr(owner, name, old)
 
     return undo
+
+
+def undo_in_reverse(undos: list[Callable[[], None]]) -> Callable[[], None]:
+    """One undo for a patch made of several ``set_attr`` calls: theirs, last first."""
+
+    def undo():
+        for u in reversed(undos):
+            u()
+
+    return undo

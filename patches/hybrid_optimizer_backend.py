@@ -26,7 +26,7 @@ from collections import Counter
 
 import torch
 
-from .base import Patch, current, set_attr
+from .base import Patch, current, set_attr, undo_in_reverse
 
 CLASS = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer:HybridDeviceOptimizer"
 METHODS = ("_get_sub_optimizer_param_groups", "_set_sub_optimizer_grads", "_register_param_copy_back_gpu_hook",
@@ -243,12 +243,7 @@ def apply():
     }
     undo = [set_attr(f"{CLASS}.{name}", fn) for name, fn in replacements.items()]
     undo.append(set_attr(BUILD_GROUPS, make_build_groups(current(BUILD_GROUPS).__func__)))
-
-    def undo_all():
-        for u in reversed(undo):
-            u()
-
-    return undo_all
+    return undo_in_reverse(undo)
 
 
 PATCH = Patch(

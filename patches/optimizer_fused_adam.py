@@ -20,7 +20,7 @@ import importlib.util
 
 import torch
 
-from .base import Patch, current, set_attr
+from .base import Patch, current, set_attr, undo_in_reverse
 
 MODULE = "megatron.core.optimizer"
 CONFIG = "megatron.core.optimizer.optimizer_config"
@@ -81,12 +81,7 @@ def apply():
         set_attr(POST_INIT, __post_init__),
         set_attr(BUILD, build),
     ]
-
-    def undo_all():
-        for u in reversed(undo):
-            u()
-
-    return undo_all
+    return undo_in_reverse(undo)
 
 
 PATCH = Patch(

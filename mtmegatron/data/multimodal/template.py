@@ -74,12 +74,15 @@ def special_id(tokenizer, token: str, template: str) -> int:
     return token_id
 
 
-def _bos(tokenizer) -> int | None:
+def _opened_with_bos(tokenizer) -> _Encoder:
+    """An encoder that starts with the tokenizer's beginning-of-text token, if it has one."""
+    enc = _Encoder(tokenizer)
     for token in ("<|begin_of_text|>", "<s>"):
         token_id = tokenizer.tokenizer.token_to_id(token)
         if token_id is not None:
-            return token_id
-    return None
+            enc.token(token_id)
+            break
+    return enc
 
 
 def _llama3(turns: list[Turn], tokenizer) -> _Encoder:
@@ -101,10 +104,7 @@ def _llama3(turns: list[Turn], tokenizer) -> _Encoder:
 
 
 def _plain(turns: list[Turn], tokenizer) -> _Encoder:
-    enc = _Encoder(tokenizer)
-    bos = _bos(tokenizer)
-    if bos is not None:
-        enc.token(bos)
+    enc = _opened_with_bos(tokenizer)
     for turn in turns:
         if turn.role == "user":
             for _ in range(turn.content.count(IMAGE_TAG)):
@@ -116,10 +116,7 @@ def _plain(turns: list[Turn], tokenizer) -> _Encoder:
 
 
 def _vicuna_v1(turns: list[Turn], tokenizer) -> _Encoder:
-    enc = _Encoder(tokenizer)
-    bos = _bos(tokenizer)
-    if bos is not None:
-        enc.token(bos)
+    enc = _opened_with_bos(tokenizer)
     system = VICUNA_SYSTEM
     if turns and turns[0].role == "system":
         system, turns = turns[0].content.strip(), turns[1:]
