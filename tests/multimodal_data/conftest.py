@@ -1,14 +1,10 @@
 """Fixtures for the multimodal data tests: one small BPE with the chat templates' special tokens (trained once per
-session), a private cache directory, and helpers to write JSONL samples and PNG images."""
+session) and a private cache directory. The helpers that write samples are in mm_samples.py (a plain module:
+``from conftest import`` would resolve to whichever test directory's conftest was imported first)."""
 
 from __future__ import annotations
 
-import json
-import os
-
-import numpy as np
 import pytest
-from PIL import Image
 
 from mtmegatron.data.multimodal.template import MULTIMODAL_SPECIAL_TOKENS
 from mtmegatron.data.tokenizer import train_bpe
@@ -25,25 +21,3 @@ def tokenizer(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MTMEGATRON_CACHE", str(tmp_path / "cache"))
-
-
-def write_png(path, width: int, height: int, colour=(200, 30, 30)) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    Image.fromarray(np.full((height, width, 3), colour, dtype=np.uint8)).save(path)
-    return path
-
-
-def write_jsonl(path, records) -> str:
-    with open(path, "w") as f:
-        for record in records:
-            f.write(record if isinstance(record, str) else json.dumps(record))
-            f.write("\n")
-    return str(path)
-
-
-def qa(image=None, question="<image>\nWhat colour is the shape?", answer="red", sample_id="s"):
-    record = {"id": sample_id, "conversations": [{"from": "human", "value": question},
-                                                 {"from": "gpt", "value": answer}]}
-    if image is not None:
-        record["image"] = image
-    return record

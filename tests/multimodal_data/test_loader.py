@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from conftest import qa, write_jsonl, write_png
+from mm_samples import qa, write_jsonl, write_png
 
 from mtmegatron.data.multimodal.build import build_multimodal_datasets
 from mtmegatron.data.multimodal.conversations import ConversationDataset, LoaderConfig
