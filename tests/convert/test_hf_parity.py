@@ -68,9 +68,10 @@ def converted(tmp_path_factory):
     return get
 
 
-def _logits_worker(rank, world_size, backend_name, flags, checkpoint, tokens):
+def converted_model(world_size, backend_name, flags, checkpoint):
+    """(args, model in eval mode) on this rank: the backend active, process groups up, ``checkpoint`` (a
+    converter's output) loaded when given."""
     import mtmegatron
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     from mtmegatron.backends import get_backend
     from mtmegatron.convert.model import build_model, load_model, parse_flags
@@ -81,8 +82,16 @@ def _logits_worker(rank, world_size, backend_name, flags, checkpoint, tokens):
     mtmegatron.activate(backend)
     init_distributed(args, backend)
     model = build_model(args)
-    load_model(model, checkpoint)
+    if checkpoint:
+        load_model(model, checkpoint)
     model.eval()
+    return args, model
+
+
+def _logits_worker(rank, world_size, backend_name, flags, checkpoint, tokens):
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    _, model = converted_model(world_size, backend_name, flags, checkpoint)
     tokens = torch.as_tensor(tokens)
     positions = torch.arange(tokens.shape[1]).expand_as(tokens)
     with torch.no_grad():

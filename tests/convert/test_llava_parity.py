@@ -57,21 +57,11 @@ def model_flags(mc_dir: Path) -> list[str]:
 
 
 def _logits_worker(rank, world_size, backend_name, flags, checkpoint, batches):
-    import mtmegatron
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    from mtmegatron.backends import get_backend
-    from mtmegatron.convert.model import build_model, load_model, parse_flags
-    from mtmegatron.training.setup import init_distributed
+    from test_hf_parity import converted_model
 
-    args = parse_flags(flags, world_size=world_size)
-    backend = get_backend(backend_name)
-    mtmegatron.activate(backend)
-    init_distributed(args, backend)
-    model = build_model(args)
-    if checkpoint:
-        load_model(model, checkpoint)
-    model.eval()
+    args, model = converted_model(world_size, backend_name, flags, checkpoint)
     out = {}
     for name, (tokens, images, counts) in batches.items():
         tiles = torch.ones(len(images), dtype=torch.int)
