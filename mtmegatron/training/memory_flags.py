@@ -43,7 +43,7 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="full recompute: groups of N layers everywhere (uniform) or the first N per stage (block)")
     g.add_argument("--recompute-num-layers", type=int, default=None,
                    help="N for --recompute-method")
-    g.add_argument("--recompute-modules", nargs="*", choices=RECOMPUTE_MODULES, default=None,
+    g.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=None,
                    help="selective recompute: which submodules (default core_attn)")
 
 
