@@ -64,8 +64,7 @@ def fill_llava_fields(args: argparse.Namespace, given: dict, error: type[Excepti
     """Complete the LLaVA fields (the preset already filled what it has; ``given``: dest -> the user's flag); on a
     text model, refuse any LLaVA-only flag the user gave."""
     if args.model != "llava":
-        named = [given[f] for f in (*LLAVA_FIELDS, *_LLAVA_ONLY_BOOLS, "image_folder",
-                                    "decoder_first_pipeline_num_layers") if f in given]
+        named = [given[f] for f in (*LLAVA_FIELDS, *_LLAVA_ONLY_BOOLS, "image_folder") if f in given]
         if named:
             raise error(f"{', '.join(named)}: LLaVA flags, only valid with --model llava (this run is --model "
                         f"{args.model})")
@@ -155,10 +154,3 @@ def _check_pipeline_split(args: argparse.Namespace, error: type[Exception]) -> N
     if not 0 < first < args.num_layers or rest % (pp - 1):
         raise error(f"--decoder-first-pipeline-num-layers {first}: the other {rest} of {args.num_layers} layers "
                     f"must split evenly over the remaining {pp - 1} stages (and each stage needs a layer)")
-
-
-def pipeline_divides_layers(args: argparse.Namespace) -> bool:
-    """The language layers split over PP (unevenly when the first stage carries the vision encoder)."""
-    if getattr(args, "decoder_first_pipeline_num_layers", None) is not None:
-        return True  # checked by _check_pipeline_split
-    return args.num_layers % args.pipeline_model_parallel_size == 0

@@ -13,7 +13,8 @@ import sys
 
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
-from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields, pipeline_divides_layers
+from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields
+from mtmegatron.training.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.training.schedule import check_schedule_flags
@@ -291,8 +292,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.num_attention_heads % args.num_query_groups:
         raise ConfigError(f"--num-query-groups {args.num_query_groups} does not divide --num-attention-heads "
                           f"{args.num_attention_heads}")
-    if not pipeline_divides_layers(args):
-        raise ConfigError(f"--pipeline-model-parallel-size {pp} does not divide --num-layers {args.num_layers}")
+    check_pipeline_split(args, ConfigError)
     if world_size % (tp * pp * cp):
         raise ConfigError(f"world size {world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
     args.data_parallel_size = world_size // (tp * pp * cp)
@@ -314,6 +314,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {args.num_layers_per_virtual_pipeline_stage}"
                               f" does not divide the {per_stage} layers of each pipeline stage")
         args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
+        if args.virtual_pipeline_model_parallel_size == 1:
+            args.virtual_pipeline_model_parallel_size = None  # one virtual stage is no interleaving (Megatron-LM)
     else:  # Megatron-LM: p2p overlap and aligned parameter gathers exist only in the interleaved schedule
         args.overlap_p2p_comm = False
     if args.sequence_parallel and tp == 1:

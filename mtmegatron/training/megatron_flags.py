@@ -72,7 +72,7 @@ READ_BY_CODE = frozenset({
     "squared_relu", "init_method_xavier_uniform", "bias_gelu_fusion", "bias_swiglu_fusion", "no_persist_layer_norm",
     "check_for_nan_in_loss_and_grad", "ddp_average_in_collective", "ddp_pad_buckets_for_high_nccl_busbw",
     "ddp_reduce_scatter_with_fp32_accumulation", "recompute_activations", "use_rotary_position_embeddings",
-    "num_virtual_stages_per_pipeline_rank", "add_position_embedding",
+    "num_virtual_stages_per_pipeline_rank", "add_position_embedding", "decoder_last_pipeline_num_layers",
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
@@ -108,8 +108,6 @@ REFUSED = {
     "hybrid_override_pattern": "hybrid (Mamba) models are not supported",
     "mock_data_json": _NOT_YET,
     "distributed_backend": "the collective library follows --backend (nccl on cuda, mccl on musa, gloo on cpu)",
-    "decoder_last_pipeline_num_layers": "uneven pipeline stages are supported only for LLaVA's first stage "
-                                        "(--decoder-first-pipeline-num-layers)",
 }
 
 # option-string prefixes -> reason (the first match wins), for whole families of flags

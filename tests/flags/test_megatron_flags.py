@@ -190,3 +190,23 @@ def test_derived_values_follow_megatron_lm():
         parse_args(MEGATRON_GPT + ["--no-position-embedding"], world_size=1)
     assert parse_args(MEGATRON_GPT + ["--no-position-embedding", "--position-embedding-type", "rope"],
                       world_size=1).position_embedding_type == "rope"
+
+
+def test_uneven_pipeline_flags_reach_the_config():
+    import mtmegatron
+    from mtmegatron.backends import select_backend
+
+    mtmegatron.activate(select_backend("cpu"))
+    from mtmegatron.models.gpt import transformer_config
+
+    pp2 = ["--pipeline-model-parallel-size", "2"]
+    config = transformer_config(parse_args(MEGATRON_GPT + pp2 + ["--decoder-first-pipeline-num-layers", "1"],
+                                           world_size=2))
+    assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (1, None)
+    config = transformer_config(parse_args(MEGATRON_GPT + pp2 + ["--account-for-embedding-in-pipeline-split",
+                                                                 "--account-for-loss-in-pipeline-split"], world_size=2))
+    assert config.account_for_embedding_in_pipeline_split and config.account_for_loss_in_pipeline_split
+    for bad, message in ((["--decoder-first-pipeline-num-layers", "4"], "must split evenly"),
+                         (["--account-for-loss-in-pipeline-split"], "does not divide --num-layers 4 (+1")):
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("+", r"\+")):
+            parse_args(MEGATRON_GPT + pp2 + bad, world_size=2)
