@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from mtmegatron.training import checkpointing, placement, robustness
-from mtmegatron.training.device import compute_device
+from mtmegatron.training.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_loss
 from mtmegatron.training.metrics import print_rank0
 from mtmegatron.training.overlap import ParamGather
@@ -47,6 +47,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         for iteration in range(state.start + 1, state.last + 1):
             t0 = time.perf_counter()
             stats = train_step(iterators, model, optimizer, scheduler, args, iteration)
+            release_unused_memory(args.empty_unused_memory_level, "step")
             elapsed = time.perf_counter() - t0
             params.after_step(not stats["skipped"])
             if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
@@ -58,6 +59,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             row = {"iteration": iteration, **stats, "tokens_per_sec": tokens_per_step / elapsed,
                    "step_time_ms": elapsed * 1000.0, "skipped_steps": skipped}
             if evaluate and (iteration % args.eval_interval == 0 or iteration == state.last):
+                release_unused_memory(args.empty_unused_memory_level, "eval")
                 with params.gathered():
                     row["val_loss"] = validation_loss(valid, model, args)
             writer.log(row)

@@ -37,6 +37,9 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="do not pin the host gradient buffers of the offloaded optimizer")
     g.add_argument("--no-pin-cpu-params", dest="pin_cpu_params", action="store_false",
                    help="do not pin the host parameter copies of the offloaded optimizer")
+    g.add_argument("--empty-unused-memory-level", type=int, choices=[0, 1, 2], default=0,
+                   help="return the device allocator's cached memory after each step (1) and before validation too "
+                        "(2); nothing to return on the cpu backend")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
                    help="recompute activations in backward: whole layers (full) or chosen modules (selective)")
     g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
