@@ -11,7 +11,7 @@ from mtmegatron.training import device
 
 def test_levels_empty_the_device_cache_when_megatron_lm_does(monkeypatch):
     calls = []
-    monkeypatch.setattr(device, "compute_device", lambda: torch.device("musa", 0))
+    monkeypatch.setattr(device, "compute_device", lambda: types.SimpleNamespace(type="musa"))
     monkeypatch.setattr(device.torch, "get_device_module",
                         lambda kind: types.SimpleNamespace(empty_cache=lambda: calls.append(kind)))
     assert not device.release_unused_memory(0, "step")
