@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     from mtmegatron.convert.commands import add_parser as add_convert_parser
 
     add_convert_parser(sub)
+    from mtmegatron.training import flag_report
+
+    flag_report.add_parser(sub)
     args = parser.parse_args(argv)
     from mtmegatron.backends import BackendUnavailableError
     from mtmegatron.convert.hf_config import ConversionError
