@@ -142,6 +142,7 @@ class _InProcess:
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="mtmegatron preprocess", description=__doc__.split("\n")[0])
+    p.error = _one_line_error  # a bad flag is one line (no usage dump), exit 2
     g = p.add_argument_group("input and output (Megatron-LM tools/preprocess_data.py's flags)")
     g.add_argument("--input", nargs="+", required=True, help="JSONL (.jsonl[.gz|.xz]) or plain text files")
     g.add_argument("--output-prefix", required=True, help="writes <prefix>_<key>_document.bin/.idx per key")
@@ -160,6 +161,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="no --tokenizer-type/--tokenizer-model: train a byte-level BPE of this vocabulary size on "
                         "the input; saved to <prefix>_tokenizer/")
     return p
+
+
+def _one_line_error(message: str):
+    print(f"mtmegatron preprocess: error: {message} (see --help)", file=sys.stderr)
+    sys.exit(2)
 
 
 def _check(args: argparse.Namespace) -> None:
