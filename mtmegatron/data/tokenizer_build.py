@@ -132,11 +132,12 @@ def build_tokenizer(args: argparse.Namespace):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            logging.disable(logging.WARNING)  # transformers' notes on tokenizer classes, once per rank
+            previous = logging.root.manager.disable
+            logging.disable(max(previous, logging.WARNING))  # transformers' notes on tokenizer classes, per rank
             try:
                 inner = core_build_tokenizer(_core_args(args, **changes))
             finally:
-                logging.disable(logging.NOTSET)
+                logging.disable(previous)
         if kind == "SentencePieceTokenizer":
             model_vocab_size = sentencepiece_model_vocab_size(args.tokenizer_model)
         return CoreTokenizer(inner, kind, source, model_vocab_size)

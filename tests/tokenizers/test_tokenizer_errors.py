@@ -73,4 +73,11 @@ def test_preprocess_refuses_in_one_line(tokenizer_set, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("mtmegatron preprocess: error: ") and message in err and err.count("\n") == 1, err
     assert not list(tmp_path.iterdir())  # nothing written
+    # a bad line after good documents: the half-written dataset is removed
+    bad = tmp_path.parent / f"{tmp_path.name}-bad.jsonl"
+    bad.write_text((tokenizer_set["root"] / "docs.jsonl").read_text() + '{"body": "no text field"}\n')
+    assert cli.main(["preprocess", "--input", str(bad), "--output-prefix", str(tmp_path / "out"), "--workers", "2"]
+                    + tokenizer_set["GPT2BPETokenizer"]["flags"]) == 2
+    assert f"{bad.name}:41: not a JSON object with a 'text' field" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
