@@ -12,6 +12,7 @@ import os
 import sys
 
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
+from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields
 from mtmegatron.training.pipeline_split import check_pipeline_split
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fp8(p)
     add_memory_args(p)
     add_llava_args(p)
+    add_tokenizer_args(p)
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)
@@ -355,6 +357,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     check_memory_args(args, ConfigError)
+    check_tokenizer_args(args, ConfigError)
     from mtmegatron.training import run_args
 
     run_args.validate(args, ConfigError)
