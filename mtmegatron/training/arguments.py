@@ -277,9 +277,11 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
     """Raise ConfigError on any inconsistent combination; derive data_parallel_size etc."""
-    for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+    typed = getattr(args, "tokenizer_type", None) not in (None, "NullTokenizer")  # its vocabulary sets the model's
+    for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") + (() if typed else ("vocab_size",)):
         if getattr(args, field) is None:
-            raise ConfigError(f"--{field.replace('_', '-')} is required (no preset value)")
+            raise ConfigError(f"--{field.replace('_', '-')} is required (Megatron-LM has no default; or name a "
+                              "preset with --model)")
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     ep = args.expert_model_parallel_size
     if min(tp, pp, cp, ep) < 1:
@@ -333,7 +335,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     elif ep != 1:
         raise ConfigError("--expert-model-parallel-size needs --num-experts")
     check_deepseek_args(args, ConfigError)
-    check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
+    if args.vocab_size is not None:  # else set from the tokenizer by data/resolve.py
+        check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
     check_schedule_flags(args, ConfigError)
     dp, mbs, gbs = args.data_parallel_size, args.micro_batch_size, args.global_batch_size
     if gbs % (mbs * dp):
