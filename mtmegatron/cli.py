@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     from mtmegatron.training import flag_report
 
     flag_report.add_parser(sub)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["flags"]:  # its arguments are other programs' option strings
+        return flag_report.run(argparse.Namespace(names=argv[1:]))
     args = parser.parse_args(argv)
     from mtmegatron.backends import BackendUnavailableError
     from mtmegatron.convert.hf_config import ConversionError

@@ -263,9 +263,6 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
     _resolve_impl(args, given)
     if args.use_flash_attn and "attention_backend" not in given:
         args.attention_backend = "flash"  # Megatron-LM's meaning; which kernel runs is said at start-up
-    if args.moe_grouped_gemm:
-        raise ConfigError("--moe-grouped-gemm: grouped-GEMM experts need TransformerEngine or the grouped_gemm "
-                          "package, neither of which this backend has; drop the flag (experts run one by one)")
     if args.recompute_activations and "recompute_granularity" not in given:
         args.recompute_granularity = "selective"  # Megatron-LM's shorthand
     if args.use_rotary_position_embeddings:

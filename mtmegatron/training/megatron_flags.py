@@ -73,6 +73,9 @@ READ_BY_CODE = frozenset({
     "check_for_nan_in_loss_and_grad", "ddp_average_in_collective", "ddp_pad_buckets_for_high_nccl_busbw",
     "ddp_reduce_scatter_with_fp32_accumulation", "recompute_activations", "use_rotary_position_embeddings",
     "num_virtual_stages_per_pipeline_rank", "add_position_embedding", "decoder_last_pipeline_num_layers",
+    # fusion switches: models/fusions.py decides what runs on the backend
+    "masked_softmax_fusion", "bias_dropout_fusion", "apply_rope_fusion", "gradient_accumulation_fusion",
+    "cross_entropy_loss_fusion",
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
@@ -107,6 +110,8 @@ REFUSED = {
     "is_hybrid_model": "hybrid (Mamba) models are not supported",
     "hybrid_override_pattern": "hybrid (Mamba) models are not supported",
     "mock_data_json": _NOT_YET,
+    "moe_grouped_gemm": "grouped-GEMM experts need TransformerEngine or the grouped_gemm package, neither of which "
+                        "this backend has; drop the flag (experts run one by one)",
     "distributed_backend": "the collective library follows --backend (nccl on cuda, mccl on musa, gloo on cpu)",
 }
 
