@@ -52,6 +52,7 @@ def optimizer_config(args, params_dtype: torch.dtype) -> OptimizerConfig:
         use_torch_optimizer_for_cpu_offload=args.use_torch_optimizer_for_cpu_offload,
         pin_cpu_grads=args.pin_cpu_grads and pinned,
         pin_cpu_params=args.pin_cpu_params and pinned,
+        log_num_zeros_in_grad=args.log_num_zeros_in_grad,
     )
 
 
