@@ -104,7 +104,7 @@ def _observability_fields(row: dict) -> str:
     if row.get("mfu") is not None:
         text += f" | MFU {100 * row['mfu']:.1f}%"
     if row.get("num_zeros_in_grad") is not None:
-        text += f" | num zeros: {row['num_zeros_in_grad']:.0f}"
+        text += f" | num zeros: {row['num_zeros_in_grad']}"
     if row.get("params_norm") is not None:
         text += f" | params norm: {row['params_norm']:.3f}"
     return text

@@ -94,7 +94,7 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         "grad_norm": float(grad_norm) if grad_norm is not None else None,
         "lr": lr,
         "skipped": not update_successful,
-        **({"num_zeros_in_grad": num_zeros} if args.log_num_zeros_in_grad else {}),
+        **({"num_zeros_in_grad": None if num_zeros is None else int(num_zeros)} if args.log_num_zeros_in_grad else {}),
         **aux_loss_stats(args),  # mtp_loss / moe_aux_loss when the model has them
         **({"image_tokens": data_iterators[0].image_tokens(iteration)} if args.model == "llava" else {}),
     }
