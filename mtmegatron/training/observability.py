@@ -42,15 +42,18 @@ def memory_stats(device: torch.device) -> dict:
                 "mem_allocated_bytes": stats.get("allocated_bytes.all.current", 0),
                 "mem_max_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
                 "mem_allocated_count": stats.get("allocation.all.current", 0)}
-    return {"mem_allocated_bytes": module.memory_allocated(device),
-            "mem_max_allocated_bytes": module.max_memory_allocated(device)}
+    if hasattr(module, "memory_allocated"):
+        return {"mem_allocated_bytes": module.memory_allocated(device),
+                "mem_max_allocated_bytes": module.max_memory_allocated(device)}
+    return {}
 
 
-def _device_peak(backend, device: torch.device, rank: int) -> tuple[str, float | None]:
+def _device_peak(backend, device: torch.device) -> tuple[str, float | None]:
     """(device name, dense bf16 peak TFLOP/s or None); the cpu backend has none."""
     if device.type == "cpu":
         return "cpu", None
-    name = backend.device_module().get_device_name(device)
+    module = backend.device_module()
+    name = module.get_device_name(device) if hasattr(module, "get_device_name") else device.type
     return name, peak_bf16_tflops(name)
 
 
@@ -98,7 +101,7 @@ class Observability:
         self.flops = self.peak = None
         if args.log_throughput:
             self.flops = num_floating_point_operations(args, args.global_batch_size)
-            device_name, self.peak = _device_peak(backend, self.device, rank)
+            device_name, self.peak = _device_peak(backend, self.device)
             mfu = (f"MFU against the {device_name} dense bf16 peak of {self.peak:g} TFLOP/s" if self.peak else
                    "no MFU on the cpu backend" if self.device.type == "cpu" else
                    f"MFU n/a: peak of {device_name} unknown (set MTMEGATRON_PEAK_BF16_TFLOPS)")
@@ -148,8 +151,11 @@ class Observability:
         self.profiler.step_end(iteration)
         self.gc.after_step(iteration)
 
+    @contextlib.contextmanager
     def evaluation(self):
-        return self.gc.evaluation()
+        """Around validation: manual gc's collections; the timers paused, as Megatron-LM's evaluate does."""
+        with self.gc.evaluation(), self.timers.paused():
+            yield
 
     @contextlib.contextmanager
     def saving(self):
@@ -159,6 +165,7 @@ class Observability:
         self.timers.print_now("save-checkpoint", self.rank)
 
     def close(self) -> None:
+        self.timers.close()
         self.profiler.close()
         self.wandb.close()
         self.gc.close()

@@ -38,12 +38,13 @@ class StepTimers:
         self.to_row = args.log_timers_to_tensorboard
         self.names = [*(LEVEL_1 if args.timing_log_level >= 1 else ()),
                       *(LEVEL_2 if args.timing_log_level >= 2 else ())]
-        for chunk in model:
-            config = get_model_config(chunk)
+        self.configs = [get_model_config(chunk) for chunk in model]
+        for config in self.configs:
             config.timers, config.barrier_with_L1_time = self.timers, args.barrier_with_L1_time
-        for opt in _optimizers(optimizer):
-            if getattr(opt, "config", None) is not None:
-                opt.config.timers, opt.config.barrier_with_L1_time = self.timers, args.barrier_with_L1_time
+        self.optimizer_configs = [opt.config for opt in _optimizers(optimizer)
+                                  if getattr(opt, "config", None) is not None]
+        for config in self.optimizer_configs:
+            config.timers, config.barrier_with_L1_time = self.timers, args.barrier_with_L1_time
 
     def report(self, iterations: int) -> tuple[dict, str | None]:
         """Timers since the last report, per iteration: the row values and the text rank 0 prints."""
@@ -56,6 +57,22 @@ class StepTimers:
                                                          normalizer=iterations)
             row = {f"{name}-time": max_time for name, (_, max_time) in times.items()}
         return row, self.timers.get_all_timers_string(self.names, normalizer=iterations, reset=True)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No model timers inside the block (Megatron-LM's evaluation runs the schedule without them)."""
+        for config in self.configs:
+            config.timers = None
+        try:
+            yield
+        finally:
+            for config in self.configs:
+                config.timers = self.timers
+
+    def close(self) -> None:
+        """Take the timers off the configs (what runs after training is not timed)."""
+        for config in self.configs + self.optimizer_configs:
+            config.timers = None
 
     def print_now(self, name: str, rank: int) -> None:
         """Megatron-LM prints the save-checkpoint timer right after each save (a collective)."""
