@@ -148,7 +148,9 @@ def run(args, backend, tokenizer=None, data=None) -> int:
 
     tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
     writer = MetricsWriter(args.log_dir, rank, args.train_iters, args.log_interval, resume=state.start > 0,
-                           start=state.start, tensorboard_dir=tensorboard_dir, progress=True)
+                           start=state.start, tensorboard_dir=tensorboard_dir, progress=True,
+                           tensorboard_log_interval=args.tensorboard_log_interval,
+                           tensorboard_queue_size=args.tensorboard_queue_size)
     state.last = min(args.train_iters, args.exit_interval or args.train_iters)
     train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state)
     if state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short

@@ -18,6 +18,7 @@ from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_
 from mtmegatron.training.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
+from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
 from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help, flag_sources, megatron_flags
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_io(p)
     _add_fp8(p)
     add_memory_args(p)
+    add_observability_args(p)
     add_llava_args(p)
     add_tokenizer_args(p)
     from mtmegatron.training import run_args
@@ -358,6 +360,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     check_memory_args(args, ConfigError)
     check_tokenizer_args(args, ConfigError)
+    check_observability_args(args, ConfigError)
     from mtmegatron.training import run_args
 
     run_args.validate(args, ConfigError)
