@@ -31,7 +31,7 @@ HELP = {
     "num_experts": f"MoE experts per MoE layer ({PRESET}; none: dense)",
     "moe_router_topk": f"experts each token is routed to ({PRESET})",
     "moe_ffn_hidden_size": f"expert MLP hidden size ({PRESET})",
-    "norm_epsilon": f"layer-norm epsilon ({PRESET})",
+    "layernorm_epsilon": f"layer-norm epsilon ({PRESET})",
     "moe_aux_loss_coeff": f"load-balancing loss coefficient ({PRESET})",
     "normalization": f"LayerNorm or RMSNorm ({PRESET})",
     "position_embedding_type": f"learned_absolute or rope ({PRESET})",
