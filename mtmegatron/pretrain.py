@@ -84,6 +84,11 @@ def startup_lines(args) -> list[str]:
         lines.append("mtmegatron: differs from Megatron-LM's defaults: " + ", ".join(args.megatron_differences))
     if args.impl_note:
         lines.append(f"mtmegatron: {args.impl_note}")
+    from mtmegatron.models.gpt import p2p_overlap_runs
+
+    if args.overlap_p2p_comm and not p2p_overlap_runs(args):
+        lines.append("mtmegatron: p2p overlap of the interleaved schedule (Megatron-LM's default) is off over gloo: "
+                     "it corrupts the gradients there; --no-overlap-p2p-communication is implied")
     lines.append(fusions.describe(args))
     return lines
 
