@@ -50,12 +50,12 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
 
 def checkpoint_common(load: str) -> dict:
     """The latest complete checkpoint's non-tensor state, or a one-line GenerateError."""
+    if not os.path.isdir(load):
+        raise GenerateError(f"--load {load}: no such directory")
     from megatron.core import dist_checkpointing
 
     from mtmegatron.training.checkpointing import CheckpointError, checkpoint_dir, latest_complete_iteration
 
-    if not os.path.isdir(load):
-        raise GenerateError(f"--load {load}: no such directory")
     try:
         iteration = latest_complete_iteration(load)
     except CheckpointError as e:
