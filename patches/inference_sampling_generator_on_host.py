@@ -1,7 +1,7 @@
 """megatron-core's text generation controller draws its samples from a host generator on the CPU backend.
 
 Target: megatron.core.inference.text_generation_controllers.text_generation_controller:TextGenerationController.__init__
-Reason: the controller builds its sampling generator as ``torch.Generator(device=torch.cuda.current_device())``.
+Reason: the controller builds its sampling generator as ``torch.Generator`` on the current accelerator index.
 On the CPU backend ``current_device()`` is the index 0, and torch refuses a generator on an accelerator index
 when there is none ("Cannot access accelerator device when none is available"). A constructor is not a torch
 function, so the bridge's device remapping never sees it. The replacement runs the original constructor with

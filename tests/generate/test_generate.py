@@ -167,3 +167,25 @@ def test_bad_input_is_one_line(tiny, tmp_path, capsys):
     assert f"has {POSITIONS} tokens" in err and f"{POSITIONS} positions" in err
     err = _cli_error(capsys, *base, "--load", str(mc_dir), "--prompt", "Hi", "--top-k", "4", "--top-p", "0.9")
     assert "--top-k and --top-p" in err
+
+
+@pytest.mark.parametrize("model_flags", [
+    ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+     "--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "96", "--vocab-size", "300",
+     "--no-untie-embeddings-and-output-weights", "--qk-layernorm", "--normalization", "LayerNorm",
+     "--rotary-base", "10000"],
+    ["--model", "mixtral", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+     "--num-experts", "4", "--moe-router-topk", "2", "--vocab-size", "256"],
+], ids=["llama3-off-preset", "mixtral"])
+def test_pretrain_checkpoint_flags_rebuild_the_same_model(model_flags):
+    """A pretrain checkpoint records only the model fingerprint: the flags generate rebuilds from it describe the
+    same model (every fingerprint field equal)."""
+    from mtmegatron.generate.model import flags_from_fingerprint
+    from mtmegatron.models.fingerprint import fingerprint
+    from mtmegatron.training.arguments import parse_args
+
+    def parsed(flags):
+        return parse_args(flags + ["--mock-data", "--backend", "cpu"], world_size=1, for_training=False)
+
+    saved = fingerprint(parsed(model_flags))
+    assert fingerprint(parsed(flags_from_fingerprint(saved))) == saved
