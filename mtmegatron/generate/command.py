@@ -107,7 +107,8 @@ def report(args, results, seconds: float, backend, margs, sampling: dict) -> Non
     engine = "no KV cache (full recompute)" if args.no_kv_cache else "megatron-core static engine, KV cache"
     print(f"mtmegatron generate: {generated} tokens for {len(results)} prompts in {seconds:.2f} s = "
           f"{generated / max(seconds, 1e-9):.1f} tokens/s | {describe_sampling(sampling)} | {engine} | backend "
-          f"{backend.name}, TP {margs.tensor_model_parallel_size} x PP {margs.pipeline_model_parallel_size}",
+          f"{backend.name}, TP {margs.tensor_model_parallel_size} x PP {margs.pipeline_model_parallel_size}"
+          f"{f', EP {margs.expert_model_parallel_size}' if margs.expert_model_parallel_size > 1 else ''}",
           flush=True)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

@@ -4,7 +4,8 @@ weights loaded from the torch_dist checkpoint (resharded from whatever layout wr
 Where the flags come from, first that applies: flags given after ``--``; the ``model_flags`` the HF converter
 records (what ``mcore-to-hf`` reads); for a pretrain checkpoint, its model fingerprint (models/fingerprint.py:
 every field that changes shapes or the forward math) on top of the preset it names. The fingerprint is
-compared with the rebuilt model before loading, as ``pretrain --load`` does.
+compared with the rebuilt model before loading, as ``pretrain --load`` does. A multi-token-prediction block
+(DeepSeek-V3) is not built: generation reads the main output head, and its weights are simply not loaded.
 May assume: called on every rank; ``prepare`` before any process group, ``build_and_load`` after
 ``init_distributed``.
 """
@@ -102,6 +103,7 @@ def model_args(load: str, given_flags: list[str], layout: list[str], backend: st
     if found:
         raise GenerateError(f"checkpoint {common['directory']} was written for a different model than the flags "
                             f"describe ({describe_mismatches(found)})")
+    args.mtp_num_layers = None  # DeepSeek-V3's MTP head only trains; the next token comes from the main head
     return args, common
 
 

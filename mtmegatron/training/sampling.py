@@ -7,7 +7,8 @@ sequence parallelism is switched off for the decode and back on after it. Prompt
 data was (no special tokens added). The new tokens per prompt are ``--sample-tokens``, fewer when the longest
 prompt would otherwise run past ``--max-position-embeddings``.
 Not supported, with the reason returned to the caller: interleaved (virtual) pipeline chunks (megatron-core's
-inference wrapper runs one chunk per rank) and context parallelism (the KV cache is not split over CP ranks).
+inference wrapper runs one chunk per rank), context parallelism (the KV cache is not split over CP ranks) and a
+DeepSeek-V3 multi-token-prediction block (it runs in every forward and needs labels).
 May assume: called on every rank after training, with an HF tokenizer from mtmegatron.data.tokenizer.
 """
 
@@ -20,17 +21,20 @@ from mtmegatron.generate.engine import Sampling, generate
 DEFAULT_PROMPTS = ("In the beginning", "And the LORD said unto Moses,", "Blessed are the")
 
 
-def unsupported_reason(model) -> str | None:
+def unsupported_reason(model, args) -> str | None:
     if len(model) != 1:
         return "megatron-core's inference engine does not run interleaved (virtual) pipeline chunks"
     if parallel_state.get_context_parallel_world_size() > 1:
         return "the inference KV cache is not split over context-parallel ranks"
+    if getattr(args, "mtp_num_layers", None):
+        return ("the multi-token-prediction block runs in every forward of this model and needs labels; save a "
+                "checkpoint and use `mtmegatron generate`, which builds the model without it")
     return None
 
 
 def samples(model, tokenizer, args) -> tuple[list[tuple[str, str]] | None, str]:
     """((prompt, continuation) pairs, a note for the header), or (None, why there are none)."""
-    reason = unsupported_reason(model)
+    reason = unsupported_reason(model, args)
     if reason:
         return None, reason
     prompts = list(args.sample_prompt or DEFAULT_PROMPTS)[: args.num_samples]

@@ -10,6 +10,7 @@ with ``mtmegatron convert hf-to-mcore``, saves a character-level tokenizer with 
   temperature) equals greedy; top-k sampling is reproducible from ``--seed`` and changes with it;
 - TP2 and PP2: the same greedy tokens as TP1, the KV-cache engine equals the recompute loop (TP2), every rank
   returns the same sampled tokens;
+- DeepSeek-V3 (MLA, MoE, YaRN; its MTP layer not built): greedy equals the recompute loop and HF;
 - bad input: missing or empty checkpoint directory, a prompt longer than the model's positions, conflicting
   sampling flags: exit status 2 and one line, before any process group.
 The two prompts have different lengths, so the static batch's mixed prefill/decode steps are exercised.
@@ -36,13 +37,11 @@ NEW_TOKENS = 24
 POSITIONS = 64  # the tiny HF Llama's max_position_embeddings
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def _converted_with_reference(root: Path, family: str):
     """(converted checkpoint dir, tokenizer dir, HF reference {"plain"|"chat": {prompt_tokens, tokens}})."""
-    root = tmp_path_factory.mktemp("generate")
     hf_dir, mc_dir, tok_dir = root / "hf", root / "mcore", root / "tokenizer"
-    save_reference("llama3", hf_dir)
-    run_cli("convert", "hf-to-mcore", "--model", "llama3", "--hf-dir", str(hf_dir), "--out", str(mc_dir))
+    save_reference(family, hf_dir)
+    run_cli("convert", "hf-to-mcore", "--model", family, "--hf-dir", str(hf_dir), "--out", str(mc_dir))
     save_char_tokenizer(str(tok_dir))
     (root / "prompts.json").write_text(json.dumps(PROMPTS))
     proc = subprocess.run([sys.executable, str(HERE / "hf_reference.py"), str(hf_dir), str(tok_dir),
@@ -52,6 +51,12 @@ def tiny(tmp_path_factory):
     reference = json.loads((root / "hf.json").read_text())
     assert all(len(t) >= 8 for t in reference["plain"]["tokens"]), reference  # long enough to mean something
     return mc_dir, tok_dir, reference
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny Llama converted, the tokenizer and HF's greedy tokens."""
+    return _converted_with_reference(tmp_path_factory.mktemp("llama3"), "llama3")
 
 
 def test_cli_chat_greedy_equals_hf_generate(tiny, tmp_path):
@@ -67,8 +72,9 @@ def test_cli_chat_greedy_equals_hf_generate(tiny, tmp_path):
     assert "tokens/s" in proc.stdout and "greedy" in proc.stdout and "KV cache" in proc.stdout
 
 
-def _generate_worker(rank, world_size, backend_name, load, tokenizer_dir, layout):
-    """One rank: the model loaded as ``mtmegatron generate`` loads it, then several generations from it."""
+def _generate_worker(rank, world_size, backend_name, load, tokenizer_dir, layout, greedy_only=False):
+    """One rank: the model loaded as ``mtmegatron generate`` loads it, then several generations from it
+    (``greedy_only``: the KV-cache engine and the recompute loop, greedy)."""
     import argparse
 
     import mtmegatron
@@ -92,11 +98,11 @@ def _generate_worker(rank, world_size, backend_name, load, tokenizer_dir, layout
         results, _ = generate(model, tokenizer, prompts, prompt_tokens, Sampling(NEW_TOKENS, **sampling))
         return [r.tokens for r in results]
 
-    out = {"prompt_tokens": prompt_tokens, "greedy": tokens(),
-           "top_k_1": tokens(top_k=1, temperature=0.5),
-           "sampled": tokens(top_k=4, temperature=1.0, seed=7),
-           "sampled_again": tokens(top_k=4, temperature=1.0, seed=7),
-           "sampled_other_seed": tokens(top_k=4, temperature=1.0, seed=8)}
+    out = {"prompt_tokens": prompt_tokens, "greedy": tokens()}
+    if not greedy_only:
+        out.update(top_k_1=tokens(top_k=1, temperature=0.5), sampled=tokens(top_k=4, temperature=1.0, seed=7),
+                   sampled_again=tokens(top_k=4, temperature=1.0, seed=7),
+                   sampled_other_seed=tokens(top_k=4, temperature=1.0, seed=8))
     if margs.pipeline_model_parallel_size == 1:
         out["recompute"] = [r.tokens for r in generate_without_cache(model, tokenizer, prompts, prompt_tokens,
                                                                      NEW_TOKENS)[0]]
@@ -141,6 +147,16 @@ def test_tp2_pp2_generate_what_tp1_does(tiny, tp1, run_ranks, layout):
         if "recompute" in result:  # TP2 (the recompute loop runs without pipeline parallelism)
             assert result["recompute"] == tp1["greedy"]
     assert ranks[0]["sampled"] == ranks[1]["sampled"], "ranks drew different samples"
+
+
+def test_deepseek_v3_greedy_equals_hf_generate(tmp_path, run_ranks):
+    """MLA (q LoRA, YaRN RoPE) with the static KV cache, first-k dense + MoE with the biased group-limited router;
+    the checkpoint's MTP layer is not built for generation."""
+    mc_dir, tok_dir, reference = _converted_with_reference(tmp_path, "deepseek-v3")
+    (result,) = run_ranks(_generate_worker, 1, "cpu", str(mc_dir), str(tok_dir), [], True, timeout=300)
+    result = json.loads(result)
+    assert result["greedy"] == result["recompute"]
+    assert result["greedy"] == reference["plain"]["tokens"]
 
 
 def _cli_error(capsys, *argv) -> str:
