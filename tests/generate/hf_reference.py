@@ -1,5 +1,6 @@
-"""``python hf_reference.py HF_DIR TOKENIZER_DIR OUT.json MAX_NEW_TOKENS PROMPTS.json``: HF transformers' own
-greedy ``generate`` (the reference nobody here wrote) for each prompt, plain and as a chat turn.
+"""``python hf_reference.py FAMILY HF_DIR TOKENIZER_DIR OUT.json MAX_NEW_TOKENS PROMPTS.json``: saves
+tests/convert's tiny random HF model of FAMILY in HF_DIR (hf_models.save_tiny), then runs HF transformers' own
+greedy ``generate`` (the reference nobody here wrote) on it for each prompt, plain and as a chat turn.
 
 Plain prompts are encoded by transformers' tokenizer with its defaults; chat prompts by
 ``apply_chat_template(..., add_generation_prompt=True)``. Each prompt is generated alone (no padding); HF's
@@ -21,11 +22,12 @@ def _tokens(value) -> list[int]:
     return list(value["input_ids"] if hasattr(value, "keys") else value)
 
 
-def main(hf_dir: str, tokenizer_dir: str, out: str, max_new_tokens: int, prompts: list[str]) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def main(family: str, hf_dir: str, tokenizer_dir: str, out: str, max_new_tokens: int, prompts: list[str]) -> None:
+    from hf_models import save_tiny
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager").float().eval()
+    model = save_tiny(family, hf_dir)  # the saved model itself, eval, fp32
     eos = tokenizer.eos_token_id
     encoded = {
         "plain": [tokenizer(p)["input_ids"] for p in prompts],
@@ -46,5 +48,8 @@ def main(hf_dir: str, tokenizer_dir: str, out: str, max_new_tokens: int, prompts
 
 
 if __name__ == "__main__":
-    with open(sys.argv[5]) as f:
-        main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.load(f))
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "convert"))
+    with open(sys.argv[6]) as f:
+        main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), json.load(f))
