@@ -80,6 +80,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
         batch_p2p_comm=not _two_stage_interleaved(args),
+        calculate_per_token_loss=getattr(args, "calculate_per_token_loss", False),  # sft/flags.py
         # activation recompute (rules in training/memory_flags.py); megatron-core's checkpoint functions replay
         # the dropout masks through the RNG tracker (the cpu bridge's tracker holds real generators)
         recompute_granularity=args.recompute_granularity,
