@@ -4,7 +4,7 @@ A packed batch (it carries ``cu_seqlens``) goes to the model as THD with megatro
 attention stays inside each sequence and RoPE restarts at every sequence start. The loss function returns
 megatron-core's per-token triple ``(loss sum, loss-token count, report)``; with
 ``config.calculate_per_token_loss`` the schedule leaves the sum undivided, ``finalize_model_grads`` divides
-the gradients by the token count all-reduced over the pipeline's last stage and DP x CP, and the report
+the gradients by the token count all-reduced over the pipeline's last stage and DP x CP, and the report's
 ``[sum, count]`` is summed the same way by ``global_per_token_loss``. So the loss and gradient are the mean
 over every loss token of the global batch, however the batch is cut into micro-batches or packed.
 May assume: megatron-core 0.16 schedules; parallel state initialised.
@@ -23,6 +23,9 @@ from mtmegatron.attention.cp_batch import batch_on_this_cp_rank
 from mtmegatron.training.device import compute_device, to_compute_device
 
 
+SUM_AND_COUNT = "lm loss sum, tokens"
+
+
 def packed_seq_params(batch: dict) -> PackedSeqParams | None:
     if "cu_seqlens" not in batch:
         return None
@@ -36,7 +39,9 @@ def per_token_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     mask = loss_mask.view(-1).float()
     total = torch.sum(losses * mask)
     count = mask.sum()
-    return total, count.to(torch.int), {"lm loss": torch.stack([total.detach(), count]).double()}
+    report = torch.stack([total.detach(), count]).double()
+    # "lm loss": this micro-batch's mean (read by the inf/nan check); the global mean comes from the sums
+    return total, count.to(torch.int), {"lm loss": report[0] / report[1].clamp(min=1), SUM_AND_COUNT: report}
 
 
 def forward_step(data_iterator, model):
@@ -54,7 +59,7 @@ def global_per_token_loss(losses_reduced: list[dict]) -> float:
     if (parallel_state.is_pipeline_last_stage(ignore_virtual=True)
             and parallel_state.get_tensor_model_parallel_rank() == 0):
         for report in losses_reduced:
-            totals += report["lm loss"].to(totals.device)
+            totals += report[SUM_AND_COUNT].to(totals.device)
     torch.distributed.all_reduce(totals)  # every DP x CP replica of the last stage's TP rank 0
     return (totals[0] / totals[1].clamp(min=1)).item()
 
