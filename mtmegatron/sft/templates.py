@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 LLAMA3 = (
     "{{ '<|begin_of_text|>' }}{% for m in messages %}"
@@ -51,6 +52,9 @@ PROMPT_FORMATS = ("tokenizer", *BUILTIN)
 SPECIAL_TOKENS = {"llama3": ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
                   "chatml": ("<|im_start|>", "<|im_end|>"), "qwen": ("<|im_start|>", "<|im_end|>"), "plain": (),
                   "nemotron-h-aligned": ("<SPECIAL_10>", "<SPECIAL_11>")}
+
+
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 class TemplateError(ValueError):
@@ -113,7 +117,19 @@ class ChatTemplate:
         return rendered[0]
 
     def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-        """(rendered conversation, character spans of its assistant turns)."""
+        """(rendered conversation, character spans of its assistant turns): the template's own
+        ``{% generation %}`` spans when it has them (as HF's ``return_assistant_tokens_mask``), else the text
+        each assistant turn adds after the conversation so far with the generation prompt."""
+        if GENERATION_TAG.search(self.template):
+            try:
+                rendered, spans = self._render_jinja(conversations=[messages], chat_template=self.template,
+                                                     return_assistant_tokens_mask=True, **self.kwargs)
+            except Exception as e:
+                raise TemplateError(f"the {self.prompt_format} chat template failed: {e}") from None
+            return rendered[0], [tuple(span) for span in spans[0]]
+        return self.prefix_spans(messages)
+
+    def prefix_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         text = self.render(messages)
         spans = []
         for i, m in enumerate(messages):
