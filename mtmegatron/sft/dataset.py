@@ -61,6 +61,9 @@ class SFTData:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def most_per_bin(self) -> int:
+        return max(len(b) for b in self.plan.bins)
+
     def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         start, end = self.offsets[i], self.offsets[i + 1]
         return self.ids[start:end], self.assistant[start:end]
@@ -144,5 +147,5 @@ def micro_batches(data: SFTData, args: argparse.Namespace, dp_rank: int, start_i
             if args.sft_packing:
                 yield packed_batch(bins, args.seq_length, pad_id)
             else:
-                yield padded_batch(bins, args.seq_length, pad_id)
+                yield padded_batch(bins, args.seq_length, pad_id, args.sft_padded_rows)
         iteration += 1

@@ -15,7 +15,9 @@ A micro-batch of bins is laid out either
   bin's unused tail as one more (loss-free) sequence; ``cu_seqlens`` marks every sequence, positions restart
   at 0 in each. Under context parallelism every sequence is padded to a multiple of ``2 * CP`` (megatron-core's
   THD rule) and the row to ``mbs * seq_length`` rounded up to ``2 * CP``;
-- padded (``--no-sft-packing``): one row ``[seq_length]`` per conversation, right-padded, causal attention.
+- padded (``--no-sft-packing``): one row ``[seq_length]`` per conversation, right-padded, causal attention,
+  and loss-free empty rows up to ``mbs x`` the most conversations any bin holds (a fixed shape, which the
+  pipeline schedules need).
 Both hold the same conversations, so the same global batch gives the same per-token loss and gradient.
 May assume: every conversation already fits (``len(ids) - 1 <= seq_length``; the dataset truncates).
 """
@@ -107,12 +109,14 @@ def packed_batch(samples: list[list[tuple]], seq_length: int, pad_id: int, cp_si
     }
 
 
-def padded_batch(samples: list[list[tuple]], seq_length: int, pad_id: int) -> dict:
-    """One right-padded row per conversation of the bins in ``samples``."""
+def padded_batch(samples: list[list[tuple]], seq_length: int, pad_id: int, num_rows: int | None = None) -> dict:
+    """One right-padded row per conversation of the bins in ``samples``, then empty (loss-free) rows up to
+    ``num_rows``."""
     rows = [s for bin_samples in samples for s in bin_samples]
-    tokens = np.full((len(rows), seq_length), pad_id, np.int64)
-    labels = np.full((len(rows), seq_length), pad_id, np.int64)
-    mask = np.zeros((len(rows), seq_length), np.float32)
+    num_rows = num_rows or len(rows)
+    tokens = np.full((num_rows, seq_length), pad_id, np.int64)
+    labels = np.full((num_rows, seq_length), pad_id, np.int64)
+    mask = np.zeros((num_rows, seq_length), np.float32)
     for r, (ids, assistant) in enumerate(rows):
         t, l, m = _shifted(ids, assistant)
         tokens[r, : len(t)], labels[r, : len(t)], mask[r, : len(t)] = t, l, m

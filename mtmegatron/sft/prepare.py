@@ -58,6 +58,7 @@ def prepare(args: argparse.Namespace, progress: bool) -> SFTInputs:
     if len(data.plan) < args.global_batch_size:
         raise ConfigError(f"--sft: the data packs into {len(data.plan)} sequences of --seq-length {args.seq_length}, "
                           f"fewer than one --global-batch-size {args.global_batch_size}")
+    args.sft_padded_rows = args.micro_batch_size * data.most_per_bin()  # the padded layout's fixed rows
     packed, padded = data.efficiency(args.seq_length)
     summary = (f"sft data {' '.join(args.data_path)} | {len(data)} conversations ({data.num_truncated} cut to "
                f"--seq-length) -> {len(data.plan)} packed sequences | non-pad tokens: {packed:.1%} packed, "

@@ -18,7 +18,7 @@ from mtmegatron.training.metrics import print_rank0
 def held_out_accuracy(model, inputs, args, when: str, results: dict) -> None:
     """Score the held-out questions into ``results[when]``; at ``when == "after"`` also write the files."""
     rank = torch.distributed.get_rank()
-    if not inputs.held_out:
+    if not inputs.held_out or args.eval_iters == 0:  # --eval-iters 0: no evaluation of any kind
         return
     if not can_decode(model):
         if when == "after":

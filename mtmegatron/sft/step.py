@@ -17,7 +17,6 @@ from functools import partial
 import torch
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
-from megatron.core.utils import get_model_config
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank
 from mtmegatron.training.device import compute_device, to_compute_device
@@ -66,10 +65,7 @@ def global_per_token_loss(losses_reduced: list[dict]) -> float:
 
 def schedule_shape(model, args) -> tuple[int, int]:
     """(seq_length, micro_batch_size) the pipeline schedule sizes its activations with: a packed micro-batch
-    is one THD row of ``mbs * seq_length`` tokens; padded SFT rows vary in number, so their shapes are sent
-    ahead of each activation (megatron-core's ``variable_seq_lengths``)."""
-    if getattr(args, "sft", False) and args.sft_packing:
+    is one THD row of ``mbs * seq_length`` tokens; a padded one has ``args.sft_padded_rows`` rows."""
+    if args.sft_packing:
         return args.micro_batch_size * args.seq_length, 1
-    if getattr(args, "sft", False):
-        get_model_config(model[0]).variable_seq_lengths = True  # one config object for every chunk
-    return args.seq_length, args.micro_batch_size
+    return args.seq_length, args.sft_padded_rows

@@ -67,7 +67,8 @@ def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
         from mtmegatron.sft.step import forward_step as step
         from mtmegatron.sft.step import schedule_shape
 
-        seq_length, micro_batch_size = schedule_shape(model, args)
+        if args.sft:
+            seq_length, micro_batch_size = schedule_shape(model, args)
     else:
         step = forward_step
     return forward_backward(
