@@ -13,8 +13,7 @@ data-parallel rank ``d`` takes the ``d``-th contiguous slice, ``--micro-batch-si
 A micro-batch of bins is laid out either
 - packed (default): one THD row ``[1, mbs * seq_length]``, each bin's conversations one after another and the
   bin's unused tail as one more (loss-free) sequence; ``cu_seqlens`` marks every sequence, positions restart
-  at 0 in each. Under context parallelism every sequence is padded to a multiple of ``2 * CP`` (megatron-core's
-  THD rule) and the row to ``mbs * seq_length`` rounded up to ``2 * CP``;
+  at 0 in each (packed THD under context parallelism is not supported: sft/flags.py refuses it);
 - padded (``--no-sft-packing``): one row ``[seq_length]`` per conversation, right-padded, causal attention,
   and loss-free empty rows up to ``mbs x`` the most conversations any bin holds (a fixed shape, which the
   pipeline schedules need).
@@ -70,13 +69,8 @@ def _shifted(ids: np.ndarray, assistant: np.ndarray):
     return ids[:-1], ids[1:], assistant[1:].astype(np.float32)
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def packed_batch(samples: list[list[tuple]], seq_length: int, pad_id: int, cp_size: int = 1) -> dict:
+def packed_batch(samples: list[list[tuple]], seq_length: int, pad_id: int) -> dict:
     """THD micro-batch of ``samples`` (one list of ``(ids, assistant)`` per bin)."""
-    align = 2 * cp_size if cp_size > 1 else 1
     tokens, labels, mask, positions, cu = [], [], [], [], [0]
 
     def add(t, l, m):
@@ -86,18 +80,11 @@ def packed_batch(samples: list[list[tuple]], seq_length: int, pad_id: int, cp_si
     for bin_samples in samples:
         used = 0
         for ids, assistant in bin_samples:
-            t, l, m = _shifted(ids, assistant)
-            pad = _round_up(len(t), align) - len(t)
-            add(np.concatenate([t, np.full(pad, pad_id)]), np.concatenate([l, np.full(pad, pad_id)]),
-                np.concatenate([m, np.zeros(pad, np.float32)]))
-            used += len(t) + pad
+            add(*_shifted(ids, assistant))
+            used += len(ids) - 1
         tail = seq_length - used
         if tail > 0:  # the bin's unused room: a sequence of its own, with no loss
             add(np.full(tail, pad_id), np.full(tail, pad_id), np.zeros(tail, np.float32))
-    total = cu[-1]
-    target = _round_up(len(samples) * seq_length, align)
-    if total < target:
-        add(np.full(target - total, pad_id), np.full(target - total, pad_id), np.zeros(target - total, np.float32))
     lengths = np.diff(cu)
     return {
         "tokens": torch.from_numpy(np.concatenate(tokens).astype(np.int64)).unsqueeze(0),
