@@ -33,6 +33,8 @@ def add_sft_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_sft_args(args: argparse.Namespace, error: type[Exception]) -> None:
+    if args.calculate_per_token_loss and args.model == "llava":
+        raise error("--calculate-per-token-loss is not supported with --model llava (its loss is per micro-batch)")
     if not args.sft:
         if not args.sft_packing:
             raise error("--no-sft-packing needs --sft")

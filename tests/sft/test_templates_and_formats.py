@@ -148,3 +148,24 @@ def test_packed_and_padded_batches_hold_the_same_positions():
         assert (packed[key][0, :7] == rows[0]).all() and (packed[key][0, 7:19] == rows[1]).all()
         assert (packed[key][0, 24:43] == rows[2]).all()
     assert packed["loss_mask"][0, 19:24].sum() == 0 and padded["loss_mask"][:, 19:].sum() == 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--context-parallel-size", "2"], "--no-sft-packing"),
+    (["--mock-data"], "--mock-data has none"),
+    (["--sft-tokenizer-prompt-format", "vicuna"], "is unknown"),
+])
+def test_sft_flag_mistakes_are_config_errors(extra, message):
+    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.training.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        parse_args(["--model", "llama3", "--seq-length", "64", "--sft", *extra], world_size=2)
+
+
+def test_sft_switches_on_per_token_loss():
+    from mtmegatron.training.arguments import parse_args
+
+    args = parse_args(["--model", "llama3", "--sft"], world_size=1)
+    assert args.calculate_per_token_loss and args.sft_packing
+    assert not parse_args(["--model", "llama3", "--mock-data"], world_size=1).calculate_per_token_loss
