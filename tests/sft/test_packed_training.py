@@ -1,8 +1,9 @@
 """Packed SFT trains exactly like padded SFT, under every parallel layout we support, and packing never lets
 a token see another conversation.
 
-Each layout runs once (a module fixture, real gloo process groups) and trains the same tiny model from the
-same seed on the embedded task's conversations twice in the same processes: packed THD and
+One group of real gloo ranks per world size (a module fixture) trains, layout after layout (megatron-core's
+parallel state rebuilt in between), the same tiny model from the same seed on the embedded task's
+conversations twice: packed THD and
 ``--no-sft-packing`` padded rows. Both hold the same conversations in the same global batches, so with the
 per-token loss their per-iteration losses and gradient norms must agree to fp32 rounding (1e-5) for 10
 iterations: TP1; TP2 + SP; PP2 with virtual stages; Mixtral-style MoE with EP2 over DP2 and the distributed
@@ -48,9 +49,9 @@ def _with_model(argv: list[str]) -> list[str]:
 
 
 def _train_worker(rank, world_size, backend_name, runs: dict, cache: str):
-    """Train each of ``runs`` (name -> argv, one layout) from the same seed; (loss, grad norm) per iteration."""
+    """Train each of ``runs`` ((layout, mode) -> argv) from the same seed in these processes, switching
+    megatron-core's parallel state when the layout changes; (loss, grad norm) per iteration."""
     os.environ["MTMEGATRON_CACHE"] = cache
-    import torch
     from megatron.core import parallel_state
 
     import mtmegatron
@@ -61,17 +62,20 @@ def _train_worker(rank, world_size, backend_name, runs: dict, cache: str):
     from mtmegatron.training.train_step import train_step
 
     backend = mtmegatron.activate(backend_name)
-    results = {}
-    for name, argv in runs.items():
+    results, layout = {}, None
+    for (name, mode), argv in runs.items():
         args = parse_args(argv, world_size=world_size)
         inputs = prepare(args, progress=False)
-        if not torch.distributed.is_initialized():
-            init_distributed(args, backend)
+        if name != layout:
+            if parallel_state.model_parallel_is_initialized():
+                parallel_state.destroy_model_parallel()
+            init_distributed(args, backend)  # the process group once, the parallel state per layout
+            layout = name
         seed_everything(args.seed)
         model, optimizer, scheduler, _ = build(args)
         iterators = [micro_batches(inputs, args, parallel_state.get_data_parallel_rank(), 0) for _ in model]
         rows = [train_step(iterators, model, optimizer, scheduler, args, i) for i in range(1, ITERS + 1)]
-        results[name] = np.array([(r["loss"], r["grad_norm"]) for r in rows])
+        results[f"{name}/{mode}"] = np.array([(r["loss"], r["grad_norm"]) for r in rows])
     return results
 
 
@@ -83,13 +87,19 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(cache):
     """layout -> {mode: [(loss, grad norm)] per iteration} (rank 0's view; every rank reports the same)."""
-    out = {}
+    by_world: dict[int, dict] = {}
     for layout, (world_size, extra) in LAYOUTS.items():
         argv = _with_model(BASE + extra)
-        runs = {"packed": argv, "padded": argv + ["--no-sft-packing"]}
+        runs = by_world.setdefault(world_size, {})
+        runs[(layout, "packed")] = argv
+        runs[(layout, "padded")] = argv + ["--no-sft-packing"]
         if layout == "tp1":
-            runs["packed_mbs1"] = argv + ["--micro-batch-size", "1"]
-        out[layout] = run_ranks(_train_worker, world_size, "cpu", runs, cache, timeout=600)[0]
+            runs[(layout, "packed_mbs1")] = argv + ["--micro-batch-size", "1"]
+    out: dict[str, dict] = {}
+    for world_size, runs in by_world.items():  # one group of processes per world size
+        for key, value in run_ranks(_train_worker, world_size, "cpu", runs, cache, timeout=900)[0].items():
+            layout, mode = key.split("/")
+            out.setdefault(layout, {})[mode] = value
     return out
 
 
