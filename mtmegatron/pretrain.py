@@ -59,6 +59,11 @@ def main(argv=None) -> int:
 
             data = prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
             tokenizer = data.tokenizer
+        elif args.sft:  # conversations, chat template, packing plan (mtmegatron/sft/)
+            from mtmegatron.sft.prepare import prepare as prepare_sft
+
+            data = prepare_sft(args, progress=int(os.environ.get("RANK", "0")) == 0)
+            tokenizer = data.tokenizer
         else:
             tokenizer = resolve_data(args, progress=int(os.environ.get("RANK", "0")) == 0)
     except ConfigError as e:
@@ -135,7 +140,14 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     gbs = args.global_batch_size
     num_samples = (args.train_iters + 1) * gbs
     valid = None
-    if data is not None:  # --model llava
+    sft_results = {}
+    if args.sft:  # mtmegatron/sft/: ``data`` holds the tokenized conversations and their packing plan
+        from mtmegatron.sft.report import held_out_accuracy
+
+        dataset = data
+        print_rank0(rank, f"mtmegatron: {data.summary}")
+        held_out_accuracy(model, data, args, "before", sft_results)
+    elif data is not None:  # --model llava
         from mtmegatron.training.multimodal_data import Split
 
         dataset = Split(data.train, data.collate, shuffle=True)
@@ -158,7 +170,11 @@ def run(args, backend, tokenizer=None, data=None) -> int:
                            tensorboard_queue_size=args.tensorboard_queue_size)
     state.last = min(args.train_iters, args.exit_interval or args.train_iters)
     train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state)
-    if state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
+    if state.status == 0 and args.sft:
+        write_outputs(model, None, args)  # the loss plot; the samples are chat answers:
+        if not state.terminated:
+            held_out_accuracy(model, data, args, "after", sft_results)
+    elif state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
         write_outputs(model, None if state.terminated or data is not None else tokenizer, args)
         if data is not None:
             from mtmegatron.training.multimodal_finish import write_multimodal_outputs

@@ -19,6 +19,7 @@ from mtmegatron.training.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
+from mtmegatron.sft.flags import add_sft_args, check_sft_args
 from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help, flag_sources, megatron_flags
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
@@ -186,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_observability_args(p)
     add_llava_args(p)
     add_tokenizer_args(p)
+    add_sft_args(p)
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)
@@ -364,6 +366,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     from mtmegatron.training import run_args
 
     run_args.validate(args, ConfigError)
+    check_sft_args(args, ConfigError)
     if args.lr_decay_iters is None:
         args.lr_decay_iters = max(args.train_iters, 1)
     _validate_fp8(args)

@@ -62,6 +62,10 @@ def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int 
 
 def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int) -> Iterator[dict]:
     """This DP rank's micro-batches for iterations ``start_iteration, start_iteration+1, ...``."""
+    if args.sft:  # SFT hook: packed or padded conversations (mtmegatron/sft/dataset.py); dataset: SFTInputs
+        from mtmegatron.sft.dataset import micro_batches as sft_micro_batches
+
+        return sft_micro_batches(dataset.data, args, dp_rank, start_iteration, dataset.pad_id)
     if args.model == "llava":  # image + conversation batches (training/multimodal_data.py)
         from mtmegatron.training import multimodal_data
 

@@ -41,6 +41,10 @@ def forward_step(data_iterator, model):
 
 def _global_mean_loss(losses_reduced: list[dict], args) -> float:
     """Average the last stage's micro-batch losses, then over data-parallel ranks, visible on every rank."""
+    if args.calculate_per_token_loss:  # SFT hook: [sum, count] reports (mtmegatron/sft/step.py)
+        from mtmegatron.sft.step import global_per_token_loss
+
+        return global_per_token_loss(losses_reduced)
     contribution = torch.zeros(1, dtype=torch.float64, device=compute_device())
     is_reporter = (
         parallel_state.is_pipeline_last_stage(ignore_virtual=True)
@@ -58,8 +62,15 @@ def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
     """One global batch through megatron-core's schedule (chosen from the parallel state); the last stage's
     per-micro-batch loss dicts."""
     forward_backward = get_forward_backward_func()
+    seq_length, micro_batch_size = args.seq_length, args.micro_batch_size
     if args.model == "llava":
         from mtmegatron.training.multimodal_step import forward_step as step
+    elif args.calculate_per_token_loss:  # SFT hook: packed THD batches, per-token loss (mtmegatron/sft/step.py)
+        from mtmegatron.sft.step import forward_step as step
+        from mtmegatron.sft.step import schedule_shape
+
+        if args.sft:
+            seq_length, micro_batch_size = schedule_shape(model, args)
     else:
         step = forward_step
     return forward_backward(
@@ -67,9 +78,9 @@ def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
         data_iterator=data_iterators if len(model) > 1 else data_iterators[0],
         model=model if len(model) > 1 else model[0],
         num_microbatches=args.num_microbatches,
-        seq_length=args.seq_length,
-        micro_batch_size=args.micro_batch_size,
-        decoder_seq_length=args.seq_length,
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        decoder_seq_length=seq_length,
         forward_only=forward_only,
     )
 

@@ -1,0 +1,67 @@
+"""What ``mtmegatron.pretrain --sft`` reads before any process group: tokenizer, template, checked data.
+
+No ``--data-path``: the embedded arithmetic task (task.py) with its own tokenizer and held-out questions.
+``--data-path F1.jsonl [F2.jsonl ...]``: those files and ``--tokenizer-model DIR``. Every problem (a bad
+record, a missing file, a template that cannot be used, a tokenizer larger than the vocabulary) is one
+``ConfigError``.
+May assume: flags validated (sft/flags.py); runs on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from mtmegatron.data.tokenizer import HFTokenizer, TokenizerError, load_tokenizer
+from mtmegatron.sft.dataset import SFTData, SFTDataError, prepare as prepare_data, read_conversations
+from mtmegatron.sft.templates import SPECIAL_TOKENS, ChatTemplate, TemplateError
+from mtmegatron.training.errors import ConfigError
+
+
+@dataclass
+class SFTInputs:
+    tokenizer: HFTokenizer
+    template: ChatTemplate
+    data: SFTData
+    held_out: list[list[dict]] | None  # conversations whose assistant answers are scored by exact match
+    summary: str
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad if self.tokenizer.pad >= 0 else self.tokenizer.eod
+
+
+def prepare(args: argparse.Namespace, progress: bool) -> SFTInputs:
+    held_out_file = None
+    try:
+        if not args.data_path:
+            from mtmegatron.sft import task
+
+            train_file, held_out_file, tokenizer_dir = task.prepare(
+                SPECIAL_TOKENS.get(args.sft_tokenizer_prompt_format, ()))
+            args.data_path = [train_file]
+            args.tokenizer_model = args.tokenizer_model or tokenizer_dir
+        elif not args.tokenizer_model:
+            raise ConfigError("--sft --data-path needs --tokenizer-model DIR (a tokenizer.json, with "
+                              "tokenizer_config.json for --sft-tokenizer-prompt-format tokenizer)")
+        tokenizer = load_tokenizer(args.tokenizer_model)
+        if tokenizer.vocab_size > args.vocab_size:
+            raise ConfigError(f"the tokenizer {tokenizer.source} has {tokenizer.vocab_size} tokens, more than the "
+                              f"model's --vocab-size {args.vocab_size}")
+        template = ChatTemplate(tokenizer, args.sft_tokenizer_prompt_format)
+        cache = args.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(args.data_path[0])), "cache")
+        data = prepare_data(args.data_path, tokenizer, args, cache, progress)
+        held_out = read_conversations(held_out_file) if held_out_file else None
+    except (TokenizerError, TemplateError, SFTDataError) as e:
+        raise ConfigError(str(e)) from None
+    if len(data.plan) < args.global_batch_size:
+        raise ConfigError(f"--sft: the data packs into {len(data.plan)} sequences of --seq-length {args.seq_length}, "
+                          f"fewer than one --global-batch-size {args.global_batch_size}")
+    args.sft_padded_rows = args.micro_batch_size * data.most_per_bin()  # the padded layout's fixed rows
+    packed, padded = data.efficiency(args.seq_length)
+    summary = (f"sft data {' '.join(args.data_path)} | {len(data)} conversations ({data.num_truncated} cut to "
+               f"--seq-length) -> {len(data.plan)} packed sequences | non-pad tokens: {packed:.1%} packed, "
+               f"{padded:.1%} padded | {'packed THD' if args.sft_packing else 'padded rows'} | template "
+               f"{args.sft_tokenizer_prompt_format} | tokenizer {tokenizer.source}")
+    return SFTInputs(tokenizer, template, data, held_out, summary)
