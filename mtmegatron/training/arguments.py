@@ -16,6 +16,7 @@ from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deeps
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields, pipeline_divides_layers
 from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
+from mtmegatron.training.checkpoint_flags import add_checkpoint_args, check_checkpoint_args, use_checkpoint_args
 from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help, flag_sources, megatron_flags
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
@@ -180,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_io(p)
     _add_fp8(p)
     add_memory_args(p)
+    add_checkpoint_args(p)
     add_llava_args(p)
     from mtmegatron.training import run_args
 
@@ -338,6 +340,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     check_memory_args(args, ConfigError)
+    check_checkpoint_args(args, ConfigError)
     from mtmegatron.training import run_args
 
     run_args.validate(args, ConfigError)
@@ -370,6 +373,7 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
     args.preset_name = name
     args.given_flags = given
     megatron_flags.check_refused(parser, args, set(given), ConfigError)
+    use_checkpoint_args(args, given, ConfigError)  # --use-checkpoint-args: model fields from the --load checkpoint
     _derive(args, given)
     args.megatron_differences = flag_sources.differences(parser, args, args.value_sources, parser.megatron_defaults)
     validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
