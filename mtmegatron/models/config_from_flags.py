@@ -15,6 +15,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+from megatron.core.transformer.enums import AttnBackend
 
 # FP8 fields are set by fp8/spec.te_config_fields only when TE runs the GEMMs; our own FP8 executors keep the
 # config FP8-free (megatron-core would otherwise look for TE)
@@ -52,6 +53,9 @@ def _megatron_renames(args: argparse.Namespace) -> dict:
         gated_linear_unit=bool(args.swiglu),
         activation_func=F.silu if args.swiglu else F.gelu,
         bias_activation_fusion=args.bias_swiglu_fusion if args.swiglu else args.bias_gelu_fusion,
+        attention_backend=AttnBackend[args.attention_backend],
+        # megatron-core knows local/transformer_engine; our fused layers are local modules to it
+        transformer_impl="local" if args.transformer_impl == "mtmegatron" else args.transformer_impl,
     )
     if args.squared_relu:
         from megatron.core.activations import squared_relu

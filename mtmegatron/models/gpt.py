@@ -13,12 +13,14 @@ import argparse
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from mtmegatron.fp8.spec import keep_layers_in_bf16, te_config_fields
 from mtmegatron.models import deepseek, fusions
 from mtmegatron.models.config_from_flags import transformer_config_kwargs
 from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
+from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
@@ -37,6 +39,14 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     kwargs = transformer_config_kwargs(args, config_class, ours)
     kwargs.update(te_config_fields(args))
     return config_class(**kwargs)
+
+
+def with_final_norm(spec, config: TransformerConfig, vp_stage, norm) -> TransformerBlockSubmodules:
+    """The decoder block spec of ``spec`` (a layer spec or a block spec) with ``norm`` as its final norm."""
+    if isinstance(spec, TransformerBlockSubmodules):
+        return TransformerBlockSubmodules(layer_specs=spec.layer_specs, layer_norm=norm)
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config, vp_stage=vp_stage),
+                                      layer_norm=norm)
 
 
 def gpt_model_kwargs(args: argparse.Namespace) -> dict:
@@ -78,6 +88,8 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
         vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
         if deepseek.needs_block_spec(args):  # first-k dense + MoE layers: a per-stage layer list
             spec = deepseek.decoder_block_spec(config, args, vp)
+        if args.layernorm_zero_centered_gamma:  # the block's final norm too (megatron's default is a torch norm)
+            spec = with_final_norm(spec, config, vp, ZeroCenteredNorm)
         chunks.append(
             GPTModel(
                 config=config,

@@ -265,6 +265,10 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
     if args.moe_grouped_gemm:
         raise ConfigError("--moe-grouped-gemm: grouped-GEMM experts need TransformerEngine or the grouped_gemm "
                           "package, neither of which this backend has; drop the flag (experts run one by one)")
+    if args.recompute_activations and "recompute_granularity" not in given:
+        args.recompute_granularity = "selective"  # Megatron-LM's shorthand
+    if args.use_rotary_position_embeddings:
+        args.position_embedding_type = "rope"  # Megatron-LM's deprecated spelling
     if args.split is None:
         args.split = "969,30,1"  # Megatron-LM's legacy default when --data-path is given without --split
     normalize_deepseek_args(args)  # --moe-layer-freq parsing; 0 switches off a preset's q LoRA/groups/MTP
@@ -295,6 +299,15 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError(f"world size {world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
     args.data_parallel_size = world_size // (tp * pp * cp)
     args.virtual_pipeline_model_parallel_size = None
+    if args.num_virtual_stages_per_pipeline_rank is not None:
+        if args.num_layers_per_virtual_pipeline_stage is not None:
+            raise ConfigError("give --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank, "
+                              "not both")
+        stages = args.num_virtual_stages_per_pipeline_rank * pp
+        if stages < 1 or args.num_layers % stages:
+            raise ConfigError(f"--num-virtual-stages-per-pipeline-rank {args.num_virtual_stages_per_pipeline_rank}"
+                              f" x PP {pp} does not divide --num-layers {args.num_layers}")
+        args.num_layers_per_virtual_pipeline_stage = args.num_layers // stages
     if args.num_layers_per_virtual_pipeline_stage is not None:
         per_stage = args.num_layers // pp
         if pp < 2:
@@ -303,6 +316,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {args.num_layers_per_virtual_pipeline_stage}"
                               f" does not divide the {per_stage} layers of each pipeline stage")
         args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
+    else:  # Megatron-LM: p2p overlap and aligned parameter gathers exist only in the interleaved schedule
+        args.overlap_p2p_comm = False
     if args.sequence_parallel and tp == 1:
         args.sequence_parallel = False  # as Megatron-LM: SP is a TP feature
     check_llava_args(args, ConfigError)
@@ -372,7 +387,7 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
         raise ConfigError(str(e)) from None
     args.preset_name = name
     args.given_flags = given
-    megatron_flags.check_refused(parser, args, set(given), ConfigError)
+    megatron_flags.check_refused(parser, args, given, ConfigError)
     use_checkpoint_args(args, given, ConfigError)  # --use-checkpoint-args: model fields from the --load checkpoint
     _derive(args, given)
     args.megatron_differences = flag_sources.differences(parser, args, args.value_sources, parser.megatron_defaults)

@@ -62,7 +62,18 @@ NOOP = {
     "use_dist_ckpt_deprecated": "deprecated in Megatron-LM 0.16 (see --ckpt-format)",
     "dist_ckpt_format_deprecated": "deprecated in Megatron-LM 0.16 (see --ckpt-format)",
     "ckpt_fully_parallel_save_deprecated": "deprecated in Megatron-LM 0.16 (fully parallel save is the default)",
+    "local_rank": "set by legacy launchers; the local rank is read from LOCAL_RANK (torchrun), as Megatron-LM does",
 }
+
+# --- dests registered from the table (no module adds them by hand) that mtmegatron code reads --------------------
+READ_BY_CODE = frozenset({
+    "accumulate_allreduce_grads_in_fp32", "grad_reduce_in_bf16", "use_flash_attn", "use_rope_scaling",
+    "rope_scaling_factor", "rotary_seq_len_interpolation_factor", "rotary_percent", "fp16_lm_cross_entropy",
+    "squared_relu", "init_method_xavier_uniform", "bias_gelu_fusion", "bias_swiglu_fusion", "no_persist_layer_norm",
+    "check_for_nan_in_loss_and_grad", "ddp_average_in_collective", "ddp_pad_buckets_for_high_nccl_busbw",
+    "ddp_reduce_scatter_with_fp32_accumulation", "recompute_activations", "use_rotary_position_embeddings",
+    "num_virtual_stages_per_pipeline_rank", "add_position_embedding",
+})
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
 _TE_ONLY = "needs TransformerEngine, which this backend does not have"
@@ -75,8 +86,6 @@ _NOT_YET = "not implemented in mtmegatron"
 
 # dest -> reason, for dests where the reason is specific
 REFUSED = {
-    "no_position_embedding": "deprecated in Megatron-LM (it raises too): use --position-embedding-type",
-    "add_position_embedding": "deprecated in Megatron-LM (it raises too): use --position-embedding-type",
     "batch_size": "no longer valid in Megatron-LM: use --micro-batch-size",
     "warmup": "no longer valid in Megatron-LM: use --lr-warmup-fraction",
     "model_parallel_size": "no longer valid in Megatron-LM: use --tensor-model-parallel-size",
@@ -98,6 +107,9 @@ REFUSED = {
     "is_hybrid_model": "hybrid (Mamba) models are not supported",
     "hybrid_override_pattern": "hybrid (Mamba) models are not supported",
     "mock_data_json": _NOT_YET,
+    "distributed_backend": "the collective library follows --backend (nccl on cuda, mccl on musa, gloo on cpu)",
+    "decoder_last_pipeline_num_layers": "uneven pipeline stages are supported only for LLaVA's first stage "
+                                        "(--decoder-first-pipeline-num-layers)",
 }
 
 # option-string prefixes -> reason (the first match wins), for whole families of flags
@@ -130,13 +142,24 @@ def refusal_reason(row: FlagRow) -> str:
     return _NOT_YET
 
 
+def _help(row: FlagRow) -> str:
+    kind = classify(row, set())
+    if kind == "honoured":
+        return "Megatron-LM's meaning"
+    if kind == "config":
+        return f"Megatron-LM's meaning: megatron-core config field {row.dest}"
+    if kind == "noop":
+        return f"accepted, no effect: {NOOP[row.dest]}"
+    return f"refused unless at its default: {refusal_reason(row)}"
+
+
 def _type(name: str):
     return {"int": int, "float": float, "str": str}.get(name, str)
 
 
 def _add_from_row(group, row: FlagRow) -> None:
     default = row.default_value
-    kwargs = {"dest": row.dest, "default": default, "help": argparse.SUPPRESS}
+    kwargs = {"dest": row.dest, "default": default, "help": _help(row)}
     if row.action in ("StoreTrueAction", "StoreFalseAction"):
         kwargs["action"] = "store_true" if row.action == "StoreTrueAction" else "store_false"
     elif row.action == "BooleanOptionalAction":
@@ -179,7 +202,7 @@ def config_fields() -> frozenset[str]:
 
 def classify(row: FlagRow, hand_registered: set[str]) -> str:
     """'honoured' (a module reads it), 'config' (copied into a megatron-core config by name), 'noop', 'refused'."""
-    if row.flag in hand_registered:
+    if row.flag in hand_registered or row.dest in READ_BY_CODE:
         return "honoured"
     if row.dest in NOOP:
         return "noop"
@@ -190,13 +213,14 @@ def classify(row: FlagRow, hand_registered: set[str]) -> str:
     return "refused"
 
 
-def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str], error) -> None:
-    """One message for the first refused table flag the user set to a non-default value."""
+def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, given: dict[str, str], error) -> None:
+    """One message, naming the option string the user wrote, for the first refused table flag set to a value
+    other than its default (``given``: dest -> option string)."""
     hand = getattr(parser, "hand_registered", set())
     for row in getattr(parser, "table_rows", ()):
-        if row.dest not in given or classify(row, hand) != "refused":
+        if given.get(row.dest) != row.flag or classify(row, hand) != "refused":
             continue
-        if getattr(args, row.dest, None) != row.default_value:
+        if getattr(args, row.dest, None) != parser.get_default(row.dest):
             raise error(f"{row.flag}: {refusal_reason(row)}")
 
 
