@@ -5,9 +5,9 @@ the CPU through mtmegatron's host bridge, in two launches, as a Megatron-LM user
 1. train a tiny Llama-style GPT (mock data, NullTokenizer) with ``--exit-interval N``: saves ``iter_000000N``;
 2. relaunch with ``--load`` and train iterations N+1..N+2: Megatron-LM's own loader resumes it; the losses it
    logs are stored (full precision, and the string its log line printed) in ``expected.json``.
-The checkpoint of launch 1 is the fixture. ``--reader DIR`` instead loads a checkpoint written by mtmegatron
-with Megatron-LM's own ``load_checkpoint`` (launch 2 pointed at DIR, no training) and prints what it loaded;
-tests/checkpoint_interop uses it when a Megatron-LM checkout is at hand.
+The checkpoint of launch 1 is the fixture. ``--reader DIR`` instead resumes a checkpoint written by mtmegatron
+(for the fixture's model, e.g. after mtmegatron resumed the fixture and saved at iteration 4) with Megatron-LM's
+own ``load_checkpoint`` and trains on to iteration 5: its losses must equal those of the fixture's run.
 
 Work-arounds, here and not in the product (each only inside the worker processes this script starts):
 - megatron/training/initialize.py imports megatron-core's Triton batch-invariant kernels; Triton is not installed
@@ -217,6 +217,30 @@ def generate(out: Path, repo: str) -> None:
               f"{ {k: v['lm_loss'] for k, v in after.items()} }")
 
 
+def read_back(checkpoint: Path, repo: str, fixture: Path, step: int) -> dict:
+    """Megatron-LM's own ``load_checkpoint`` on a checkpoint mtmegatron wrote (for the fixture's model): resume
+    it with pretrain_gpt.py and train to TRAIN_ITERS; returns {iteration: loss} and compares each with the loss
+    Megatron-LM logged at that iteration in the fixture's run."""
+    expected = json.loads((fixture / "expected.json").read_text())
+    logged = {**expected["losses_before_save"], **expected["losses_after_resume"]}
+    with tempfile.TemporaryDirectory(prefix="mlm-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "mlm").mkdir()
+        mlm = extract_megatron_lm(repo, tmp / "mlm")
+        print(f"Megatron-LM {TAG}: --load {checkpoint} --ckpt-step {step} and train to iteration {TRAIN_ITERS}",
+              flush=True)
+        output = launch(mlm, MODEL + TRAINING + ["--load", str(checkpoint), "--ckpt-step", str(step)],
+                        tmp / "reader.json")
+        losses = {int(k): v["lm_loss"] for k, v in json.loads((tmp / "reader.json").read_text()).items()}
+    loaded = [line.strip() for line in output.splitlines() if "successfully loaded checkpoint" in line]
+    print("\n".join(loaded))
+    for iteration, loss in sorted(losses.items()):
+        reference = logged[str(iteration)]["lm_loss"]
+        print(f"iteration {iteration}: Megatron-LM resumed from mtmegatron's checkpoint {loss:.9f} | Megatron-LM's "
+              f"own run {reference:.9f} | difference {abs(loss - reference):.2e}")
+    return losses
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         split = sys.argv.index("--")
@@ -225,8 +249,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/fixtures/megatron_lm_ckpt"))
     parser.add_argument("--mlm-repo", default=DEFAULT_REPO, help=f"a git clone of Megatron-LM with tag {TAG}")
+    parser.add_argument("--reader", default=None, metavar="CKPT",
+                        help="instead: resume CKPT (written by mtmegatron for the fixture's model) with Megatron-LM's "
+                             "own loader and compare its losses with the fixture's (--out names the fixture)")
+    parser.add_argument("--reader-step", type=int, default=SAVE_AT + 1, help="the iteration of CKPT to resume")
     args = parser.parse_args()
-    generate(Path(args.out), args.mlm_repo)
+    if args.reader:
+        read_back(Path(args.reader), args.mlm_repo, Path(args.out), args.reader_step)
+    else:
+        generate(Path(args.out), args.mlm_repo)
 
 
 if __name__ == "__main__":
