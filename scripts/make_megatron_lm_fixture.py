@@ -12,8 +12,8 @@ own ``load_checkpoint`` and trains on to iteration 5: its losses must equal thos
 Work-arounds, here and not in the product (each only inside the worker processes this script starts):
 - megatron/training/initialize.py imports megatron-core's Triton batch-invariant kernels; Triton is not installed
   on a CPU box: that module is replaced by one whose functions refuse (batch-invariant mode is not used);
-- ``initialize_megatron`` asserts ``torch.cuda.is_available()``: the CPU bridge answers False on purpose (torch's
-  own code must not take CUDA paths), so Megatron-LM's ``allow_no_cuda=True`` is passed instead;
+- ``initialize_megatron`` asserts that CUDA is available: the CPU bridge's ``is_available()`` answers False on
+  purpose (torch's own code must not take CUDA paths), so Megatron-LM's ``allow_no_cuda=True`` is passed instead;
 - rank 0 compiles megatron/core/datasets helpers and loads fused CUDA kernels (``_compile_dependencies``):
   skipped — the installed megatron-core ships its prebuilt ``helpers_cpp`` and the run uses no fused kernel;
 - ``set_jit_fusion_options`` warms up torch.compile'd fused bias-GeLU/SwiGLU/dropout-add kernels with Inductor,

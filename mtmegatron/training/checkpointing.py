@@ -1,16 +1,21 @@
-"""Checkpoints through megatron-core ``dist_checkpointing`` (so any TP/PP/DP layout can load any other).
+"""Checkpoints through megatron-core ``dist_checkpointing`` (so any TP/PP/DP layout can load any other), in
+Megatron-LM's torch_dist layout: Megatron-LM's checkpoints load here and ours load in Megatron-LM (what goes
+in the common state: megatron_lm_checkpoint.py; the flags: checkpoint_flags.py; docs/checkpoints.md).
 
-Layout (Megatron-LM's): ``<save>/iter_0000010/`` plus ``<save>/latest_checkpointed_iteration.txt``. A
-checkpoint is written to ``iter_XXXXXXX.partial`` and renamed only after every rank finished, then the
-tracker file is replaced atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load``
-takes the newest *complete* checkpoint (the tracker's, or the newest renamed ``iter_*`` directory if the
-tracker's is gone); ``--keep-last N`` prunes older ones and stale ``.partial`` directories after each save.
-The model fingerprint (models/fingerprint.py) is stored and compared on load, so a checkpoint of another model
-is one clear error. ``--load`` of a missing or empty directory starts from scratch (Megatron-LM's ``--save X
---load X`` first run); a directory holding checkpoint debris (a tracker file, ``iter_*`` or ``*.partial``
-entries) but no complete checkpoint is an error, and so is ``--finetune`` without a checkpoint. The LR/weight-decay
-schedule saved with the optimizer must equal this run's unless ``--override-opt_param-scheduler`` (this run's
-flags win) or ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win) says which to use (schedule.py).
+Layout: ``<save>/iter_0000010/`` plus ``<save>/latest_checkpointed_iteration.txt``. A checkpoint is written to
+``iter_XXXXXXX.partial`` and renamed only after every rank finished, then the tracker file is replaced
+atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load`` takes the newest *complete*
+checkpoint (the tracker's, or the newest renamed ``iter_*`` directory if the tracker's is gone); ``--keep-last
+N`` prunes older ones and stale ``.partial`` directories after each save. The model fingerprint
+(models/fingerprint.py; for a Megatron-LM checkpoint, computed from its Namespace) is compared on load, so a
+checkpoint of another model is one clear error. ``--load`` of a missing or empty directory starts from scratch
+(Megatron-LM's ``--save X --load X`` first run); a directory holding checkpoint debris (a tracker file,
+``iter_*`` or ``*.partial`` entries) but no complete checkpoint is an error, and so is ``--finetune`` without a
+checkpoint; a legacy ``torch`` or ``torch_dcp`` checkpoint is named as such. The LR/weight-decay schedule saved
+with the optimizer must equal this run's unless ``--override-opt_param-scheduler`` (this run's flags win) or
+``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win) says which to use (schedule.py). Checkpoints of
+the older mtmegatron layout (``scheduler`` key, the fingerprint as ``args``) and the converter's model-only
+ones still load.
 Test hook: ``MTMEGATRON_TEST_PAUSE_IN_SAVE=ITER:RANK`` makes that rank stop inside the save of ``ITER`` (its
 shard written, the checkpoint not yet complete) and write ``<save>/paused-rank<RANK>`` with its pid.
 May assume: process groups and the model/optimizer exist; called on every rank.
@@ -41,9 +46,9 @@ from mtmegatron.training.device import compute_device
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
 TRACKER = "latest_checkpointed_iteration.txt"
-# The distributed optimizer's default format in megatron-core 0.16 ('fully_sharded_model_space') relies on
-# ShardedTensor.flattened_range, which its own validation now rejects; 'fully_reshardable' is the format that
-# loads under any TP/PP/DP layout.
+# The sharded-state metadata of checkpoints of the older mtmegatron layout (read only; new checkpoints store
+# Megatron-LM's content metadata). megatron-core 0.16's default distributed-optimizer format
+# ('fully_sharded_model_space') relies on ShardedTensor.flattened_range, which its own validation rejects.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 PAUSE_ENV = "MTMEGATRON_TEST_PAUSE_IN_SAVE"
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
@@ -199,6 +204,19 @@ def _save_strategy(args):
     return strategy, True
 
 
+def _in_process_write_results() -> None:
+    """megatron-core's torch_dist writer collects its write results in a queue served by a multiprocessing
+    Manager (a spawned server process), made for async saves whose writer runs in another process. Saves here
+    are synchronous (``--async-save`` is refused), so a plain in-process queue serves; without it a rank killed
+    during a save (SIGKILL) leaves its Manager server orphaned, holding the launcher's output pipes open."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save(root: str, iteration: int, model, optimizer, scheduler, args, train_state: dict | None = None) -> str:
     """Write ``<root>/iter_<iteration>`` in Megatron-LM's torch_dist layout (megatron_lm_checkpoint.py), then
     the tracker; returns the directory."""
@@ -225,6 +243,7 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
     state[mlm.OURS] = {"fingerprint": fingerprint(args), "train_state": train_state, "layout": _layout(),
                        "distributed_optimizer": bool(args.use_distributed_optimizer)}
     strategy, validate = _save_strategy(args)
+    _in_process_write_results()
     dist_checkpointing.save(state, partial, strategy, validate_access_integrity=validate, content_metadata=content)
     _pause_for_test(root, iteration, rank)
     torch.distributed.barrier()

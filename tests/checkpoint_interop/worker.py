@@ -43,7 +43,6 @@ def _setup(extra: list[str]):
 
 
 def finetune(fixture: str) -> dict:
-    import torch
     from megatron.core import dist_checkpointing
 
     from mtmegatron.training import checkpointing
@@ -68,7 +67,6 @@ def megatron_lm_reader(checkpoint: str, ckpt_step: int) -> dict:
     import argparse as ap
     import os
 
-    import torch
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
