@@ -43,10 +43,11 @@ def megatron_lm_loss(iteration: int) -> float:
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
-    """Our runs resuming the fixture under TP2 and PP2 (the PP2 one saving at iteration 4 and 5)."""
+    """Our runs resuming the fixture under TP2 (saving weights only at 5) and PP2 (saving at 4 and 5)."""
     tmp = tmp_path_factory.mktemp("resume")
     runs = {}
-    for name, layout in (("tp2", ["--tensor-model-parallel-size", "2"]),
+    for name, layout in (("tp2", ["--tensor-model-parallel-size", "2", "--save", str(tmp / "weights_only"),
+                                  "--no-save-optim", "--no-save-rng"]),
                          ("pp2", ["--pipeline-model-parallel-size", "2", "--save", str(tmp / "ours"),
                                   "--save-interval", "4"])):
         proc, rows = run_pretrain(2, FIXTURE_FLAGS + layout + ["--load", str(FIXTURE)], tmp / name, timeout=600)
@@ -91,3 +92,17 @@ def test_our_checkpoint_read_as_megatron_lm_reads_it_continues_megatron_lm_losse
     assert not result["rng_loaded"]  # TP/PP differ (PP2 -> PP1): Megatron-LM ignores RNG states then
     assert result["scheduler_steps"] == 5 * 4  # the step taken after loading 4 x global batch 4
     assert abs(result["loss"] - megatron_lm_loss(5)) < TOLERANCE, result
+
+
+def test_no_save_optim_and_no_save_rng_leave_them_out_as_megatron_lm_does(resumed):
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    tmp, _ = resumed
+    directory = tmp / "weights_only" / "iter_0000005"
+    common = torch.load(directory / "common.pt", weights_only=False)
+    assert common["args"].no_save_optim and common["args"].no_save_rng  # Megatron-LM's loader reads these
+    assert "opt_param_scheduler" not in common and common["checkpoint_version"] == 3.0
+    keys = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    assert any(k.startswith("decoder.layers.") for k in keys)
+    assert not [k for k in keys if k.startswith(("optimizer.", "rng_state"))]
