@@ -20,6 +20,7 @@ from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
 from mtmegatron.sft.flags import add_sft_args, check_sft_args
+from mtmegatron.training.checkpoint_flags import add_checkpoint_args, check_checkpoint_args, use_checkpoint_args
 from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help, flag_sources, megatron_flags
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fp8(p)
     add_memory_args(p)
     add_observability_args(p)
+    add_checkpoint_args(p)
     add_llava_args(p)
     add_tokenizer_args(p)
     add_sft_args(p)
@@ -363,6 +365,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     check_memory_args(args, ConfigError)
     check_tokenizer_args(args, ConfigError)
     check_observability_args(args, ConfigError)
+    check_checkpoint_args(args, ConfigError)
     from mtmegatron.training import run_args
 
     run_args.validate(args, ConfigError)
@@ -396,6 +399,7 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
     args.preset_name = name
     args.given_flags = given
     megatron_flags.check_refused(parser, args, given, ConfigError)
+    use_checkpoint_args(args, given, ConfigError)  # --use-checkpoint-args: model fields from the --load checkpoint
     _derive(args, given)
     args.megatron_differences = flag_sources.differences(parser, args, args.value_sources, parser.megatron_defaults)
     validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))

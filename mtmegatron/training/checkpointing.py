@@ -1,16 +1,21 @@
-"""Checkpoints through megatron-core ``dist_checkpointing`` (so any TP/PP/DP layout can load any other).
+"""Checkpoints through megatron-core ``dist_checkpointing`` (so any TP/PP/DP layout can load any other), in
+Megatron-LM's torch_dist layout: Megatron-LM's checkpoints load here and ours load in Megatron-LM (what goes
+in the common state: megatron_lm_checkpoint.py; the flags: checkpoint_flags.py; docs/checkpoints.md).
 
-Layout (Megatron-LM's): ``<save>/iter_0000010/`` plus ``<save>/latest_checkpointed_iteration.txt``. A
-checkpoint is written to ``iter_XXXXXXX.partial`` and renamed only after every rank finished, then the
-tracker file is replaced atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load``
-takes the newest *complete* checkpoint (the tracker's, or the newest renamed ``iter_*`` directory if the
-tracker's is gone); ``--keep-last N`` prunes older ones and stale ``.partial`` directories after each save.
-The model fingerprint (models/fingerprint.py) is stored and compared on load, so a checkpoint of another model
-is one clear error. ``--load`` of a missing or empty directory starts from scratch (Megatron-LM's ``--save X
---load X`` first run); a directory holding checkpoint debris (a tracker file, ``iter_*`` or ``*.partial``
-entries) but no complete checkpoint is an error, and so is ``--finetune`` without a checkpoint. The LR/weight-decay
-schedule saved with the optimizer must equal this run's unless ``--override-opt_param-scheduler`` (this run's
-flags win) or ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win) says which to use (schedule.py).
+Layout: ``<save>/iter_0000010/`` plus ``<save>/latest_checkpointed_iteration.txt``. A checkpoint is written to
+``iter_XXXXXXX.partial`` and renamed only after every rank finished, then the tracker file is replaced
+atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load`` takes the newest *complete*
+checkpoint (the tracker's, or the newest renamed ``iter_*`` directory if the tracker's is gone); ``--keep-last
+N`` prunes older ones and stale ``.partial`` directories after each save. The model fingerprint
+(models/fingerprint.py; for a Megatron-LM checkpoint, computed from its Namespace) is compared on load, so a
+checkpoint of another model is one clear error. ``--load`` of a missing or empty directory starts from scratch
+(Megatron-LM's ``--save X --load X`` first run); a directory holding checkpoint debris (a tracker file,
+``iter_*`` or ``*.partial`` entries) but no complete checkpoint is an error, and so is ``--finetune`` without a
+checkpoint; a legacy ``torch`` or ``torch_dcp`` checkpoint is named as such. The LR/weight-decay schedule saved
+with the optimizer must equal this run's unless ``--override-opt_param-scheduler`` (this run's flags win) or
+``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win) says which to use (schedule.py). Checkpoints of
+the older mtmegatron layout (``scheduler`` key, the fingerprint as ``args``) and the converter's model-only
+ones still load.
 Test hook: ``MTMEGATRON_TEST_PAUSE_IN_SAVE=ITER:RANK`` makes that rank stop inside the save of ``ITER`` (its
 shard written, the checkpoint not yet complete) and write ``<save>/paused-rank<RANK>`` with its pid.
 May assume: process groups and the model/optimizer exist; called on every rank.
@@ -27,17 +32,23 @@ import time
 import numpy as np
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.serialization import (get_default_load_sharded_strategy,
+                                                            get_default_save_sharded_strategy)
+from megatron.core.dist_checkpointing.strategies.fully_parallel import (FullyParallelLoadStrategyWrapper,
+                                                                        FullyParallelSaveStrategyWrapper)
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
+from mtmegatron.training import megatron_lm_checkpoint as mlm
 from mtmegatron.training.device import compute_device
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
 TRACKER = "latest_checkpointed_iteration.txt"
-# The distributed optimizer's default format in megatron-core 0.16 ('fully_sharded_model_space') relies on
-# ShardedTensor.flattened_range, which its own validation now rejects; 'fully_reshardable' is the format that
-# loads under any TP/PP/DP layout.
+# The sharded-state metadata of checkpoints of the older mtmegatron layout (read only; new checkpoints store
+# Megatron-LM's content metadata). megatron-core 0.16's default distributed-optimizer format
+# ('fully_sharded_model_space') relies on ShardedTensor.flattened_range, which its own validation rejects.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 PAUSE_ENV = "MTMEGATRON_TEST_PAUSE_IN_SAVE"
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
@@ -114,9 +125,13 @@ def _model_keys(model) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 
-def _model_state(model) -> dict:
-    # dp_cp_group: GPTModel ties the MTP stage's embedding copy over it (MTP on a stage without the embedding)
-    metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+def _sharded_metadata(content: dict) -> dict:
+    """The metadata the model's and optimizer's ``sharded_state_dict`` take: the checkpoint's content metadata
+    plus the DP x CP group (GPTModel ties the MTP stage's embedding copy over it)."""
+    return {**content, "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+
+
+def _model_state(model, metadata: dict) -> dict:
     return {key: _unwrap(chunk).sharded_state_dict(metadata=metadata) for key, chunk in zip(_model_keys(model), model)}
 
 
@@ -127,7 +142,7 @@ def _layout() -> dict:
 
 def _device_rng_states() -> dict:
     """``{device_type: state of this rank's device generator}``; empty on the cpu backend, whose device RNG is
-    the host RNG (saved as "torch")."""
+    the host RNG (saved as "torch"). Checkpoints of the older layout only."""
     device = compute_device()
     if device.type == "cpu":
         return {}
@@ -146,7 +161,8 @@ def _restore_device_rng(saved: dict, rank: int) -> None:
     torch.get_device_module(device.type).set_rng_state(saved[device.type], device)
 
 
-def _rng_state() -> ShardedObject:
+def _legacy_rng_state() -> ShardedObject:
+    """The RNG template of the older mtmegatron layout (read only: loads of checkpoints written before it)."""
     state = {
         "random": random.getstate(),
         "np": np.random.get_state(),
@@ -160,7 +176,50 @@ def _rng_state() -> ShardedObject:
                          replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True))
 
 
+def _restore_legacy_rng(rng: dict) -> None:
+    random.setstate(rng["random"])
+    np.random.set_state(rng["np"])
+    torch.set_rng_state(rng["torch"])
+    _restore_device_rng(rng.get("device", {}), torch.distributed.get_rank())
+    tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+
+
+_SAVE_STRATEGY: dict = {}  # --ckpt-assume-constant-structure: the first save's strategy, reused by later ones
+
+
+def _save_strategy(args):
+    """megatron-core's torch_dist save strategy, spread over the DP ranks unless --no-ckpt-fully-parallel-save
+    (as Megatron-LM); with --ckpt-assume-constant-structure the plan of the run's first save is reused."""
+    if args.ckpt_assume_constant_structure and id(args) in _SAVE_STRATEGY:
+        return _SAVE_STRATEGY[id(args)], False
+    strategy = get_default_save_sharded_strategy("torch_dist")
+    if args.ckpt_assume_constant_structure:
+        strategy.use_cached_ckpt_structure = True
+    if args.ckpt_fully_parallel_save:
+        strategy = FullyParallelSaveStrategyWrapper(strategy, parallel_state.get_data_parallel_group(
+            with_context_parallel=True), args.ckpt_assume_constant_structure)
+    if args.ckpt_assume_constant_structure:
+        _SAVE_STRATEGY.clear()
+        _SAVE_STRATEGY[id(args)] = strategy
+    return strategy, True
+
+
+def _in_process_write_results() -> None:
+    """megatron-core's torch_dist writer collects its write results in a queue served by a multiprocessing
+    Manager (a spawned server process), made for async saves whose writer runs in another process. Saves here
+    are synchronous (``--async-save`` is refused), so a plain in-process queue serves; without it a rank killed
+    during a save (SIGKILL) leaves its Manager server orphaned, holding the launcher's output pipes open."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save(root: str, iteration: int, model, optimizer, scheduler, args, train_state: dict | None = None) -> str:
+    """Write ``<root>/iter_<iteration>`` in Megatron-LM's torch_dist layout (megatron_lm_checkpoint.py), then
+    the tracker; returns the directory."""
     rank = torch.distributed.get_rank()
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
@@ -168,16 +227,24 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
     torch.distributed.barrier()
-    state = _model_state(model)
-    state["optimizer"] = optimizer.sharded_state_dict(state, metadata=OPTIMIZER_METADATA)
-    state["rng_state"] = _rng_state()
-    state["scheduler"] = scheduler.state_dict()
+    train_state = dict(train_state or {})
+    content = mlm.content_metadata(bool(args.use_distributed_optimizer))
+    metadata = _sharded_metadata(content)
+    state = _model_state(model, metadata)
+    if not args.no_save_optim:
+        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
+        state["opt_param_scheduler"] = scheduler.state_dict()
+    if not args.no_save_rng:
+        state["rng_state"] = mlm.rng_state_object()
+    state["args"] = mlm.saved_namespace(args, iteration, torch.distributed.get_world_size())
+    state["checkpoint_version"] = mlm.CHECKPOINT_VERSION
     state["iteration"] = iteration
-    state["args"] = fingerprint(args)
-    state["train_state"] = dict(train_state or {})
-    state["layout"] = _layout()
-    state["distributed_optimizer"] = bool(args.use_distributed_optimizer)
-    dist_checkpointing.save(state, partial)
+    state["num_floating_point_operations_so_far"] = train_state.pop("num_floating_point_operations_so_far", 0)
+    state[mlm.OURS] = {"fingerprint": fingerprint(args), "train_state": train_state, "layout": _layout(),
+                       "distributed_optimizer": bool(args.use_distributed_optimizer)}
+    strategy, validate = _save_strategy(args)
+    _in_process_write_results()
+    dist_checkpointing.save(state, partial, strategy, validate_access_integrity=validate, content_metadata=content)
     _pause_for_test(root, iteration, rank)
     torch.distributed.barrier()
     if rank == 0:
@@ -222,17 +289,77 @@ def checkpoint_debris(root: str) -> list[str]:
                   if name.startswith(TRACKER) or name.startswith("iter_") or name.endswith(".partial"))
 
 
+def _foreign_format(directory: str) -> str | None:
+    """The format of a checkpoint directory that is not torch_dist (Megatron-LM's other formats), else None."""
+    if not os.path.isdir(directory) or _is_complete(directory):
+        return None
+    names = os.listdir(directory)
+    if any(name.startswith("mp_rank_") for name in names):
+        return "torch"
+    if ".metadata" in names:
+        return "torch_dcp"
+    return None
+
+
+def _saved_facts(common: dict, args) -> dict:
+    """What a checkpoint holds, from its common state, for Megatron-LM's layout and for the older mtmegatron
+    layout (``scheduler`` key, fingerprint dict as ``args``; the converter's model-only checkpoints)."""
+    if mlm.is_megatron_lm_layout(common):
+        ns, ours = common["args"], common.get(mlm.OURS)
+        train_state = dict(ours["train_state"]) if ours else {}
+        train_state["num_floating_point_operations_so_far"] = common.get("num_floating_point_operations_so_far", 0)
+        return {
+            "fingerprint": ours["fingerprint"] if ours else mlm.model_fingerprint(ns),
+            "scheduler": common.get("opt_param_scheduler"),
+            "has_optim": "opt_param_scheduler" in common and not getattr(ns, "no_save_optim", False),
+            "has_rng": not getattr(ns, "no_save_rng", False),
+            "distributed_optimizer": bool(getattr(ns, "use_distributed_optimizer", False)),
+            "layout": {"tp": getattr(ns, "tensor_model_parallel_size", 1),
+                       "pp": getattr(ns, "pipeline_model_parallel_size", 1)},
+            "content": dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {},
+            "train_state": train_state, "model_only": False, "megatron_lm_layout": True,
+            "written_by": "mtmegatron" if ours else "Megatron-LM",
+        }
+    model_only = common.get("model_only", False)  # mtmegatron convert's output: weights only, start at 0
+    return {
+        "fingerprint": common.get("args", {}), "scheduler": common.get("scheduler"),
+        "has_optim": not model_only, "has_rng": not model_only,
+        "distributed_optimizer": common.get("distributed_optimizer", bool(args.use_distributed_optimizer)),
+        "layout": common.get("layout", _layout()), "content": dict(OPTIMIZER_METADATA),
+        "train_state": common.get("train_state", {}), "model_only": model_only, "megatron_lm_layout": False,
+        "written_by": "mtmegatron",
+    }
+
+
+def _load_strategy(directory: str, args):
+    if not args.ckpt_fully_parallel_load:
+        return None
+    return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(directory),
+                                            parallel_state.get_data_parallel_group(with_context_parallel=True))
+
+
+def _say(text: str) -> None:
+    if torch.distributed.get_rank() == 0:
+        print(f"mtmegatron: {text}", flush=True)
+
+
 def load(root: str, model, optimizer, scheduler, args, train_state: dict | None = None) -> int:
-    """Load the latest complete checkpoint under ``root``; returns the iteration to continue from (0, after a
-    message, when ``root`` is missing or holds nothing a save writes). ``train_state`` (when given) is updated
-    with the counters saved beside the weights."""
+    """Load the latest complete checkpoint under ``root`` (ours or Megatron-LM's); returns the iteration to
+    continue from (0, after a message, when ``root`` is missing or holds nothing a save writes). ``train_state``
+    (when given) is updated with the counters saved beside the weights."""
     iteration = latest_complete_iteration(root)
     if iteration is None:
+        tracked = latest_iteration(root)
+        foreign = _foreign_format(checkpoint_dir(root, tracked)) if tracked is not None else None
+        if foreign:
+            from mtmegatron.training.checkpoint_flags import FORMAT_REFUSALS
+
+            raise CheckpointError(f"--load {root}: {checkpoint_dir(root, tracked)} is a '{foreign}' checkpoint: "
+                                  f"{FORMAT_REFUSALS[foreign]}")
         debris = checkpoint_debris(root)
         if not debris and not args.finetune:
-            if torch.distributed.get_rank() == 0:
-                print(f"mtmegatron: --load {root}: {'empty directory' if os.path.isdir(root) else 'no such directory'}"
-                      f", no checkpoint to resume: starting from scratch at iteration 0", flush=True)
+            _say(f"--load {root}: {'empty directory' if os.path.isdir(root) else 'no such directory'}, no "
+                 f"checkpoint to resume: starting from scratch at iteration 0")
             return 0
         found = f"it holds {', '.join(debris[:3])}{' ...' if len(debris) > 3 else ''} but" if debris else "there is"
         raise CheckpointError(f"--load {root}: {found} no complete checkpoint (no {TRACKER} naming a finished "
@@ -240,54 +367,67 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
                               f"debris of the interrupted save to start from scratch, or pass another --load")
     directory = checkpoint_dir(root, iteration)
     common = dist_checkpointing.load_common_state_dict(directory)
-    mismatched = mismatches(common.get("args", {}), args)
+    saved = _saved_facts(common, args)
+    mismatched = mismatches(saved["fingerprint"], args)
     if mismatched:
         raise CheckpointError(f"checkpoint {directory} was written for a different model "
-                              f"({describe_mismatches(mismatched)})")
-    state = _model_state(model)
-    model_only = common.get("model_only", False)  # mtmegatron convert's output: weights only, start at 0
-    load_optim = not (args.finetune or args.no_load_optim or model_only)
-    load_rng = not (args.finetune or args.no_load_rng or model_only)
-    saved_distopt = common.get("distributed_optimizer", bool(args.use_distributed_optimizer))
-    if load_optim and saved_distopt != bool(args.use_distributed_optimizer):
-        raise CheckpointError(f"checkpoint {directory} holds {'distributed' if saved_distopt else 'plain'}-optimizer "
-                              f"state; run with{'' if saved_distopt else 'out'} --use-distributed-optimizer, or "
+                              f"({describe_mismatches(mismatched)}) by {saved['written_by']}")
+    starts_over = args.finetune or saved["model_only"]
+    load_optim = not (starts_over or args.no_load_optim) and saved["has_optim"]
+    load_rng = not (starts_over or args.no_load_rng) and saved["has_rng"]
+    if load_optim and saved["distributed_optimizer"] != bool(args.use_distributed_optimizer):
+        distopt = saved["distributed_optimizer"]
+        raise CheckpointError(f"checkpoint {directory} holds {'distributed' if distopt else 'plain'}-optimizer "
+                              f"state; run with{'' if distopt else 'out'} --use-distributed-optimizer, or "
                               f"pass --no-load-optim to load the weights only")
-    saved_layout = common.get("layout", _layout())
-    if load_rng and saved_layout != _layout():
+    content = saved["content"]
+    sharding = content.get("distrib_optim_sharding_type")
+    if (load_optim and args.use_distributed_optimizer and saved["layout"] != _layout()
+            and sharding not in DistributedOptimizer.checkpoint_fully_reshardable_formats):
+        raise CheckpointError(f"checkpoint {directory}: its distributed-optimizer state ('{sharding}', Megatron-LM's "
+                              f"default) loads only under its own TP/PP layout {saved['layout']}, not {_layout()} "
+                              f"(save with --dist-ckpt-optim-fully-reshardable); or pass --no-load-optim")
+    if load_rng and saved["layout"] != _layout():
         # RNG states are per (PP, TP) rank: they have no meaning under another layout (as in Megatron-LM)
         load_rng = False
-        if torch.distributed.get_rank() == 0:
-            print(f"mtmegatron: checkpoint layout {saved_layout} differs from this run's {_layout()}: "
-                  f"RNG states not restored (dropout masks will differ from the original run)", flush=True)
-    if load_optim and "scheduler" in common:
-        check_schedule(common["scheduler"], scheduler, args, directory, CheckpointError)
+        _say(f"checkpoint layout {saved['layout']} differs from this run's {_layout()}: RNG states not restored "
+             f"(dropout masks will differ from the original run)")
+    if load_optim and saved["scheduler"] is not None:
+        check_schedule(saved["scheduler"], scheduler, args, directory, CheckpointError)
+    metadata = _sharded_metadata(content)
+    state = _model_state(model, metadata)
     if load_optim:
         _materialize_optimizer_state(optimizer)
-        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=OPTIMIZER_METADATA)
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=metadata)
     if load_rng:
-        state["rng_state"] = _rng_state()
+        state["rng_state"] = mlm.rng_state_object() if saved["megatron_lm_layout"] else _legacy_rng_state()
     try:
-        loaded = dist_checkpointing.load(state, directory)
+        loaded = dist_checkpointing.load(state, directory, _load_strategy(directory, args),
+                                         strict=args.dist_ckpt_strictness)
     # dist_checkpointing raises CheckpointingException, KeyError, RuntimeError, ... and torch's
     # CheckpointException, which is a BaseException
     except (Exception, CheckpointException) as e:
         raise CheckpointError(f"checkpoint {directory} cannot be loaded into this model/layout (damaged files, "
                               f"or written by another model): {_describe(e)}") from e
+    if isinstance(loaded, tuple):  # --dist-ckpt-strictness return_*: (state, missing keys, unexpected keys)
+        loaded, missing, unexpected = loaded
+        _say(f"--dist-ckpt-strictness {args.dist_ckpt_strictness}: missing {sorted(missing)}, unexpected "
+             f"{sorted(unexpected)}")
     for key, chunk in zip(_model_keys(model), model):
         _unwrap(chunk).load_state_dict(loaded[key])
     if load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
-        scheduler.load_state_dict(loadable_state(loaded["scheduler"], scheduler))
+        scheduler.load_state_dict(loadable_state(saved["scheduler"], scheduler))
     else:  # the optimizer's fp32 main copies must follow the freshly loaded weights
         optimizer.reload_model_params()
     if load_rng:
-        rng = loaded["rng_state"]
-        random.setstate(rng["random"])
-        np.random.set_state(rng["np"])
-        torch.set_rng_state(rng["torch"])
-        _restore_device_rng(rng.get("device", {}), torch.distributed.get_rank())
-        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
-    if train_state is not None and not (args.finetune or model_only):
-        train_state.update(common.get("train_state", {}))
-    return 0 if args.finetune or model_only else loaded["iteration"]
+        if saved["megatron_lm_layout"]:
+            mlm.restore_rng(loaded["rng_state"])
+        else:
+            _restore_legacy_rng(loaded["rng_state"])
+    if train_state is not None and not starts_over:
+        train_state.update(saved["train_state"])
+    if saved["written_by"] == "Megatron-LM":
+        _say(f"loaded Megatron-LM checkpoint {directory} (model{', optimizer and schedule' if load_optim else ''}"
+             f"{', RNG' if load_rng else ''}; sharded-state metadata {content})")
+    return 0 if starts_over else int(common["iteration"])

@@ -1,0 +1,264 @@
+"""Make tests/fixtures/megatron_lm_ckpt/: a real checkpoint written by Megatron-LM core_v0.16.1's own trainer.
+
+Runs Megatron-LM's ``pretrain_gpt.py`` (from a temporary ``git archive`` of the tag; nothing of it is kept) on
+the CPU through mtmegatron's host bridge, in two launches, as a Megatron-LM user would:
+1. train a tiny Llama-style GPT (mock data, NullTokenizer) with ``--exit-interval N``: saves ``iter_000000N``;
+2. relaunch with ``--load`` and train iterations N+1..N+2: Megatron-LM's own loader resumes it; the losses it
+   logs are stored (full precision, and the string its log line printed) in ``expected.json``.
+The checkpoint of launch 1 is the fixture. ``--reader DIR`` instead resumes a checkpoint written by mtmegatron
+(for the fixture's model, e.g. after mtmegatron resumed the fixture and saved at iteration 4) with Megatron-LM's
+own ``load_checkpoint`` and trains on to iteration 5: its losses must equal those of the fixture's run.
+
+Work-arounds, here and not in the product (each only inside the worker processes this script starts):
+- megatron/training/initialize.py imports megatron-core's Triton batch-invariant kernels; Triton is not installed
+  on a CPU box: that module is replaced by one whose functions refuse (batch-invariant mode is not used);
+- ``initialize_megatron`` asserts that CUDA is available: the CPU bridge's ``is_available()`` answers False on
+  purpose (torch's own code must not take CUDA paths), so Megatron-LM's ``allow_no_cuda=True`` is passed instead;
+- rank 0 compiles megatron/core/datasets helpers and loads fused CUDA kernels (``_compile_dependencies``):
+  skipped — the installed megatron-core ships its prebuilt ``helpers_cpp`` and the run uses no fused kernel;
+- ``set_jit_fusion_options`` warms up torch.compile'd fused bias-GeLU/SwiGLU/dropout-add kernels with Inductor,
+  which asks device properties the CPU bridge does not fake: the warm-up is skipped (every fusion is off here);
+- dist_checkpointing's writer spawns a multiprocessing manager, which re-imports the main module: the child
+  imports this file instead of pretrain_gpt.py (that would need the stubs again);
+- without TransformerEngine megatron-core's distributed optimizer wraps torch's Adam, which has no state before
+  its first step, and the optimizer's load template reads that state: before ``load_checkpoint`` the state is
+  filled with megatron-core's own placeholders (``_init_optimizer_states_with_dummy_values``, overwritten by the
+  load), as mtmegatron's loader does;
+- the checkout's ``megatron/core`` is deleted so ``megatron.core`` is the installed megatron-core 0.16.1 (the
+  same tag) that mtmegatron's bridge and patches apply to.
+
+Usage: python scripts/make_megatron_lm_fixture.py [--out tests/fixtures/megatron_lm_ckpt] [--mlm-repo PATH]
+May assume: a bare clone of NVIDIA/Megatron-LM with the core_v0.16.1 tag (default /work/.mirror/...), torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TAG = "core_v0.16.1"
+DEFAULT_REPO = "/work/.mirror/NVIDIA+Megatron-LM/repo"
+SAVE_AT = 3          # N: Megatron-LM saves iteration N ...
+TRAIN_ITERS = 5      # ... and, resumed, trains N+1 .. TRAIN_ITERS
+
+# A tiny Llama-style GPT. NullTokenizer --vocab-size 127 has 128 ids (127 is the end-of-document id);
+# --make-vocab-size-divisible-by 64 keeps the embedding at exactly 128 rows under TP1 and TP2 (no padding rows).
+MODEL = [
+    "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+    "--group-query-attention", "--num-query-groups", "2", "--seq-length", "32", "--max-position-embeddings", "32",
+    "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+    "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--hidden-dropout", "0",
+    "--attention-dropout", "0", "--init-method-std", "0.02",
+    "--tokenizer-type", "NullTokenizer", "--vocab-size", "127", "--make-vocab-size-divisible-by", "64",
+]
+TRAINING = [
+    "--mock-data", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", str(TRAIN_ITERS),
+    "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "1",
+    "--weight-decay", "0.1", "--adam-beta2", "0.95", "--clip-grad", "1.0", "--seed", "1234",
+    "--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable",
+    "--transformer-impl", "local", "--ckpt-format", "torch_dist", "--distributed-backend", "gloo",
+    "--no-rope-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-masked-softmax-fusion",
+    "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
+    "--eval-iters", "0", "--eval-interval", "1000", "--log-interval", "1", "--save-interval", "1000",
+]
+WORLD_SIZE = 2       # TP1 x PP1 x DP2, distributed optimizer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def extract_megatron_lm(repo: str, into: Path) -> Path:
+    """``git archive`` of the tag into ``into``; its megatron/core removed (the installed one is used)."""
+    archive = subprocess.run(["git", "-C", repo, "archive", TAG], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    shutil.rmtree(into / "megatron" / "core")
+    return into
+
+
+def launch(mlm: Path, flags: list[str], record: Path, timeout: int = 900) -> str:
+    """Run Megatron-LM's pretrain_gpt.py on WORLD_SIZE CPU ranks (this file as the per-rank worker)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD_SIZE}",
+           f"--master_port={_free_port()}", __file__, "--worker", str(mlm), str(record), "--", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONPATH": str(mlm)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    log = record.with_suffix(".log")
+    log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        kept = Path(tempfile.gettempdir()) / f"make_megatron_lm_fixture.{record.stem}.log"
+        shutil.copy(log, kept)
+        raise SystemExit(f"Megatron-LM's pretrain_gpt.py failed ({proc.returncode}); its whole output: {kept}\n"
+                         f"{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def _stub_batch_invariant_kernels() -> None:
+    """megatron/training/initialize.py imports megatron-core's Triton batch-invariant kernels at start-up; Triton
+    is not installed on a CPU box and ``--batch-invariant-mode`` is not used: the module's four functions
+    are replaced by ones that refuse."""
+    import types
+
+    name = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
+    stub = types.ModuleType(name)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("batch-invariant mode needs Triton (not installed)")
+
+    for function in ("set_batch_invariant_mode", "is_batch_invariant_mode_enabled", "disable_batch_invariant_mode",
+                     "enable_batch_invariant_mode"):
+        setattr(stub, function, refuse)
+    stub.is_batch_invariant_mode_enabled = lambda: False
+    sys.modules[name] = stub
+
+
+def _spawn_children_from_this_file() -> None:
+    """dist_checkpointing's writer starts a multiprocessing manager with the 'spawn' method, whose child re-imports
+    the main module: make that this file (importable as is) rather than pretrain_gpt.py (whose imports need the
+    stubs above)."""
+    import multiprocessing.spawn as spawn
+
+    real = spawn.get_preparation_data
+
+    def preparation_data(name):
+        data = real(name)
+        data.pop("init_main_from_name", None)
+        data["init_main_from_path"] = os.path.abspath(__file__)
+        return data
+
+    spawn.get_preparation_data = preparation_data
+
+
+def worker(mlm: str, record: str, flags: list[str]) -> None:
+    """One rank of Megatron-LM's trainer, on the CPU bridge, with the two start-up work-arounds."""
+    import runpy
+
+    sys.path.insert(0, mlm)
+    import mtmegatron
+
+    mtmegatron.activate("cpu")
+    _stub_batch_invariant_kernels()
+    import megatron.training.initialize as initialize
+    import megatron.training.training as training
+
+    real_initialize = training.initialize_megatron
+    training.initialize_megatron = lambda *a, **kw: real_initialize(*a, **{**kw, "allow_no_cuda": True})
+    initialize._compile_dependencies = lambda: None
+    initialize._warmup_jit_function = lambda: None
+    real_log = training.training_log
+    losses = {}
+
+    def training_log(loss_dict, total_loss_dict, learning_rate, iteration, *rest, **kw):
+        if "lm loss" in loss_dict:  # the last pipeline stage holds it
+            losses[iteration] = {"lm_loss": float(loss_dict["lm loss"]), "lr": learning_rate}
+        return real_log(loss_dict, total_loss_dict, learning_rate, iteration, *rest, **kw)
+
+    training.training_log = training_log
+    real_load = training.load_checkpoint
+
+    def load_checkpoint(model, optimizer, *args, **kwargs):
+        for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+            if hasattr(inner, "_init_optimizer_states_with_dummy_values") and not inner.optimizer.state:
+                inner._init_optimizer_states_with_dummy_values()
+        return real_load(model, optimizer, *args, **kwargs)
+
+    training.load_checkpoint = load_checkpoint
+    _spawn_children_from_this_file()
+    sys.argv = [os.path.join(mlm, "pretrain_gpt.py"), *flags]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:
+        if losses:
+            Path(record).write_text(json.dumps(losses))
+
+
+def generate(out: Path, repo: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="mlm-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "mlm").mkdir()
+        mlm = extract_megatron_lm(repo, tmp / "mlm")
+        ckpt = tmp / "ckpt"
+        print(f"[1/2] Megatron-LM {TAG}: train {SAVE_AT} iterations, save {ckpt}", flush=True)
+        launch(mlm, MODEL + TRAINING + ["--exit-interval", str(SAVE_AT), "--save", str(ckpt)],
+                       tmp / "first.json")
+        print(f"[2/2] Megatron-LM {TAG}: --load and train iterations {SAVE_AT + 1}..{TRAIN_ITERS}", flush=True)
+        second = launch(mlm, MODEL + TRAINING + ["--load", str(ckpt)], tmp / "second.json")
+        before = json.loads((tmp / "first.json").read_text())
+        after = json.loads((tmp / "second.json").read_text())
+        if sorted(map(int, after)) != list(range(SAVE_AT + 1, TRAIN_ITERS + 1)):
+            raise SystemExit(f"the resumed run logged iterations {sorted(after)}, expected {SAVE_AT + 1}.."
+                             f"{TRAIN_ITERS}:\n{second[-3000:]}")
+        logged = [line.strip() for line in second.splitlines() if "lm loss:" in line]
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(ckpt, out)
+        expected = {
+            "megatron_lm": TAG, "world_size": WORLD_SIZE, "layout": "TP1 PP1 DP2, distributed optimizer "
+            "(--dist-ckpt-optim-fully-reshardable)", "saved_iteration": SAVE_AT,
+            "flags": MODEL + TRAINING,
+            "losses_before_save": {int(k): v for k, v in before.items()},
+            "losses_after_resume": {int(k): v for k, v in after.items()},
+            "logged_after_resume": logged,
+            "note": "losses_* are loss_dict['lm loss'] of each iteration as training_log received it (full "
+                    "precision); the printed 'lm loss' of the second logged iteration of a launch is the mean "
+                    "of the first two (Megatron-LM does not reset its loss accumulator after its first log line)",
+        }
+        (out / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+        size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+        print(f"wrote {out} ({size / 1e6:.2f} MB); losses after resume: "
+              f"{ {k: v['lm_loss'] for k, v in after.items()} }")
+
+
+def read_back(checkpoint: Path, repo: str, fixture: Path, step: int) -> dict:
+    """Megatron-LM's own ``load_checkpoint`` on a checkpoint mtmegatron wrote (for the fixture's model): resume
+    it with pretrain_gpt.py and train to TRAIN_ITERS; returns {iteration: loss} and compares each with the loss
+    Megatron-LM logged at that iteration in the fixture's run."""
+    expected = json.loads((fixture / "expected.json").read_text())
+    logged = {**expected["losses_before_save"], **expected["losses_after_resume"]}
+    with tempfile.TemporaryDirectory(prefix="mlm-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "mlm").mkdir()
+        mlm = extract_megatron_lm(repo, tmp / "mlm")
+        print(f"Megatron-LM {TAG}: --load {checkpoint} --ckpt-step {step} and train to iteration {TRAIN_ITERS}",
+              flush=True)
+        output = launch(mlm, MODEL + TRAINING + ["--load", str(checkpoint), "--ckpt-step", str(step)],
+                        tmp / "reader.json")
+        losses = {int(k): v["lm_loss"] for k, v in json.loads((tmp / "reader.json").read_text()).items()}
+    loaded = [line.strip() for line in output.splitlines() if "successfully loaded checkpoint" in line]
+    print("\n".join(loaded))
+    for iteration, loss in sorted(losses.items()):
+        reference = logged[str(iteration)]["lm_loss"]
+        print(f"iteration {iteration}: Megatron-LM resumed from mtmegatron's checkpoint {loss:.9f} | Megatron-LM's "
+              f"own run {reference:.9f} | difference {abs(loss - reference):.2e}")
+    return losses
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        split = sys.argv.index("--")
+        worker(sys.argv[2], sys.argv[3], sys.argv[split + 1:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/fixtures/megatron_lm_ckpt"))
+    parser.add_argument("--mlm-repo", default=DEFAULT_REPO, help=f"a git clone of Megatron-LM with tag {TAG}")
+    parser.add_argument("--reader", default=None, metavar="CKPT",
+                        help="instead: resume CKPT (written by mtmegatron for the fixture's model) with Megatron-LM's "
+                             "own loader and compare its losses with the fixture's (--out names the fixture)")
+    parser.add_argument("--reader-step", type=int, default=SAVE_AT + 1, help="the iteration of CKPT to resume")
+    args = parser.parse_args()
+    if args.reader:
+        read_back(Path(args.reader), args.mlm_repo, Path(args.out), args.reader_step)
+    else:
+        generate(Path(args.out), args.mlm_repo)
+
+
+if __name__ == "__main__":
+    main()

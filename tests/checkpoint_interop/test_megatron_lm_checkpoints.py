@@ -1,0 +1,108 @@
+"""Megatron-LM checkpoints load here, and ours load in Megatron-LM (tests/fixtures/megatron_lm_ckpt).
+
+The fixture is a real checkpoint written by Megatron-LM core_v0.16.1's ``pretrain_gpt.py`` (TP1 x DP2,
+distributed optimizer, saved at iteration 3; scripts/make_megatron_lm_fixture.py), with the losses Megatron-LM
+logged when its own loader resumed it (iterations 4 and 5). Both sides read mock data in the same order:
+megatron-core's MockGPTDataset is deterministic given the seed and sequence length (a mock config always uses
+the split 1,1,1, and one epoch, so the order does not depend on the number of samples asked for), and global
+batch i is samples [i*G, (i+1)*G) on both (Megatron-LM's sampler hands DP rank d the d-th micro-batch of each
+slice of micro-batch x DP samples; ours the d-th contiguous slice: the same set per global batch, the same
+micro-batches when there is one micro-batch per rank as here). NullTokenizer --vocab-size 127 is 128 ids with
+end-of-document 127 = our mock tokenizer of --vocab-size 128.
+
+- Resuming under other layouts (TP2, PP2; the fixture is DP2) gives Megatron-LM's losses within 1e-5.
+- ``--finetune`` loads exactly the fixture's weights and nothing else (iteration 0, fresh optimizer).
+- The PP2 run saves at iteration 4; that checkpoint, read the way Megatron-LM's ``load_checkpoint`` reads it
+  (tests/checkpoint_interop/worker.py) at TP1 PP1, takes its step 5 to Megatron-LM's own loss at 5.
+The same round trip through Megatron-LM's real trainer is ``scripts/make_megatron_lm_fixture.py --reader``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.pretrain_runner import run_pretrain
+
+HERE = Path(__file__).parent
+FIXTURE = HERE.parent / "fixtures" / "megatron_lm_ckpt"
+EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
+sys.path.insert(0, str(HERE))
+from worker import FIXTURE_FLAGS  # noqa: E402
+
+TOLERANCE = 1e-5  # fp32, the same data; the losses differ only by reduction order
+
+
+def megatron_lm_loss(iteration: int) -> float:
+    return EXPECTED["losses_after_resume"][str(iteration)]["lm_loss"]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """Our runs resuming the fixture under TP2 (saving weights only at 5) and PP2 (saving at 4 and 5)."""
+    tmp = tmp_path_factory.mktemp("resume")
+    runs = {}
+    for name, layout in (("tp2", ["--tensor-model-parallel-size", "2", "--save", str(tmp / "weights_only"),
+                                  "--no-save-optim", "--no-save-rng"]),
+                         ("pp2", ["--pipeline-model-parallel-size", "2", "--save", str(tmp / "ours"),
+                                  "--save-interval", "4"])):
+        proc, rows = run_pretrain(2, FIXTURE_FLAGS + layout + ["--load", str(FIXTURE)], tmp / name, timeout=600)
+        runs[name] = (proc, rows)
+    return tmp, runs
+
+
+def _worker(*argv) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, str(HERE / "worker.py"), *map(str, argv)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_megatron_lm_checkpoint_resumes_with_its_losses_under_another_layout(resumed, layout):
+    _, runs = resumed
+    proc, rows = runs[layout]
+    assert "loaded Megatron-LM checkpoint" in proc.stdout and "continuing at iteration 3" in proc.stdout
+    assert [r["iteration"] for r in rows] == [4, 5]
+    for row in rows:
+        assert abs(row["loss"] - megatron_lm_loss(row["iteration"])) < TOLERANCE, (row, EXPECTED["losses_after_resume"])
+    # the schedule continued from Megatron-LM's (its lr at iteration 5 is the one it logged after step 4)
+    assert rows[1]["lr"] == pytest.approx(EXPECTED["losses_after_resume"]["4"]["lr"], rel=1e-12)
+
+
+def test_finetune_takes_exactly_the_megatron_lm_weights_and_nothing_else():
+    result = _worker("finetune", FIXTURE)
+    assert result["iteration"] == 0 and result["scheduler_steps"] == 0
+    assert result["weights"] >= 10 and result["max_weight_difference"] == 0.0
+    assert result["optimizer_state_entries"] == 0  # fresh optimizer: nothing loaded into it
+
+
+def test_our_checkpoint_read_as_megatron_lm_reads_it_continues_megatron_lm_losses(resumed):
+    tmp, _ = resumed
+    result = _worker("megatron-lm-reader", tmp / "ours", 4)
+    assert result["tracked"] == 5 and result["ckpt_tp_pp"] == [1, 2] and result["world_size"] == 2
+    assert not result["rng_loaded"]  # TP/PP differ (PP2 -> PP1): Megatron-LM ignores RNG states then
+    assert result["scheduler_steps"] == 5 * 4  # the step taken after loading 4 x global batch 4
+    assert abs(result["loss"] - megatron_lm_loss(5)) < TOLERANCE, result
+
+
+def test_no_save_optim_and_no_save_rng_leave_them_out_as_megatron_lm_does(resumed):
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    tmp, _ = resumed
+    directory = tmp / "weights_only" / "iter_0000005"
+    common = torch.load(directory / "common.pt", weights_only=False)
+    assert common["args"].no_save_optim and common["args"].no_save_rng  # Megatron-LM's loader reads these
+    assert "opt_param_scheduler" not in common and common["checkpoint_version"] == 3.0
+    keys = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    assert any(k.startswith("decoder.layers.") for k in keys)
+    assert not [k for k in keys if k.startswith(("optimizer.", "rng_state"))]
