@@ -341,6 +341,10 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.vocab_size is not None:  # else set from the tokenizer by data/resolve.py
         check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
     check_schedule_flags(args, ConfigError)
+    if args.micro_batch_size is None:
+        raise ConfigError("--micro-batch-size is required (Megatron-LM has no default; or name a preset with --model)")
+    if args.global_batch_size is None:  # Megatron-LM: one micro-batch per data-parallel rank
+        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
     dp, mbs, gbs = args.data_parallel_size, args.micro_batch_size, args.global_batch_size
     if gbs % (mbs * dp):
         raise ConfigError(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "
@@ -377,6 +381,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
 
 def validate_for_training(args: argparse.Namespace) -> None:
     """Checks that concern training only (a converter or an inference forward may build these models)."""
+    if args.lr is None:
+        raise ConfigError("--lr is required (Megatron-LM has no default learning rate; or name a preset with --model)")
     if args.num_experts and args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
         # megatron-core's MoE layer raises this in the first training forward otherwise
         raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel in training "

@@ -210,3 +210,15 @@ def test_uneven_pipeline_flags_reach_the_config():
                          (["--account-for-loss-in-pipeline-split"], "does not divide --num-layers 4 (+1")):
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("+", r"\+")):
             parse_args(MEGATRON_GPT + pp2 + bad, world_size=2)
+
+
+def test_values_megatron_lm_requires_are_required():
+    def without(flag):
+        i = MEGATRON_GPT.index(flag)
+        return MEGATRON_GPT[:i] + MEGATRON_GPT[i + 2:]
+
+    with pytest.raises(ConfigError, match="--lr is required"):
+        parse_args(without("--lr"), world_size=1)
+    with pytest.raises(ConfigError, match="--micro-batch-size is required"):
+        parse_args(without("--micro-batch-size"), world_size=1)
+    assert parse_args(without("--global-batch-size"), world_size=2).global_batch_size == 4  # micro-batch x DP

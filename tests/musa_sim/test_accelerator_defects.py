@@ -105,7 +105,8 @@ def test_checkpoint_restores_the_device_generator(tmp_path):
         args = parse_args(["--backend", "musa", "--mock-data", "--num-layers", "1", "--hidden-size", "16",
                            "--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "32",
                            "--seq-length", "8", "--max-position-embeddings", "8", "--vocab-size", "64",
-                           "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "1"])
+                           "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "1",
+                           "--lr", "1e-3"])
         init_distributed(args, backend)
         model, optimizer, scheduler, _ = build(args)
         checkpointing.save("{tmp_path}", 1, model, optimizer, scheduler, args)
