@@ -1,8 +1,9 @@
 """Turns the data flags of a pretrain run into checked datasets before any process group starts.
 
-No ``--data-path`` and no ``--mock-data``: the embedded corpus, preprocessed on first use (``embedded.py``),
-with its own tokenizer. ``--data-path``: every prefix of the blend must be a whole ``.bin``/``.idx`` pair and
-``--tokenizer-model`` must name the tokenizer it was made with, no larger than the model's vocabulary.
+No ``--data-path``, no ``--train/valid/test-data-path`` and no ``--mock-data``: the embedded corpus, preprocessed
+on first use (``embedded.py``), with its own tokenizer. Otherwise every prefix of the blend(s) (read as
+megatron-core reads a blend: ``P1 P2 ...`` or ``W1 P1 W2 P2 ...``) must be a whole ``.bin``/``.idx`` pair and
+``--tokenizer-model`` must name the tokenizer they were made with, no larger than the model's vocabulary.
 Every problem is one ``ConfigError``.
 May assume: flags parsed and validated (training/arguments.py); runs on every rank.
 """
@@ -18,15 +19,18 @@ from mtmegatron.training.arguments import ConfigError
 
 
 def blend_prefixes(data_path: list[str]) -> list[str]:
-    """The prefixes of ``--data-path`` (``P1 P2 ...`` or ``W1 P1 W2 P2 ...``)."""
-    return data_path if len(data_path) % 2 else data_path[1::2]
+    """The prefixes of a blend (``P1 P2 ...`` or ``W1 P1 W2 P2 ...``), read as megatron-core reads it."""
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    return get_blend_from_list(data_path)[0]
 
 
 def resolve_data(args: argparse.Namespace, progress: bool = True) -> HFTokenizer | None:
     """Fill args.data_path / tokenizer_model / data_cache_path; returns the tokenizer (None for mock data)."""
     if args.mock_data:
         return None
-    if not args.data_path:
+    per_split = [p for p in (args.train_data_path, args.valid_data_path, args.test_data_path) if p]
+    if not args.data_path and not per_split:
         from mtmegatron.data import embedded
 
         try:
@@ -36,16 +40,12 @@ def resolve_data(args: argparse.Namespace, progress: bool = True) -> HFTokenizer
         args.data_path = [prefix]
         args.tokenizer_model = args.tokenizer_model or tokenizer_dir
     elif not args.tokenizer_model:
-        raise ConfigError("--data-path needs --tokenizer-model DIR (the tokenizer the data was preprocessed with)")
-    if len(args.data_path) % 2 == 0:
-        for weight in args.data_path[0::2]:
-            try:
-                float(weight)
-            except ValueError:
-                raise ConfigError(f"--data-path: {weight!r} is not a weight (use 'P1 P2 ...' or "
-                                  f"'W1 P1 W2 P2 ...')") from None
+        flag = "--data-path" if args.data_path else "--train-data-path"
+        raise ConfigError(f"{flag} needs --tokenizer-model DIR (the tokenizer the data was preprocessed with)")
+    prefixes = [prefix for blend in ([args.data_path] if args.data_path else per_split)
+                for prefix in blend_prefixes(blend)]
     try:
-        for prefix in blend_prefixes(args.data_path):
+        for prefix in prefixes:
             check_indexed_dataset(prefix)
         tokenizer = load_tokenizer(args.tokenizer_model)
     except (DataError, TokenizerError) as e:
@@ -54,6 +54,5 @@ def resolve_data(args: argparse.Namespace, progress: bool = True) -> HFTokenizer
         raise ConfigError(f"the tokenizer {tokenizer.source} has {tokenizer.vocab_size} tokens, more than the "
                           f"model's --vocab-size {args.vocab_size}")
     if args.data_cache_path is None:
-        first = blend_prefixes(args.data_path)[0]
-        args.data_cache_path = os.path.join(os.path.dirname(os.path.abspath(first)), "cache")
+        args.data_cache_path = os.path.join(os.path.dirname(os.path.abspath(prefixes[0])), "cache")
     return tokenizer

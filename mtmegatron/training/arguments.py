@@ -15,7 +15,10 @@ from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deeps
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields, pipeline_divides_layers
 from mtmegatron.models.presets import preset
 from mtmegatron.models.vocab import check_vocab_padding
+from mtmegatron.training.data_flags import add_data_args, check_data_args
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
+from mtmegatron.training.run_control import add_run_control_args, check_run_control_args
+from mtmegatron.training.schedule_flags import add_schedule_args
 from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
@@ -195,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_io(p)
     _add_fp8(p)
     add_memory_args(p)
+    add_schedule_args(p)
+    add_run_control_args(p)
+    add_data_args(p)
     add_llava_args(p)
     from mtmegatron.training import run_args
 
@@ -288,6 +294,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     check_memory_args(args, ConfigError)
+    check_run_control_args(args, ConfigError)
+    check_data_args(args, ConfigError)
     from mtmegatron.training import run_args
 
     run_args.validate(args, ConfigError)

@@ -14,10 +14,11 @@ import argparse
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data, validation, fault tolerance, run outputs")
-    g.add_argument("--data-path", nargs="+", default=None,
-                   help="indexed dataset prefix(es) from `mtmegatron preprocess`, or a weighted blend "
-                        "'W1 P1 W2 P2 ...' (default without --mock-data: the embedded corpus)")
-    g.add_argument("--split", default="969,30,1", help="train,valid,test proportions of --data-path")
+    g.add_argument("--data-path", nargs="*", default=None,
+                   help="indexed dataset prefix(es) from `mtmegatron preprocess` (weights from their sizes), or a "
+                        "weighted blend 'W1 P1 W2 P2 ...' (default without --mock-data: the embedded corpus)")
+    g.add_argument("--split", type=str, default=None,
+                   help="train,valid,test proportions of --data-path, e.g. 90,5,5 (default: 969, 30, 1)")
     g.add_argument("--data-cache-path", default=None,
                    help="where megatron-core caches sample indices (default: beside the data, cache/)")
     g.add_argument("--tokenizer-model", default=None,

@@ -1,0 +1,65 @@
+"""Data flags of ``mtmegatron.pretrain`` with Megatron-LM's meaning: separate blends per split, document
+boundaries (EOD loss mask, position-id and attention-mask resets), data-loader workers, mmap of ``.bin`` files.
+
+``--train-data-path/--valid-data-path/--test-data-path`` are megatron-core's ``blend_per_split`` (each a prefix,
+``P1 P2 ...`` or ``W1 P1 W2 P2 ...``, like ``--data-path``); they exclude ``--data-path`` and ``--split``
+(megatron-core refuses split with per-split blends). ``--split`` keeps Megatron-LM's default: None, and
+``969, 30, 1`` when ``--data-path`` (or the embedded corpus, which stands for it) is read without it. The three document flags go to megatron-core's
+``GPTDatasetConfig`` as in Megatron-LM's ``pretrain_gpt.py``; ``--reset-attention-mask`` also makes the dataset
+build the attention mask, which the forward step then passes to the model (without it the mask is the causal
+mask type, so none is built or passed).
+May assume: ``--data-path``, ``--split``, ``--mock-data`` registered by training/run_args.py; runs inside
+arguments.validate (before any process group).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+LEGACY_DEFAULT_SPLIT = "969, 30, 1"  # Megatron-LM's value when --data-path comes without --split
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data: per-split blends, document boundaries, loader")
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-data-path", nargs="*", default=None,
+                       help=f"the {split} split's own prefix or weighted blend 'W1 P1 W2 P2 ...' (instead of "
+                            "--data-path and --split)")
+    g.add_argument("--num-workers", type=int, default=2,
+                   help="data-loader worker processes per model chunk (0: read in the training process)")
+    g.add_argument("--eod-mask-loss", action="store_true", help="no loss on end-of-document tokens")
+    g.add_argument("--reset-position-ids", action="store_true",
+                   help="position ids restart at 0 after each end-of-document token")
+    g.add_argument("--reset-attention-mask", action="store_true",
+                   help="tokens attend only within their document (block-diagonal causal mask)")
+    g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
+                   help="read the .bin token files with file reads instead of mmap")
+
+
+def per_split_paths(args: argparse.Namespace) -> list | None:
+    """[train, valid, test] blends when any per-split path is given, else None."""
+    paths = [args.train_data_path, args.valid_data_path, args.test_data_path]
+    return paths if any(p is not None for p in paths) else None
+
+
+def check_data_args(args: argparse.Namespace, error) -> None:
+    per_split = per_split_paths(args)
+    if args.mock_data + bool(args.data_path) + bool(per_split) > 1:
+        raise error("--mock-data, --data-path and --train/valid/test-data-path are mutually exclusive: give one "
+                    "data source")
+    if per_split:
+        if not args.train_data_path:
+            raise error("--valid-data-path/--test-data-path need --train-data-path (the training split's data)")
+        if args.split is not None:
+            raise error("--split divides --data-path; it cannot be combined with --train/valid/test-data-path")
+    elif args.split is None and not args.mock_data:  # --data-path, or the embedded corpus that stands for it
+        args.split = LEGACY_DEFAULT_SPLIT
+    if args.num_workers < 0:
+        raise error(f"--num-workers must be >= 0, not {args.num_workers}")
+    if args.reset_attention_mask and args.context_parallel_size > 1:
+        raise error("--reset-attention-mask needs an explicit attention mask, which context parallelism does not "
+                    "take here; drop one of them")
+    if args.model == "llava" and (args.eod_mask_loss or args.reset_position_ids or args.reset_attention_mask
+                                  or per_split):
+        raise error("--eod-mask-loss/--reset-position-ids/--reset-attention-mask/--*-data-path apply to "
+                    "token datasets, not --model llava's conversations")
