@@ -15,6 +15,7 @@ import os
 
 from mtmegatron.data.indexed import DataError, check_indexed_dataset
 from mtmegatron.data.tokenizer import HFTokenizer, TokenizerError, load_tokenizer
+from mtmegatron.training.data_flags import empty_splits
 from mtmegatron.training.arguments import ConfigError
 
 
@@ -23,6 +24,11 @@ def blend_prefixes(data_path: list[str]) -> list[str]:
     from megatron.core.datasets.utils import get_blend_from_list
 
     return get_blend_from_list(data_path)[0]
+
+
+def valid_samples(args: argparse.Namespace) -> int | None:
+    """Samples pretrain asks of the validation split (None: no validation)."""
+    return args.eval_iters * args.global_batch_size or None
 
 
 def resolve_data(args: argparse.Namespace, progress: bool = True) -> HFTokenizer | None:
@@ -46,7 +52,12 @@ def resolve_data(args: argparse.Namespace, progress: bool = True) -> HFTokenizer
                 for prefix in blend_prefixes(blend)]
     try:
         for prefix in prefixes:
-            check_indexed_dataset(prefix)
+            counts = check_indexed_dataset(prefix)
+            empty = empty_splits(args, counts["sequences"], valid_samples(args)) if args.data_path else []
+            if empty:
+                raise ConfigError(f"--split {args.split} gives the {'/'.join(empty)} split of {prefix} no sequence "
+                                  f"(it has {counts['sequences']}); megatron-core cannot draw samples from it: "
+                                  f"give that split a larger share or 0")
         tokenizer = load_tokenizer(args.tokenizer_model)
     except (DataError, TokenizerError) as e:
         raise ConfigError(str(e)) from None

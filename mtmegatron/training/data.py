@@ -21,7 +21,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
-from mtmegatron.training.data_flags import per_split_paths
+from mtmegatron.training.data_flags import per_split_paths, requested_splits
 
 
 class MockTokenizer:
@@ -67,7 +67,7 @@ def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int 
         fields = {"blend_per_split": [get_blend_from_list(p) if p else None for p in per_split]}
     else:
         fields = {"blend": get_blend_from_list(args.data_path), "split": args.split}
-    train, valid, _ = _build(GPTDataset, [num_train, num_valid, None], args, tokenizer,
+    train, valid, _ = _build(GPTDataset, [num_train] + requested_splits(args, num_valid), args, tokenizer,
                              path_to_cache=args.data_cache_path, **fields)
     return train, valid
 

@@ -63,3 +63,32 @@ def check_data_args(args: argparse.Namespace, error) -> None:
                                   or per_split):
         raise error("--eod-mask-loss/--reset-position-ids/--reset-attention-mask/--*-data-path apply to "
                     "token datasets, not --model llava's conversations")
+
+
+def requested_splits(args: argparse.Namespace, num_valid: int | None) -> list[int | None]:
+    """Samples asked of the [train, valid, test] splits beyond train's (filled by the caller): megatron-core
+    accepts None (one epoch) only for an unweighted blend; a weighted one needs a number for every split, and
+    the test split (never read here) gets as many as valid, as Megatron-LM's ``--eval-iters`` does."""
+    weighted = args.data_path and get_blend(args.data_path)[1] is not None
+    if weighted:
+        return [num_valid or 0, num_valid or 0]
+    return [num_valid, None]
+
+
+def get_blend(data_path: list[str]):
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    return get_blend_from_list(data_path)
+
+
+def empty_splits(args: argparse.Namespace, num_sequences: int, num_valid: int | None) -> list[str]:
+    """The splits of one ``--data-path`` prefix with ``num_sequences`` sequences that ``--split`` gives a share
+    but no sequence while samples are asked of them (megatron-core's GPTDataset would then loop forever)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(args.split))
+    sizes = [1] + requested_splits(args, num_valid)
+    return [name for name, bounds, size in zip(("train", "valid", "test"), matrix, sizes)
+            if bounds is not None and size is not None
+            and int(round(bounds[0] * num_sequences)) == int(round(bounds[1] * num_sequences))]
