@@ -101,18 +101,19 @@ def check_schedule_args(args: argparse.Namespace, error) -> None:
         raise error(f"--lr-warmup-init {args.lr_warmup_init} exceeds --lr {args.lr}")
     steps = scheduler_steps(args)
     unit = "samples" if args.train_samples is not None else "iterations"
+    suffix = "samples" if args.train_samples is not None else "iters"  # of the flag names
     to_unit = 1 if args.train_samples is not None else args.global_batch_size
     if steps["lr_decay_steps"] <= 0:
-        raise error(f"the LR decay length must be positive (--lr-decay-{unit}, default --train-{unit})")
+        raise error(f"the LR decay length must be positive (--lr-decay-{suffix}, default --train-{suffix})")
     if steps["lr_warmup_steps"] >= steps["lr_decay_steps"]:
         raise error(f"the LR warmup ({steps['lr_warmup_steps'] / to_unit:g} {unit}) must be shorter than the LR "
-                    f"decay ({steps['lr_decay_steps'] / to_unit:g} {unit}, --lr-decay-{unit})")
+                    f"decay ({steps['lr_decay_steps'] / to_unit:g} {unit}, --lr-decay-{suffix})")
     wsd = steps["wsd_decay_steps"]
     if args.lr_decay_style == "WSD":
         if wsd is None:
-            raise error(f"--lr-decay-style WSD needs --lr-wsd-decay-{unit} (the length of its annealing phase)")
+            raise error(f"--lr-decay-style WSD needs --lr-wsd-decay-{suffix} (the length of its annealing phase)")
         if not 0 < wsd <= steps["lr_decay_steps"]:
-            raise error(f"--lr-wsd-decay-{unit} must be between 1 and the LR decay length "
+            raise error(f"--lr-wsd-decay-{suffix} must be between 1 and the LR decay length "
                         f"({steps['lr_decay_steps'] // to_unit} {unit})")
 
 
