@@ -141,10 +141,13 @@ def test_schedule_mistakes_are_one_clear_error(flags, message):
 
 def test_sample_based_wsd_run(tmp_path):
     """A real run: 8 iterations from --train-samples 69 (G 8), warmup 16 samples, WSD annealing (linear) over
-    the last 24 samples; metrics.jsonl's lr per iteration is the formula's, and the model learns."""
+    the last 24 samples; metrics.jsonl's lr per iteration is the formula's, and the model learns. The same run
+    reads the mock documents with Megatron-LM's document flags (the attention mask through the data-loader
+    workers into the model: the whole path of tests/data/test_data_flags.py and test_document_attention.py)."""
     flags = [a if a != "constant" else "WSD" for a in TINY] + [
         "--min-lr", str(MIN_LR), "--lr", str(MAX_LR), "--train-samples", "69", "--lr-warmup-samples", "16",
-        "--lr-wsd-decay-samples", "24", "--lr-wsd-decay-style", "linear"]
+        "--lr-wsd-decay-samples", "24", "--lr-wsd-decay-style", "linear",
+        "--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask"]
     _, rows = run_pretrain(1, flags, tmp_path / "run")
     assert [r["iteration"] for r in rows] == list(range(1, 9))
     expected = [expected_lr((i - 1) * G, 16, 69, "WSD", wsd=24, wsd_style="linear") for i in range(1, 9)]
