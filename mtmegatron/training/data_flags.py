@@ -4,10 +4,12 @@ boundaries (EOD loss mask, position-id and attention-mask resets), data-loader w
 ``--train-data-path/--valid-data-path/--test-data-path`` are megatron-core's ``blend_per_split`` (each a prefix,
 ``P1 P2 ...`` or ``W1 P1 W2 P2 ...``, like ``--data-path``); they exclude ``--data-path`` and ``--split``
 (megatron-core refuses split with per-split blends). ``--split`` keeps Megatron-LM's default: None, and
-``969, 30, 1`` when ``--data-path`` (or the embedded corpus, which stands for it) is read without it. The three document flags go to megatron-core's
-``GPTDatasetConfig`` as in Megatron-LM's ``pretrain_gpt.py``; ``--reset-attention-mask`` also makes the dataset
+``969, 30, 1`` when ``--data-path`` (or the embedded corpus, which stands for it) is read without it. The three
+document flags go to megatron-core's ``GPTDatasetConfig`` as in Megatron-LM's ``pretrain_gpt.py``; ``--reset-attention-mask`` also makes the dataset
 build the attention mask, which the forward step then passes to the model (without it the mask is the causal
 mask type, so none is built or passed).
+``requested_splits`` / ``empty_splits``: the samples asked of each split, and the splits a ``--split`` share
+leaves empty (megatron-core's GPTDataset would loop forever drawing samples from one; data/resolve.py refuses it).
 May assume: ``--data-path``, ``--split``, ``--mock-data`` registered by training/run_args.py; runs inside
 arguments.validate (before any process group).
 """
