@@ -1,6 +1,6 @@
 """The ``mtmegatron`` console command: ``env``/``doctor`` (what this machine offers), ``patches`` (what is
-changed in megatron-core and why), ``preprocess`` (text -> indexed dataset) and ``convert`` (HF <->
-megatron-core checkpoints). Training itself is
+changed in megatron-core and why), ``preprocess`` (text -> indexed dataset), ``convert`` (HF <->
+megatron-core checkpoints) and ``generate`` (text from a checkpoint, mtmegatron/generate/). Training itself is
 ``torchrun -m mtmegatron.pretrain``.
 May assume: torch installed; megatron-core imported only by the subcommands that need it.
 """
@@ -85,6 +85,17 @@ def main(argv=None) -> int:
     from mtmegatron.convert.commands import add_parser as add_convert_parser
 
     add_convert_parser(sub)
+    from mtmegatron.generate.command import main_with_errors
+    from mtmegatron.generate.flags import add_arguments as add_generate_arguments
+
+    p = add_generate_arguments(sub.add_parser("generate", help="generate text from a checkpoint (KV cache, TP/PP)"))
+    p.set_defaults(fn=main_with_errors)
+    from mtmegatron.training import flag_report
+
+    flag_report.add_parser(sub)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["flags"]:  # its arguments are other programs' option strings
+        return flag_report.run(argparse.Namespace(names=argv[1:]))
     args = parser.parse_args(argv)
     from mtmegatron.backends import BackendUnavailableError
     from mtmegatron.convert.hf_config import ConversionError

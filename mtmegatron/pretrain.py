@@ -69,6 +69,30 @@ def main(argv=None) -> int:
         exit_with_user_error(str(e))
 
 
+def startup_lines(args) -> list[str]:
+    """What this run took from where: the preset (or the demo), every value that differs from Megatron-LM's
+    default with its source, the layer implementation actually used, and which fusions run."""
+    from mtmegatron.models import fusions
+
+    if args.preset_name is None:
+        lines = ["mtmegatron: no --model preset: every value not given is Megatron-LM's default"]
+    elif "model" in args.given_flags or "model_size" in args.given_flags:
+        lines = [f"mtmegatron: preset --model {args.model} --model-size {args.model_size} fills every value not given"]
+    else:
+        lines = [f"mtmegatron: no model flags: the demo (--model {args.model} --model-size {args.model_size})"]
+    if args.megatron_differences:
+        lines.append("mtmegatron: differs from Megatron-LM's defaults: " + ", ".join(args.megatron_differences))
+    if args.impl_note:
+        lines.append(f"mtmegatron: {args.impl_note}")
+    from mtmegatron.models.gpt import p2p_overlap_runs
+
+    if args.overlap_p2p_comm and not p2p_overlap_runs(args):
+        lines.append("mtmegatron: p2p overlap of the interleaved schedule (Megatron-LM's default) is off over gloo: "
+                     "it corrupts the gradients there; --no-overlap-p2p-communication is implied")
+    lines.append(fusions.describe(args))
+    return lines
+
+
 def run(args, backend, tokenizer=None, data=None) -> int:
     import torch
     from megatron.core import parallel_state
@@ -95,6 +119,8 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     from mtmegatron.ops import native
 
     print_rank0(rank, f"mtmegatron: {native.status(backend.device_type)}")
+    for line in startup_lines(args):
+        print_rank0(rank, line)
     print_rank0(rank, describe_layer_spec(args))
     if args.fp8_format:
         from mtmegatron.fp8.spec import describe
@@ -127,7 +153,9 @@ def run(args, backend, tokenizer=None, data=None) -> int:
 
     tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
     writer = MetricsWriter(args.log_dir, rank, args.train_iters, args.log_interval, resume=state.start > 0,
-                           start=state.start, tensorboard_dir=tensorboard_dir, progress=True)
+                           start=state.start, tensorboard_dir=tensorboard_dir, progress=True,
+                           tensorboard_log_interval=args.tensorboard_log_interval,
+                           tensorboard_queue_size=args.tensorboard_queue_size)
     state.last = min(args.train_iters, args.exit_interval or args.train_iters)
     train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state)
     if state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short

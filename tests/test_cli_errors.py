@@ -105,7 +105,8 @@ def test_moe_with_tp_needs_sequence_parallel():
 TORCHRUN_CASES = {
     "typo_flag": (["--backend", "cpu", "--trian-iters", "3"],
                   "unknown flag --trian-iters (did you mean --train-iters?)"),
-    "tp_heads": (["--backend", "cpu", "--mock-data", "--num-attention-heads", "6", "--tensor-model-parallel-size", "4"],
+    "tp_heads": (["--backend", "cpu", "--model", "llama3", "--mock-data", "--num-attention-heads", "6",
+                  "--tensor-model-parallel-size", "4"],
                  "--tensor-model-parallel-size 4 does not divide --num-attention-heads 6"),
     "missing_data": (["--backend", "cpu", "--data-path", "/nonexistent/corpus_text_document",
                       "--tokenizer-model", "/nonexistent/tok"],
@@ -155,9 +156,11 @@ def test_help_describes_every_flag_with_its_default_and_how_to_launch():
     text = " ".join(proc.stdout.split())
     assert "usage: torchrun --nproc_per_node N -m mtmegatron.pretrain" in text
     assert "torchrun --nproc_per_node 2 -m mtmegatron.pretrain" in text.split("launch", 1)[1]
-    for flag, default in (("--lr", "0.001"), ("--train-iters", "1000"), ("--lr-decay-style", "cosine"),
-                          ("--tensor-model-parallel-size", "1"), ("--attention-backend", "auto")):
+    for flag, default in (("--adam-beta2", "0.999"), ("--hidden-dropout", "0.1"), ("--lr-decay-style", "linear"),
+                          ("--tensor-model-parallel-size", "1"), ("--attention-backend", "auto"),
+                          ("--transformer-impl", "transformer_engine")):  # Megatron-LM's defaults
         after = text.split(f" {flag} ", 1)[1]
         assert f"(default: {default})" in after.split(" --", 1)[0], after[:300]
-    assert "(default: None)" not in text  # preset-filled flags say where their value comes from instead
-    assert "the --model preset's" in text
+    assert "(default: None)" not in text
+    assert "a --model preset fills it when not given" in text
+    assert "refused unless at its default: reinforcement-learning training is not part of mtmegatron" in text

@@ -22,7 +22,7 @@ def add_attention_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", choices=SDPA_BACKENDS + LOCAL_BACKENDS, default="auto",
                    help="auto/flash/fused: mtmegatron's SDPA core attention; local/unfused: megatron-core's "
                         "DotProductAttention (explicit [b, h, s, s] scores, no context parallelism)")
-    g.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default="p2p",
+    g.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, nargs="+", default=["p2p"],
                    help="context parallelism: ring attention (p2p) or all-gathered K/V (all_gather)")
 
 

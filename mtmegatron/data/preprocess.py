@@ -1,9 +1,11 @@
 """``mtmegatron preprocess``: JSONL or plain text -> a megatron-core indexed dataset (``.bin`` + ``.idx``).
 
-The Megatron-LM ``tools/preprocess_data.py`` contract: documents are tokenized in worker processes (order
-kept), each followed by the end-of-document token, and written with megatron-core's ``IndexedDatasetBuilder``
-to ``<output-prefix>_<key>_document.{bin,idx}``. Tokenizer: ``--tokenizer-model DIR`` (a local HF tokenizer)
-or ``--train-tokenizer VOCAB`` (a byte-level BPE trained on the input, saved to ``<output-prefix>_tokenizer/``).
+The Megatron-LM ``tools/preprocess_data.py`` contract and flags: documents are tokenized in ``--workers``
+processes (order kept), each followed by the end-of-document token with ``--append-eod``, and written with
+megatron-core's ``IndexedDatasetBuilder`` to ``<output-prefix>_<key>_document.{bin,idx}``, one dataset per
+``--json-keys`` key. Tokenizer: Megatron-LM's ``--tokenizer-type`` flags (data/tokenizer_flags.py, the same
+as pretrain's), ``--tokenizer-model DIR`` alone (a local HF tokenizer), or ``--train-tokenizer VOCAB`` (a
+byte-level BPE trained on the input, saved to ``<output-prefix>_tokenizer/``).
 Files are written under temporary names and renamed when complete (the ``.idx`` last), so a killed run never
 leaves a dataset that looks whole.
 May assume: inputs are UTF-8; ``.gz``/``.xz``/``.bz2`` inputs are decompressed on the fly.
@@ -24,7 +26,8 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from mtmegatron.data.tokenizer import HFTokenizer, TokenizerError, load_tokenizer, train_bpe
+from mtmegatron.data.tokenizer import TokenizerError, train_bpe
+from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 
 _OPENERS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 
@@ -67,12 +70,7 @@ def iter_documents(paths: list[str], key: str) -> Iterator[str]:
                     yield "\n".join(paragraph)
 
 
-_worker_tokenizer: HFTokenizer | None = None
-
-
-def _init_worker(tokenizer_file: str) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = load_tokenizer(tokenizer_file)
+_worker_tokenizer = None  # set before the workers fork: each inherits the loaded tokenizer
 
 
 def _encode(text: str) -> list[int]:
@@ -84,7 +82,7 @@ def output_prefix(prefix: str, key: str = "text") -> str:
     return f"{prefix}_{key}_document"
 
 
-def preprocess(inputs: list[str], prefix: str, tokenizer: HFTokenizer, key: str = "text", workers: int = 1,
+def preprocess(inputs: list[str], prefix: str, tokenizer, key: str = "text", workers: int = 1,
                append_eod: bool = True, progress: bool = True) -> str:
     """Tokenize ``inputs`` into ``<prefix>_<key>_document.{bin,idx}``; returns that dataset prefix."""
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
@@ -96,23 +94,31 @@ def preprocess(inputs: list[str], prefix: str, tokenizer: HFTokenizer, key: str 
     num_docs = num_tokens = 0
     bar = tqdm(desc=f"tokenizing -> {os.path.basename(out)}", unit=" docs", disable=not progress,
                file=sys.stderr)
-    # fork: workers start in milliseconds (spawn would re-import torch in each)
-    with multiprocessing.get_context("fork").Pool(workers, _init_worker, (tokenizer.source,)) \
-            if workers > 1 else _InProcess(tokenizer) as pool:
-        for ids in pool.imap(_encode, iter_documents(inputs, key), chunksize=16):
-            if append_eod:
-                ids = ids + [tokenizer.eod]
-            if not ids:
-                continue
-            builder.add_document(np.asarray(ids), [len(ids)])
-            num_docs += 1
-            num_tokens += len(ids)
-            bar.update(1)
-            bar.set_postfix(tokens=num_tokens, refresh=False)
-    bar.close()
-    if num_docs == 0:
-        raise ValueError(f"no documents found in {', '.join(inputs)}")
-    builder.finalize(tmp + ".idx")
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+    try:
+        # fork: workers start in milliseconds (spawn would re-import torch in each) and inherit the tokenizer
+        with multiprocessing.get_context("fork").Pool(workers) if workers > 1 else _InProcess(tokenizer) as pool:
+            for ids in pool.imap(_encode, iter_documents(inputs, key), chunksize=16):
+                if append_eod:
+                    ids = ids + [tokenizer.eod]
+                if not ids:
+                    continue
+                builder.add_document(np.asarray(ids), [len(ids)])
+                num_docs += 1
+                num_tokens += len(ids)
+                bar.update(1)
+                bar.set_postfix(tokens=num_tokens, refresh=False)
+        bar.close()
+        if num_docs == 0:
+            raise ValueError(f"no documents found in {', '.join(inputs)}")
+        builder.finalize(tmp + ".idx")
+    except BaseException:
+        builder.data_file.close()
+        for part in (tmp + ".bin", tmp + ".idx"):  # nothing half-written stays behind
+            if os.path.exists(part):
+                os.remove(part)
+        raise
     os.replace(tmp + ".bin", out + ".bin")
     os.replace(tmp + ".idx", out + ".idx")
     return out
@@ -121,7 +127,7 @@ def preprocess(inputs: list[str], prefix: str, tokenizer: HFTokenizer, key: str 
 class _InProcess:
     """``Pool``'s imap, in this process (one worker: no process start-up cost)."""
 
-    def __init__(self, tokenizer: HFTokenizer):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
     def __enter__(self):
@@ -136,38 +142,75 @@ class _InProcess:
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="mtmegatron preprocess", description=__doc__.split("\n")[0])
-    p.add_argument("--input", nargs="+", required=True, help="JSONL (.jsonl[.gz|.xz]) or plain text files")
-    p.add_argument("--output-prefix", required=True, help="writes <prefix>_<key>_document.bin/.idx")
-    p.add_argument("--json-keys", default="text", help="JSONL field holding the document text")
-    tok = p.add_mutually_exclusive_group(required=True)
-    tok.add_argument("--tokenizer-model", help="a local HF tokenizer (directory with tokenizer.json, or the file)")
-    tok.add_argument("--train-tokenizer", type=int, metavar="VOCAB",
-                     help="train a byte-level BPE of this vocabulary size on the input; saved to "
-                          "<prefix>_tokenizer/")
-    p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
-    p.add_argument("--no-append-eod", action="store_true", help="do not end each document with <|endoftext|>")
+    p.error = _one_line_error  # a bad flag is one line (no usage dump), exit 2
+    g = p.add_argument_group("input and output (Megatron-LM tools/preprocess_data.py's flags)")
+    g.add_argument("--input", nargs="+", required=True, help="JSONL (.jsonl[.gz|.xz]) or plain text files")
+    g.add_argument("--output-prefix", required=True, help="writes <prefix>_<key>_document.bin/.idx per key")
+    g.add_argument("--json-keys", nargs="+", default=["text"], help="JSONL fields to tokenize, one dataset each")
+    g.add_argument("--append-eod", action="store_true", default=False,
+                   help="end each document with the tokenizer's end-of-document token (GPT pretraining wants it)")
+    g.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+                   help="tokenizing processes (default: up to 4 of this machine's cores)")
+    g.add_argument("--log-interval", type=int, default=1000,
+                   help="accepted for Megatron-LM scripts; progress is a live bar here")
+    g.add_argument("--split-sentences", action="store_true", default=False, help="not supported (BERT-style data)")
+    g.add_argument("--partitions", type=int, default=1, help="only 1: --workers parallelizes one pass")
+    add_tokenizer_args(p)
+    p.add_argument("--vocab-size", type=int, default=None, help="NullTokenizer / TikTokenizer vocabulary size")
+    p.add_argument("--train-tokenizer", type=int, metavar="VOCAB", default=None,
+                   help="no --tokenizer-type/--tokenizer-model: train a byte-level BPE of this vocabulary size on "
+                        "the input; saved to <prefix>_tokenizer/")
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def _one_line_error(message: str):
+    print(f"mtmegatron preprocess: error: {message} (see --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Raise ValueError with one line for a flag this command cannot honour."""
     missing = [path for path in args.input if not os.path.isfile(path)]
     if missing:
-        print(f"mtmegatron preprocess: error: no such input file: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        raise ValueError(f"no such input file: {', '.join(missing)}")
+    if args.split_sentences:
+        raise ValueError("--split-sentences is not supported: GPT-style documents only (BERT models are not)")
+    if args.partitions != 1:
+        raise ValueError("--partitions must be 1: --workers processes tokenize one pass, in input order")
+    if args.workers < 1:
+        raise ValueError("--workers must be >= 1")
+    if args.train_tokenizer is not None:
+        if args.tokenizer_type or args.tokenizer_model:
+            raise ValueError("--train-tokenizer trains a new tokenizer; do not also give --tokenizer-type/"
+                             "--tokenizer-model")
+    elif not (args.tokenizer_type or args.tokenizer_model):
+        raise ValueError("name a tokenizer: --tokenizer-type (Megatron-LM's flags), --tokenizer-model DIR (a local "
+                         "HF tokenizer) or --train-tokenizer VOCAB")
+    check_tokenizer_args(args, ValueError)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mtmegatron.data.tokenizer_build import tokenizer_flags_text, tokenizer_from_flags
+
     try:
-        if args.tokenizer_model:
-            tokenizer = load_tokenizer(args.tokenizer_model)
+        _check(args)
+        if args.train_tokenizer is None:
+            tokenizer = tokenizer_from_flags(args)
         else:
-            tokenizer = train_bpe(iter_documents(args.input, args.json_keys), args.train_tokenizer,
+            tokenizer = train_bpe(iter_documents(args.input, args.json_keys[0]), args.train_tokenizer,
                                   f"{args.output_prefix}_tokenizer")
             print(f"trained a byte-level BPE ({tokenizer.vocab_size} tokens): {tokenizer.source}")
-        out = preprocess(args.input, args.output_prefix, tokenizer, args.json_keys, args.workers,
-                         append_eod=not args.no_append_eod)
+        if not args.append_eod:
+            print("note: no end-of-document token between documents (pass --append-eod for GPT pretraining, as in "
+                  "Megatron-LM)", file=sys.stderr)
+        outputs = [preprocess(args.input, args.output_prefix, tokenizer, key, args.workers,
+                              append_eod=args.append_eod) for key in args.json_keys]
     except (TokenizerError, ValueError) as e:
         print(f"mtmegatron preprocess: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out}.bin and {out}.idx; train with --data-path {out} --tokenizer-model "
-          f"{os.path.dirname(tokenizer.source)}")
+    flags = tokenizer_flags_text(args, tokenizer)
+    for out in outputs:
+        print(f"wrote {out}.bin and {out}.idx; train with --data-path {out} {flags}")
     return 0
 
 

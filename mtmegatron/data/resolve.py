@@ -2,8 +2,12 @@
 
 No ``--data-path``, no ``--train/valid/test-data-path`` and no ``--mock-data``: the embedded corpus, preprocessed
 on first use (``embedded.py``), with its own tokenizer. Otherwise every prefix of the blend(s) (read as
-megatron-core reads a blend: ``P1 P2 ...`` or ``W1 P1 W2 P2 ...``) must be a whole ``.bin``/``.idx`` pair and
-``--tokenizer-model`` must name the tokenizer they were made with, no larger than the model's vocabulary.
+megatron-core reads a blend: ``P1 P2 ...`` or ``W1 P1 W2 P2 ...``) must be a whole ``.bin``/``.idx`` pair, no
+split that ``--split`` gives a share may be empty (training/data_flags.empty_splits), and the tokenizer flags
+must name the tokenizer it was made with. With Megatron-LM's ``--tokenizer-type`` (also
+with ``--mock-data``, as Megatron-LM builds it there too) the model's vocabulary follows the tokenizer, as in
+Megatron-LM: ``args.vocab_size`` becomes the tokenizer's and ``padded_vocab_size`` is recomputed
+(models/vocab.py). Without it, a local HF tokenizer (``--tokenizer-model DIR``) must fit ``--vocab-size``.
 Every problem is one ``ConfigError``.
 May assume: flags parsed and validated (training/arguments.py); runs on every rank.
 """
@@ -14,7 +18,7 @@ import argparse
 import os
 
 from mtmegatron.data.indexed import DataError, check_indexed_dataset
-from mtmegatron.data.tokenizer import HFTokenizer, TokenizerError, load_tokenizer
+from mtmegatron.data.tokenizer import TokenizerError, load_tokenizer
 from mtmegatron.training.data_flags import empty_splits
 from mtmegatron.training.arguments import ConfigError
 
@@ -31,11 +35,35 @@ def valid_samples(args: argparse.Namespace) -> int | None:
     return args.eval_iters * args.global_batch_size or None
 
 
-def resolve_data(args: argparse.Namespace, progress: bool = True) -> HFTokenizer | None:
-    """Fill args.data_path / tokenizer_model / data_cache_path; returns the tokenizer (None for mock data)."""
-    if args.mock_data:
-        return None
+def _typed_tokenizer(args: argparse.Namespace):
+    """The ``--tokenizer-type`` tokenizer; the model's vocabulary follows it (Megatron-LM's rule)."""
+    from mtmegatron.data.tokenizer_build import build_tokenizer
+    from mtmegatron.models.vocab import check_vocab_padding
+
+    try:
+        tokenizer = build_tokenizer(args)
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
+    args.vocab_size = tokenizer.model_vocab_size
+    check_vocab_padding(args, ConfigError)
+    if args.tokenizer_type == "NullTokenizer" and not getattr(args, "sample_prompt", None):
+        args.num_samples = 0  # the built-in sample prompts are text; NullTokenizer reads space-separated ids
+    return tokenizer
+
+
+def resolve_data(args: argparse.Namespace, progress: bool = True):
+    """Fill args.data_path / tokenizer_model / data_cache_path (and, with --tokenizer-type, vocab_size and
+    padded_vocab_size); returns the tokenizer (None for mock data without --tokenizer-type)."""
     per_split = [p for p in (args.train_data_path, args.valid_data_path, args.test_data_path) if p]
+    if getattr(args, "tokenizer_type", None):
+        if not args.mock_data and not args.data_path and not per_split:
+            raise ConfigError(f"--tokenizer-type {args.tokenizer_type} needs --data-path (data preprocessed with "
+                              f"that tokenizer: `mtmegatron preprocess`) or --mock-data")
+        tokenizer = _typed_tokenizer(args)
+        if args.mock_data:
+            return tokenizer
+    elif args.mock_data:
+        return None
     if not args.data_path and not per_split:
         from mtmegatron.data import embedded
 
@@ -45,9 +73,10 @@ def resolve_data(args: argparse.Namespace, progress: bool = True) -> HFTokenizer
             raise ConfigError(f"the embedded corpus needs a larger --vocab-size: {e}") from None
         args.data_path = [prefix]
         args.tokenizer_model = args.tokenizer_model or tokenizer_dir
-    elif not args.tokenizer_model:
+    elif not args.tokenizer_model and not getattr(args, "tokenizer_type", None):
         flag = "--data-path" if args.data_path else "--train-data-path"
-        raise ConfigError(f"{flag} needs --tokenizer-model DIR (the tokenizer the data was preprocessed with)")
+        raise ConfigError(f"{flag} needs --tokenizer-model DIR or --tokenizer-type (the tokenizer the data was "
+                          "preprocessed with)")
     prefixes = [prefix for blend in ([args.data_path] if args.data_path else per_split)
                 for prefix in blend_prefixes(blend)]
     try:
@@ -58,7 +87,8 @@ def resolve_data(args: argparse.Namespace, progress: bool = True) -> HFTokenizer
                 raise ConfigError(f"--split {args.split} gives the {'/'.join(empty)} split of {prefix} no sequence "
                                   f"(it has {counts['sequences']}); megatron-core cannot draw samples from it: "
                                   f"give that split a larger share or 0")
-        tokenizer = load_tokenizer(args.tokenizer_model)
+        if not getattr(args, "tokenizer_type", None):
+            tokenizer = load_tokenizer(args.tokenizer_model)
     except (DataError, TokenizerError) as e:
         raise ConfigError(str(e)) from None
     if tokenizer.vocab_size > args.vocab_size:

@@ -1,9 +1,11 @@
 """Tokenizers for preprocessing and training, all offline.
 
-Two sources: an HF tokenizer saved in a local directory (its ``tokenizer.json``, as written by
-``tokenizers`` or ``transformers``' ``save_pretrained``), or a byte-level BPE that we train on the corpus
-itself and save beside the data. The wrapper gives megatron-core's datasets what they read from a tokenizer
-(``vocab_size``, ``eod``, ``pad``, ``unique_identifiers``) plus ``tokenize``/``detokenize``.
+Two sources when no ``--tokenizer-type`` is given: an HF tokenizer saved in a local directory (its
+``tokenizer.json``, as written by ``tokenizers`` or ``transformers``' ``save_pretrained``; end-of-document is
+its tokenizer_config.json's ``eos_token``), or a byte-level BPE that we train on the corpus itself and save
+beside the data. Megatron-LM's ``--tokenizer-type`` kinds are built by data/tokenizer_build.py. The wrapper
+gives megatron-core's datasets what they read from a tokenizer (``vocab_size``, ``eod``, ``pad``,
+``unique_identifiers``) plus ``tokenize``/``detokenize``.
 May assume: HF ``tokenizers`` is installed; never downloads anything.
 """
 
@@ -27,33 +29,60 @@ class TokenizerError(ValueError):
 
 
 class HFTokenizer:
-    """An HF ``tokenizers.Tokenizer`` with the interface megatron-core's GPT datasets use."""
+    """An HF ``tokenizers.Tokenizer`` with the interface megatron-core's GPT datasets use.
 
-    def __init__(self, tokenizer: Tokenizer, source: str):
+    ``eod``: the end-of-document id when the caller knows it (GPT-2's ``<|endoftext|>``); else it is read from
+    the tokenizer's own config (``configured_eos``). ``source``: the file (or files) it was loaded from; the
+    dataset index cache is keyed on their contents, so the same files give the same cache wherever they live."""
+
+    def __init__(self, tokenizer: Tokenizer, source: str | list[str], eod: int | None = None,
+                 kind: str = "HFTokenizer"):
         self.tokenizer = tokenizer
-        self.source = source
+        files = [source] if isinstance(source, str) else list(source)
+        self.source = files[0]
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.eod = self._special(EOD, ("</s>", "<|end_of_text|>", "<eos>", "[SEP]"))
+        self.model_vocab_size = self.vocab_size  # the vocabulary a model for this tokenizer is built with
+        self.eod = eod if eod is not None else self._id(configured_eos(self.source), self.source)
         pad = tokenizer.token_to_id(PAD)
         self.pad = pad if pad is not None else -1  # -1: megatron-core's "no pad token"
-        with open(source, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()[:16]
-        # the dataset index cache is keyed on this: same file contents -> same cache, wherever it lives
-        self.unique_identifiers = {"class": "HFTokenizer", "vocab_size": self.vocab_size, "sha256": digest}
+        digest = hashlib.sha256()
+        for file in files:
+            with open(file, "rb") as f:
+                digest.update(f.read())
+        self.unique_identifiers = {"class": kind, "vocab_size": self.vocab_size, "sha256": digest.hexdigest()[:16]}
 
-    def _special(self, preferred: str, fallbacks: tuple[str, ...]) -> int:
-        for token in (preferred, *fallbacks):
-            token_id = self.tokenizer.token_to_id(token)
-            if token_id is not None:
-                return token_id
-        raise TokenizerError(f"tokenizer {self.source} has no end-of-document token ({preferred} or "
-                             f"{', '.join(fallbacks)})")
+    def _id(self, token: str, source: str) -> int:
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None:
+            raise TokenizerError(f"tokenizer {source}: its end-of-document token {token!r} is not in its vocabulary")
+        return token_id
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def detokenize(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def configured_eos(tokenizer_file: str) -> str:
+    """The end-of-document token of an HF tokenizer: ``eos_token`` of the tokenizer_config.json beside
+    ``tokenizer_file`` (a string, or an ``AddedToken`` dict as DeepSeek-V3 writes it). A bare tokenizer.json
+    (no config, as the ``tokenizers`` library saves one) ends documents with ``<|endoftext|>``, this package's
+    and GPT-2's token; any other tokenizer must name its eos_token in a tokenizer_config.json."""
+    config_file = os.path.join(os.path.dirname(os.path.abspath(tokenizer_file)), "tokenizer_config.json")
+    if not os.path.isfile(config_file):
+        return EOD
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise TokenizerError(f"{config_file} is not a JSON object: {e}") from None
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if not isinstance(eos, str) or not eos:
+        raise TokenizerError(f"{config_file} names no eos_token (the end-of-document token); add one, e.g. "
+                             f'"eos_token": "{EOD}"')
+    return eos
 
 
 def load_tokenizer(path: str) -> HFTokenizer:

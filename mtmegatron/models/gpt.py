@@ -10,87 +10,67 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from mtmegatron.fp8.spec import keep_layers_in_bf16, te_config_fields
-from mtmegatron.models import deepseek
+from mtmegatron.models import deepseek, fusions
+from mtmegatron.models.config_from_flags import transformer_config_kwargs
 from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
+from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
-    moe = {}
-    if args.num_experts:
-        moe = dict(
-            num_moe_experts=args.num_experts,
-            moe_router_topk=args.moe_router_topk,
-            moe_token_dispatcher_type=args.moe_token_dispatcher_type,
-            moe_ffn_hidden_size=args.moe_ffn_hidden_size or args.ffn_hidden_size,
-            moe_router_load_balancing_type=args.moe_router_load_balancing_type,
-            moe_aux_loss_coeff=args.moe_aux_loss_coeff,
-            moe_grouped_gemm=False,
-            expert_model_parallel_size=args.expert_model_parallel_size,
-        )
-    fusion = {"apply_rope_fusion": False}
-    if args.transformer_impl == "mtmegatron":  # megatron-core's fusion switches, served by mtmegatron.ops
-        fusion["apply_rope_fusion"] = args.position_embedding_type == "rope"
-        if args.num_experts:
-            fusion.update(moe_permute_fusion=True, moe_router_fusion=True)
-    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-    moe.update(deepseek.config_fields(args))  # MoE routing extras, MTP, qk-layernorm
-    config_class, mla = TransformerConfig, {}
-    if args.multi_latent_attention:
-        config_class, mla = MLATransformerConfig, deepseek.mla_fields(args)
-        fusion["apply_rope_fusion"] = False  # megatron's MLA RoPE fusion needs its Triton/TE kernels
-    return config_class(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        ffn_hidden_size=args.ffn_hidden_size,
-        num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups,
-        kv_channels=args.hidden_size // args.num_attention_heads,
-        normalization=args.normalization,
-        layernorm_epsilon=args.norm_epsilon,
-        gated_linear_unit=args.swiglu,
-        activation_func=F.silu if args.swiglu else F.gelu,
-        add_bias_linear=not args.disable_bias_linear,
-        hidden_dropout=args.hidden_dropout,
-        attention_dropout=args.attention_dropout,
-        init_method_std=args.init_method_std,
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        context_parallel_size=args.context_parallel_size,
-        cp_comm_type=args.cp_comm_type,
-        sequence_parallel=args.sequence_parallel,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        bf16=args.bf16,
-        fp16=args.fp16,
-        use_cpu_initialization=True,
-        perform_initialization=True,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False,
-        deallocate_pipeline_outputs=True,
-        batch_p2p_comm=not _two_stage_interleaved(args),
-        # activation recompute (rules in training/memory_flags.py); megatron-core's checkpoint functions replay
-        # the dropout masks through the RNG tracker (the cpu bridge's tracker holds real generators)
-        recompute_granularity=args.recompute_granularity,
-        recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers,
-        recompute_modules=args.recompute_modules,
-        **moe,
-        **fusion,
-        **te_config_fields(args),
-        **mla,
+    """Flags by field name (models/config_from_flags.py), then mtmegatron's decisions for this backend."""
+    config_class = MLATransformerConfig if args.multi_latent_attention else TransformerConfig
+    ours = dict(
+        use_cpu_initialization=True,  # layout-independent weights: every rank draws the full tensor, keeps its shard
+        overlap_p2p_comm=p2p_overlap_runs(args),
+        batch_p2p_comm=not p2p_overlap_runs(args) and not _two_stage_interleaved(args),
+        moe_grouped_gemm=False,
+        **fusions.config_fields(args),
+        **deepseek.config_fields(args),  # MoE routing extras, MTP, qk-layernorm
+        **(deepseek.mla_fields(args) if args.multi_latent_attention else {}),
     )
+    if args.num_experts and args.moe_ffn_hidden_size is None:
+        ours["moe_ffn_hidden_size"] = args.ffn_hidden_size
+    kwargs = transformer_config_kwargs(args, config_class, ours)
+    kwargs.update(te_config_fields(args))
+    return config_class(**kwargs)
+
+
+def with_final_norm(spec, config: TransformerConfig, vp_stage, norm) -> TransformerBlockSubmodules:
+    """The decoder block spec of ``spec`` (a layer spec or a block spec) with ``norm`` as its final norm."""
+    if isinstance(spec, TransformerBlockSubmodules):
+        return TransformerBlockSubmodules(layer_specs=spec.layer_specs, layer_norm=norm)
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config, vp_stage=vp_stage),
+                                      layer_norm=norm)
+
+
+def gpt_model_kwargs(args: argparse.Namespace) -> dict:
+    """GPTModel's position-embedding arguments, from Megatron-LM's flags (as its gpt_builders passes them)."""
+    return dict(
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
+        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
+        fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
+    )
+
+
+def p2p_overlap_runs(args: argparse.Namespace) -> bool:
+    """Megatron-LM overlaps the interleaved schedule's p2p communication by default; not over gloo (the cpu
+    backend), where it corrupted the gradients: PP2 and PP4 with virtual stages gave grad norms of 59 and 37
+    instead of ~1.2 at the first iterations (the same runs with --no-overlap-p2p-communication match one rank)."""
+    import mtmegatron
+
+    backend = mtmegatron.active_backend()
+    return bool(args.overlap_p2p_comm) and not (backend is not None and backend.dist_backend == "gloo")
 
 
 def _two_stage_interleaved(args) -> bool:
@@ -110,7 +90,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
 
         return build_llava_chunks(args, config)
     spec = build_layer_spec(args, "moe" if args.num_experts else "dense")
-    fused = args.transformer_impl == "mtmegatron"
+    fused = fusions.uses_our_cross_entropy(args)
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss
     num_chunks = args.virtual_pipeline_model_parallel_size or 1
@@ -119,6 +99,8 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
         vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
         if deepseek.needs_block_spec(args):  # first-k dense + MoE layers: a per-stage layer list
             spec = deepseek.decoder_block_spec(config, args, vp)
+        if args.layernorm_zero_centered_gamma:  # the block's final norm too (megatron's default is a torch norm)
+            spec = with_final_norm(spec, config, vp, ZeroCenteredNorm)
         chunks.append(
             GPTModel(
                 config=config,
@@ -128,8 +110,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
                 share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                position_embedding_type=args.position_embedding_type,
-                rotary_base=args.rotary_base,
+                **gpt_model_kwargs(args),
                 vp_stage=vp,
                 mtp_block_spec=deepseek.mtp_block_spec(config, args, vp),
             )

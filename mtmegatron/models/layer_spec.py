@@ -48,6 +48,7 @@ from mtmegatron.fp8.spec import fp8_linears, resolve_executor, uses_transformer_
 from mtmegatron.models.deepseek_args import moe_layer_pattern
 from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm
 from mtmegatron.models.mla_attention import with_head_dims
+from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
 LAYER_KINDS = ("dense", "moe", "mtp")
 TE_MODULE = "megatron.core.extensions.transformer_engine"
@@ -116,6 +117,8 @@ def choose_modules(args: argparse.Namespace) -> LayerModules:
                             norm_column=te_module("TELayerNormColumnParallelLinear"), core=core, mlp=mlp)
     column, row = fp8_linears(args) or (ColumnParallelLinear, RowParallelLinear)
     norm = FusedRMSNorm if fused else LocalSpecProvider().layer_norm(rms_norm=args.normalization == "RMSNorm")
+    if getattr(args, "layernorm_zero_centered_gamma", False):  # --apply-layernorm-1p
+        norm = ZeroCenteredNorm
     return LayerModules(norm=norm, column=column, row=row, plain_column=ColumnParallelLinear, norm_column=None,
                         core=core, mlp=mlp)
 

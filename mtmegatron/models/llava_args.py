@@ -5,7 +5,7 @@ geometry and the multimodal data flags are here. ``fill_llava_fields`` fills the
 win) and refuses LLaVA-only flags on text models; ``check_llava_args`` raises one ``ConfigError`` per mistake
 before any process group exists. For LLaVA, ``--seq-length`` becomes ``--decoder-seq-length``: the combined
 image+text length the language model (and the pipeline's p2p shapes) sees.
-May assume: the language preset is applied (arguments._fill_from_preset) when ``fill_llava_fields`` runs.
+May assume: the preset is applied (training/flag_sources.py) when ``fill_llava_fields`` runs.
 """
 
 from __future__ import annotations
@@ -60,19 +60,18 @@ def add_llava_args(p: argparse.ArgumentParser) -> None:
                         "instead of stopping with an error naming the sample")
 
 
-def fill_llava_fields(args: argparse.Namespace, values: dict, error: type[Exception]) -> None:
-    """Fill LLaVA fields from the preset ``values``; on a text model, refuse any LLaVA-only flag."""
+def fill_llava_fields(args: argparse.Namespace, given: dict, error: type[Exception]) -> None:
+    """Complete the LLaVA fields (the preset already filled what it has; ``given``: dest -> the user's flag); on a
+    text model, refuse any LLaVA-only flag the user gave."""
     if args.model != "llava":
-        given = [f for f in LLAVA_FIELDS if getattr(args, f) is not None]
-        given += [f for f in _LLAVA_ONLY_BOOLS if getattr(args, f)]
-        given += [f for f in ("image_folder", "decoder_first_pipeline_num_layers") if getattr(args, f) is not None]
-        if given:
-            flags = ", ".join("--" + f.replace("_", "-") for f in given)
-            raise error(f"{flags}: LLaVA flags, only valid with --model llava (this run is --model {args.model})")
+        named = [given[f] for f in (*LLAVA_FIELDS, *_LLAVA_ONLY_BOOLS, "image_folder") if f in given]
+        if named:
+            raise error(f"{', '.join(named)}: LLaVA flags, only valid with --model llava (this run is --model "
+                        f"{args.model})")
         return
     for field, fallback in LLAVA_FIELDS.items():
         if getattr(args, field) is None:
-            setattr(args, field, values.get(field, fallback))
+            setattr(args, field, fallback)
     for field in ("vision_num_layers", "vision_hidden_size", "vision_num_attention_heads"):
         if getattr(args, field) is None:
             raise error(f"--{field.replace('_', '-')} is required (no preset value)")
@@ -155,10 +154,3 @@ def _check_pipeline_split(args: argparse.Namespace, error: type[Exception]) -> N
     if not 0 < first < args.num_layers or rest % (pp - 1):
         raise error(f"--decoder-first-pipeline-num-layers {first}: the other {rest} of {args.num_layers} layers "
                     f"must split evenly over the remaining {pp - 1} stages (and each stage needs a layer)")
-
-
-def pipeline_divides_layers(args: argparse.Namespace) -> bool:
-    """The language layers split over PP (unevenly when the first stage carries the vision encoder)."""
-    if getattr(args, "decoder_first_pipeline_num_layers", None) is not None:
-        return True  # checked by _check_pipeline_split
-    return args.num_layers % args.pipeline_model_parallel_size == 0

@@ -34,6 +34,14 @@ _CLIP_L14_336 = dict(vision_model_type="clip", img_h=336, img_w=336, patch_dim=1
                      vision_hidden_size=1024, vision_ffn_hidden_size=4096, vision_num_attention_heads=16,
                      vision_norm_epsilon=1e-5, disable_vision_class_token=True)
 
+# The training recipe every named preset carries (the demo's: a short cosine run of small batches without
+# dropout), for the values Megatron-LM leaves unset (lr, batch sizes, iterations) or sets for large models
+# (dropout 0.1, beta2 0.999, linear decay, 100 evaluation batches, a console line every 100 iterations).
+RECIPE = dict(
+    train_iters=1000, lr=1e-3, lr_decay_style="cosine", adam_beta2=0.95, micro_batch_size=2, global_batch_size=8,
+    hidden_dropout=0.0, attention_dropout=0.0, eval_iters=4, log_interval=1,
+)
+
 PRESETS: dict[str, dict[str, dict]] = {
     "llama3": {
         "tiny": dict(

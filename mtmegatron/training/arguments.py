@@ -9,61 +9,48 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
+from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
-from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields, pipeline_divides_layers
-from mtmegatron.models.presets import preset
+from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields
+from mtmegatron.training.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.training.data_flags import add_data_args, check_data_args
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.training.run_control import add_run_control_args, check_run_control_args
 from mtmegatron.training.schedule_flags import add_schedule_args
+from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
 from mtmegatron.training.schedule import check_schedule_flags
-from mtmegatron.training import flag_help
+from mtmegatron.training import flag_help, flag_sources, megatron_flags
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
-
-
-# Fields a preset may fill, with the value used when neither flag nor preset sets them.
-MODEL_FIELDS = {
-    "num_layers": None, "hidden_size": None, "ffn_hidden_size": None, "num_attention_heads": None,
-    "num_query_groups": None, "group_query_attention": False, "seq_length": None,
-    "max_position_embeddings": None, "vocab_size": None, "normalization": "LayerNorm", "norm_epsilon": 1e-5,
-    "swiglu": False, "position_embedding_type": "learned_absolute", "rotary_base": 10000,
-    "disable_bias_linear": False, "untie_embeddings_and_output_weights": False, "num_experts": None,
-    "moe_router_topk": 2, "moe_token_dispatcher_type": "allgather", "moe_ffn_hidden_size": None,
-    "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.0,
-    # MLA, dense/MoE layer pattern, shared experts, biased group-limited router, MTP (models/deepseek.py);
-    # defaults are Megatron-LM's command-line ones
-    "multi_latent_attention": False, "q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128,
-    "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "qk_layernorm": False, "rope_type": "yarn",
-    "rotary_scaling_factor": 1.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
-    "mscale": 1.0, "mscale_all_dim": 0.0, "moe_layer_freq": 1, "moe_shared_expert_intermediate_size": None,
-    "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
-    "moe_router_bias_update_rate": 1e-3, "moe_router_num_groups": None, "moe_router_group_topk": None,
-    "moe_router_topk_scaling_factor": None, "mtp_num_layers": None, "mtp_loss_scaling_factor": 0.1,
-}
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="llama3", help="model family preset (llama3, mixtral, deepseek-v3, llava)")
-    g.add_argument("--model-size", default="tiny",
-                   help="preset size (llama3: tiny/8b/70b; mixtral: tiny/8x7b; deepseek-v3: tiny/lite/671b; "
-                        "llava: tiny/7b)")
+    g.add_argument("--model", default=None,
+                   help="a model family preset that fills every value you do not give (llama3, mixtral, "
+                        "deepseek-v3, llava); without it and without model-shape flags: the demo (llama3 tiny); "
+                        "with model-shape flags and no --model: Megatron-LM's defaults")
+    g.add_argument("--model-size", default=None,
+                   help="preset size, default tiny (llama3: tiny/8b/70b; mixtral: tiny/8x7b; deepseek-v3: "
+                        "tiny/lite/671b; llava: tiny/7b)")
     for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
                  "seq-length", "max-position-embeddings", "vocab-size", "rotary-base", "num-experts",
                  "moe-router-topk", "moe-ffn-hidden-size"):
         g.add_argument(f"--{name}", type=int, default=None)
-    g.add_argument("--norm-epsilon", type=float, default=None)
-    g.add_argument("--moe-aux-loss-coeff", type=float, default=None)
+    g.add_argument("--norm-epsilon", dest="layernorm_epsilon", type=float, default=1e-5)
+    g.add_argument("--moe-aux-loss-coeff", type=float, nargs="+", default=0.0)
     g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default=None)
     g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope"], default=None)
     g.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall"], default=None)
     g.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "none"],
-                   default=None)
-    for name in ("group-query-attention", "swiglu", "disable-bias-linear", "untie-embeddings-and-output-weights"):
+                   nargs="+", default="aux_loss")
+    for name in ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights"):
         g.add_argument(f"--{name}", action="store_true", default=None)
+    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
+                   help=f"no biases in linear layers ({flag_help.PRESET})")
     g.add_argument("--no-untie-embeddings-and-output-weights", dest="untie_embeddings_and_output_weights",
                    action="store_false", default=None,
                    help="tie the output layer to the input embedding (overrides a preset's untied embeddings)")
@@ -72,8 +59,10 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hidden-dropout", type=float, default=0.0)
     g.add_argument("--attention-dropout", type=float, default=0.0)
     g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--transformer-impl", choices=["local", "mtmegatron"], default="local",
-                   help="layer implementation: megatron-core's local spec, or ours with fused kernels")
+    g.add_argument("--transformer-impl", choices=["local", "mtmegatron", "transformer_engine", "inference_optimized"],
+                   default="transformer_engine",
+                   help="layer implementation: TransformerEngine's layers where TE is installed (else local, "
+                        "said at start-up), megatron-core's local spec, or ours with fused kernels (mtmegatron)")
     _add_mla_moe_mtp(p)
 
 
@@ -150,7 +139,7 @@ def _add_io(p: argparse.ArgumentParser) -> None:
 
 def _add_fp8(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fp8 (see docs/fp8.md)")
-    g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
+    g.add_argument("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None,
                    help="train linears in FP8: e4m3 everywhere, or hybrid (E4M3 forward, E5M2 gradients)")
     g.add_argument("--fp8-recipe", choices=["delayed", "tensorwise", "blockwise", "mxfp8"], default=None,
                    help="scaling recipe (default delayed)")
@@ -168,10 +157,9 @@ def _add_fp8(p: argparse.ArgumentParser) -> None:
 
 def _validate_fp8(args: argparse.Namespace) -> None:
     if args.fp8_format is None:
-        if args.fp8_recipe or args.first_last_layers_bf16:
+        if "fp8_recipe" in args.given_flags or args.first_last_layers_bf16:
             raise ConfigError("--fp8-recipe/--first-last-layers-bf16 need --fp8-format (e4m3 or hybrid)")
         return
-    args.fp8_recipe = args.fp8_recipe or "delayed"
     if args.fp16:
         raise ConfigError("FP8 training needs --bf16 (or fp32) weights here, not --fp16")
     if args.fp8_amax_history_len < 1 or args.fp8_margin < 0:
@@ -201,34 +189,102 @@ def build_parser() -> argparse.ArgumentParser:
     add_schedule_args(p)
     add_run_control_args(p)
     add_data_args(p)
+    add_observability_args(p)
     add_llava_args(p)
+    add_tokenizer_args(p)
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)
     flag_help.fill_help(p)
+    p.hand_registered = {s for a in p._actions for s in a.option_strings}
+    p.megatron_defaults = megatron_flags.apply_megatron_defaults(p)
+    p.table_rows = megatron_flags.add_table_flags(p)
+    p.megatron_defaults.update({row.dest: row.default_value for row in p.table_rows})
     return p
 
 
-def _fill_from_preset(args: argparse.Namespace) -> None:
-    values = preset(args.model, args.model_size)
-    for field, fallback in MODEL_FIELDS.items():
+def _resolve_impl(args: argparse.Namespace, given: dict[str, str]) -> None:
+    """--transformer-impl: Megatron-LM's default transformer_engine runs local layers where TE cannot serve it
+    (one start-up line, args.impl_note); asked for explicitly, that is an error."""
+    args.impl_note = None
+    if args.transformer_impl == "inference_optimized":
+        raise ConfigError("--transformer-impl inference_optimized: inference only (mtmegatron.pretrain trains)")
+    if args.transformer_impl != "transformer_engine":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        why = "TransformerEngine is not installed"
+    else:
+        why = "TransformerEngine layers are used here only for FP8 with --fp8-executor transformer_engine"
+    if "transformer_impl" in given and importlib.util.find_spec("transformer_engine") is None:
+        raise ConfigError(f"--transformer-impl transformer_engine: {why} (pip install transformer-engine on CUDA; "
+                          "or use --transformer-impl local / mtmegatron)")
+    args.transformer_impl = "local"
+    args.impl_note = f"--transformer-impl transformer_engine (Megatron-LM's default): {why}; running local layers"
+
+
+def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
+    """Megatron-LM's derived values (its validate_args), after the preset: FFN and head sizes, query groups,
+    positions; plus the older attribute names the rest of mtmegatron reads."""
+    args.disable_bias_linear = not args.add_bias_linear
+    args.norm_epsilon = args.layernorm_epsilon
+    args.fp8_format = args.fp8
+    fill_llava_fields(args, given, ConfigError)  # LLaVA: vision fields; --seq-length = --decoder-seq-length
+    for field in ("num_layers", "hidden_size", "num_attention_heads"):
         if getattr(args, field) is None:
-            setattr(args, field, values.get(field, fallback))
-    fill_llava_fields(args, values, ConfigError)  # LLaVA: vision fields; --seq-length = --decoder-seq-length
-    if args.ffn_hidden_size is None and args.hidden_size:
-        args.ffn_hidden_size = 4 * args.hidden_size
-    if args.num_query_groups is None or not args.group_query_attention:
+            raise ConfigError(f"--{field.replace('_', '-')} is required (Megatron-LM has no default; or name a "
+                              f"preset with --model)")
+    if args.ffn_hidden_size is None:  # Megatron-LM's rule: 4h, or 2/3 of it rounded down to 64 with SwiGLU
+        args.ffn_hidden_size = (int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu
+                                else 4 * args.hidden_size)
+    if args.kv_channels is None:
+        if args.hidden_size % args.num_attention_heads:
+            raise ConfigError(f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
+                              f"{args.num_attention_heads} (or give --kv-channels)")
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    if not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
+    if not args.add_position_embedding and args.position_embedding_type != "rope":
+        raise ConfigError("--no-position-embedding is deprecated (Megatron-LM raises too): use "
+                          "--position-embedding-type")
+    if args.num_experts and args.moe_ffn_hidden_size is None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    for field in ("moe_aux_loss_coeff", "moe_router_load_balancing_type"):
+        value = getattr(args, field)
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise ConfigError(f"--{field.replace('_', '-')}: several values (per-type load balancing) are not "
+                                  "supported here; give one")
+            setattr(args, field, value[0])
+    if isinstance(args.cp_comm_type, list):
+        if len(args.cp_comm_type) != 1:
+            raise ConfigError("--cp-comm-type: one value for all layers (per-layer types need TransformerEngine)")
+        args.cp_comm_type = args.cp_comm_type[0]
+    if args.bf16:  # Megatron-LM: bf16 gradients are reduced in fp32 unless --grad-reduce-in-bf16
+        if args.grad_reduce_in_bf16:
+            args.accumulate_allreduce_grads_in_fp32 = False
+        elif args.main_grads_dtype == "fp32":
+            args.accumulate_allreduce_grads_in_fp32 = True
+    _resolve_impl(args, given)
+    if args.use_flash_attn and "attention_backend" not in given:
+        args.attention_backend = "flash"  # Megatron-LM's meaning; which kernel runs is said at start-up
+    if args.recompute_activations and "recompute_granularity" not in given:
+        args.recompute_granularity = "selective"  # Megatron-LM's shorthand
+    if args.use_rotary_position_embeddings:
+        args.position_embedding_type = "rope"  # Megatron-LM's deprecated spelling
     normalize_deepseek_args(args)  # --moe-layer-freq parsing; 0 switches off a preset's q LoRA/groups/MTP
 
 
 def validate(args: argparse.Namespace, world_size: int) -> None:
     """Raise ConfigError on any inconsistent combination; derive data_parallel_size etc."""
-    for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+    typed = getattr(args, "tokenizer_type", None) not in (None, "NullTokenizer")  # its vocabulary sets the model's
+    for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") + (() if typed else ("vocab_size",)):
         if getattr(args, field) is None:
-            raise ConfigError(f"--{field.replace('_', '-')} is required (no preset value)")
+            raise ConfigError(f"--{field.replace('_', '-')} is required (Megatron-LM has no default; or name a "
+                              "preset with --model)")
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     ep = args.expert_model_parallel_size
     if min(tp, pp, cp, ep) < 1:
@@ -243,12 +299,20 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.num_attention_heads % args.num_query_groups:
         raise ConfigError(f"--num-query-groups {args.num_query_groups} does not divide --num-attention-heads "
                           f"{args.num_attention_heads}")
-    if not pipeline_divides_layers(args):
-        raise ConfigError(f"--pipeline-model-parallel-size {pp} does not divide --num-layers {args.num_layers}")
+    check_pipeline_split(args, ConfigError)
     if world_size % (tp * pp * cp):
         raise ConfigError(f"world size {world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
     args.data_parallel_size = world_size // (tp * pp * cp)
     args.virtual_pipeline_model_parallel_size = None
+    if args.num_virtual_stages_per_pipeline_rank is not None:
+        if args.num_layers_per_virtual_pipeline_stage is not None:
+            raise ConfigError("give --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank, "
+                              "not both")
+        stages = args.num_virtual_stages_per_pipeline_rank * pp
+        if stages < 1 or args.num_layers % stages:
+            raise ConfigError(f"--num-virtual-stages-per-pipeline-rank {args.num_virtual_stages_per_pipeline_rank}"
+                              f" x PP {pp} does not divide --num-layers {args.num_layers}")
+        args.num_layers_per_virtual_pipeline_stage = args.num_layers // stages
     if args.num_layers_per_virtual_pipeline_stage is not None:
         per_stage = args.num_layers // pp
         if pp < 2:
@@ -257,6 +321,10 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {args.num_layers_per_virtual_pipeline_stage}"
                               f" does not divide the {per_stage} layers of each pipeline stage")
         args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
+        if args.virtual_pipeline_model_parallel_size == 1:
+            args.virtual_pipeline_model_parallel_size = None  # one virtual stage is no interleaving (Megatron-LM)
+    else:  # Megatron-LM: p2p overlap and aligned parameter gathers exist only in the interleaved schedule
+        args.overlap_p2p_comm = False
     if args.sequence_parallel and tp == 1:
         args.sequence_parallel = False  # as Megatron-LM: SP is a TP feature
     check_llava_args(args, ConfigError)
@@ -270,7 +338,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     elif ep != 1:
         raise ConfigError("--expert-model-parallel-size needs --num-experts")
     check_deepseek_args(args, ConfigError)
-    check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
+    if args.vocab_size is not None:  # else set from the tokenizer by data/resolve.py
+        check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
     check_schedule_flags(args, ConfigError)
     dp, mbs, gbs = args.data_parallel_size, args.micro_batch_size, args.global_batch_size
     if gbs % (mbs * dp):
@@ -296,6 +365,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     check_memory_args(args, ConfigError)
     check_run_control_args(args, ConfigError)
     check_data_args(args, ConfigError)
+    check_tokenizer_args(args, ConfigError)
+    check_observability_args(args, ConfigError)
     from mtmegatron.training import run_args
 
     run_args.validate(args, ConfigError)
@@ -313,11 +384,23 @@ def validate_for_training(args: argparse.Namespace) -> None:
 
 
 def parse_args(argv=None, world_size: int | None = None, for_training: bool = True) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    """The run's values: the user's flag, else the named preset's, else Megatron-LM's default
+    (training/flag_sources.py); validated. ``args.value_sources`` holds dest -> where it came from and
+    ``args.megatron_differences`` the start-up lines for values that differ from Megatron-LM's defaults."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = flag_sources.given_dests(parser, argv)
     try:
-        _fill_from_preset(args)
+        name = flag_sources.choose_preset(args, given)
+        args.value_sources = flag_sources.apply_preset(args, given, name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    args.preset_name = name
+    args.given_flags = given
+    megatron_flags.check_refused(parser, args, given, ConfigError)
+    _derive(args, given)
+    args.megatron_differences = flag_sources.differences(parser, args, args.value_sources, parser.megatron_defaults)
     validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
     if for_training:
         validate_for_training(args)

@@ -50,3 +50,14 @@ def to_compute_device(batch: dict) -> dict:
     device = compute_device()
     return {key: value.to(device, non_blocking=True) if torch.is_tensor(value) else value
             for key, value in batch.items()}
+
+
+def release_unused_memory(level: int, at: str) -> bool:
+    """``--empty-unused-memory-level`` as Megatron-LM: 1 returns the device allocator's cached blocks after each
+    training step, 2 also before validation (``at`` is "step" or "eval"). On the host backend there is no
+    allocator cache (returns False)."""
+    device = compute_device()
+    if level < (1 if at == "step" else 2) or device.type == "cpu":
+        return False
+    torch.get_device_module(device.type).empty_cache()
+    return True

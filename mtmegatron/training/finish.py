@@ -1,5 +1,5 @@
 """What a finished run leaves for a person: the loss-curve PNG and greedy-decoded sample text (printed and
-saved to ``<log-dir>/samples.txt``).
+saved to ``<log-dir>/samples.txt``; decoded with megatron-core's KV-cache inference engine, training/sampling.py).
 
 May assume: called on every rank after the last iteration (sampling is collective over TP); rank 0 writes.
 """
@@ -23,12 +23,12 @@ def write_outputs(model, tokenizer, args) -> None:
         print_rank0(rank, f"mtmegatron: loss curve {png}")
     if tokenizer is None or args.num_samples == 0:
         return
-    pairs = samples(model, tokenizer, args)
+    pairs, note = samples(model, tokenizer, args)
     if pairs is None:
-        print_rank0(rank, "mtmegatron: no samples: greedy decoding is not supported with pipeline or context parallelism")
+        print_rank0(rank, f"mtmegatron: no samples: {note}")
         return
     text = "".join(f"--- prompt: {prompt!r}\n{prompt}{continuation}\n" for prompt, continuation in pairs)
     if rank == 0:
         with open(os.path.join(args.log_dir, "samples.txt"), "w") as f:
             f.write(text)
-    print_rank0(rank, f"mtmegatron: greedy samples ({args.sample_tokens} tokens each):\n{text.rstrip()}")
+    print_rank0(rank, f"mtmegatron: greedy samples ({note}):\n{text.rstrip()}")

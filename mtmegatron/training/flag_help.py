@@ -1,8 +1,8 @@
 """``pretrain --help``: the help text of every flag that arguments.py declares without one, the formatter
 that appends each default, the launch example, and the one-line error for a mistyped flag.
 
-Flags whose default is None take their value from the ``--model`` preset (or are off): their help says so
-and no "(default: None)" is shown.
+Defaults are Megatron-LM's (training/megatron_flags.py); a named ``--model`` preset fills model and recipe
+values the user did not give. Flags whose default is None show no "(default: None)".
 May assume: called by arguments.build_parser / arguments.parse_args only.
 """
 
@@ -15,7 +15,7 @@ import sys
 
 from mtmegatron.training.errors import ConfigError
 
-PRESET = "default: the --model preset's"
+PRESET = "a --model preset fills it when not given"
 
 HELP = {
     # model shape (preset fields)
@@ -31,7 +31,7 @@ HELP = {
     "num_experts": f"MoE experts per MoE layer ({PRESET}; none: dense)",
     "moe_router_topk": f"experts each token is routed to ({PRESET})",
     "moe_ffn_hidden_size": f"expert MLP hidden size ({PRESET})",
-    "norm_epsilon": f"layer-norm epsilon ({PRESET})",
+    "layernorm_epsilon": f"layer-norm epsilon ({PRESET})",
     "moe_aux_loss_coeff": f"load-balancing loss coefficient ({PRESET})",
     "normalization": f"LayerNorm or RMSNorm ({PRESET})",
     "position_embedding_type": f"learned_absolute or rope ({PRESET})",

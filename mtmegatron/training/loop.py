@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass
 
 from mtmegatron.training import checkpointing, placement, robustness
-from mtmegatron.training.device import compute_device
+from mtmegatron.training.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_loss
 from mtmegatron.training.metrics import print_rank0
+from mtmegatron.training.observability import Observability
 from mtmegatron.training.overlap import ParamGather
 from mtmegatron.training.train_step import train_step
 
@@ -43,10 +44,13 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     evaluate = valid is not None and args.eval_iters > 0 and args.eval_interval
     params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
     params.start()
+    obs = Observability(args, backend, rank, model, optimizer, writer, state.start)  # --log-*, timers, profiler
     try:
         for iteration in range(state.start + 1, state.last + 1):
+            obs.step_begin(iteration)
             t0 = time.perf_counter()
             stats = train_step(iterators, model, optimizer, scheduler, args, iteration)
+            release_unused_memory(args.empty_unused_memory_level, "step")
             elapsed = time.perf_counter() - t0
             params.after_step(not stats["skipped"])
             if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
@@ -58,9 +62,10 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             row = {"iteration": iteration, **stats, "tokens_per_sec": tokens_per_step / elapsed,
                    "step_time_ms": elapsed * 1000.0, "skipped_steps": skipped}
             if evaluate and (iteration % args.eval_interval == 0 or iteration == state.last):
-                with params.gathered():
+                release_unused_memory(args.empty_unused_memory_level, "eval")
+                with params.gathered(), obs.evaluation():
                     row["val_loss"] = validation_loss(valid, model, args)
-            writer.log(row)
+            obs.log(row)  # metrics.jsonl, tensorboard, wandb
             if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:
                 print_rank0(rank, f"mtmegatron: error: {skipped} steps skipped for inf/nan "
                             f"loss or gradients (more than --max-skipped-steps {args.max_skipped_steps}); "
@@ -69,7 +74,8 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 break
             if args.save and args.save_interval and iteration % args.save_interval == 0:
                 params.sync()
-                checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
+                with obs.saving():
+                    checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
                 state.saved_at = iteration
             reason = termination.requested()  # --exit-signal-handler / --exit-duration-in-mins
             if reason:
@@ -80,9 +86,11 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         params.finish()  # the model is plain from here on: final save, sampling, export
         if (state.status == 0 and args.save and state.saved_at != state.last
                 and (state.last > state.start or state.last == 0)):  # 0: the initial checkpoint
-            path = checkpointing.save(args.save, state.last, model, optimizer, scheduler, args, state.train_state)
+            with obs.saving():
+                path = checkpointing.save(args.save, state.last, model, optimizer, scheduler, args, state.train_state)
             print_rank0(rank, f"mtmegatron: saved {path}")
     finally:
+        obs.close()
         writer.close()
         termination.restore()
     return state

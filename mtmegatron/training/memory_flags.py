@@ -37,13 +37,16 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="do not pin the host gradient buffers of the offloaded optimizer")
     g.add_argument("--no-pin-cpu-params", dest="pin_cpu_params", action="store_false",
                    help="do not pin the host parameter copies of the offloaded optimizer")
+    g.add_argument("--empty-unused-memory-level", type=int, choices=[0, 1, 2], default=0,
+                   help="return the device allocator's cached memory after each step (1) and before validation too "
+                        "(2); nothing to return on the cpu backend")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
                    help="recompute activations in backward: whole layers (full) or chosen modules (selective)")
     g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
                    help="full recompute: groups of N layers everywhere (uniform) or the first N per stage (block)")
     g.add_argument("--recompute-num-layers", type=int, default=None,
                    help="N for --recompute-method")
-    g.add_argument("--recompute-modules", nargs="*", choices=RECOMPUTE_MODULES, default=None,
+    g.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=None,
                    help="selective recompute: which submodules (default core_attn)")
 
 

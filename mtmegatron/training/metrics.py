@@ -3,8 +3,11 @@
 Rank 0 appends one JSON object per training iteration to ``<log-dir>/metrics.jsonl`` with at least
 ``iteration``, ``loss`` (LM loss averaged over the global batch), ``grad_norm``, ``lr``, ``tokens_per_sec``
 (``--model llava``: also ``image_tokens``, the image embeddings in the step's global batch);
-and prints a Megatron-style progress line every ``--log-interval`` iterations. Optionally: the same scalars
-as tensorboard events, and a tqdm progress bar (loss, tokens/s) when the console is a terminal. A resumed
+and prints a Megatron-style progress line every ``--log-interval`` iterations (with what the --log-* flags
+added to the row: TFLOP/s per device, MFU, parameter norm, zeros in the gradients; training/observability.py).
+Optionally: the same scalars as tensorboard events every ``--tensorboard-log-interval`` iterations (at most
+``--tensorboard-queue-size`` events held before a write), and a tqdm progress bar (loss, tokens/s) when the
+console is a terminal. A resumed
 run drops rows past its checkpoint before appending, so the file stays one row per iteration.
 May assume: called on every rank; only rank 0 writes.
 """
@@ -19,8 +22,10 @@ import sys
 
 class MetricsWriter:
     def __init__(self, log_dir: str, rank: int, train_iters: int, log_interval: int, resume: bool,
-                 start: int | None = None, tensorboard_dir: str | None = None, progress: bool = False):
+                 start: int | None = None, tensorboard_dir: str | None = None, progress: bool = False,
+                 tensorboard_log_interval: int = 1, tensorboard_queue_size: int = 1000):
         self.rank = rank
+        self.tensorboard_log_interval = tensorboard_log_interval
         self.train_iters = train_iters
         self.log_interval = max(1, log_interval)
         self._file = None
@@ -38,7 +43,7 @@ class MetricsWriter:
             if tensorboard_dir:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(tensorboard_dir)
+                self._tb = SummaryWriter(tensorboard_dir, max_queue=tensorboard_queue_size)
             if progress:
                 from tqdm import tqdm
 
@@ -51,7 +56,7 @@ class MetricsWriter:
             return
         self._file.write(json.dumps(row) + "\n")
         it = row["iteration"]
-        if self._tb is not None:
+        if self._tb is not None and it % self.tensorboard_log_interval == 0:
             for key, value in row.items():
                 if key != "iteration" and isinstance(value, (int, float)) and value is not None:
                     self._tb.add_scalar(key, float(value), it)
@@ -63,6 +68,7 @@ class MetricsWriter:
             norm = "   n/a" if grad_norm is None or math.isnan(grad_norm) else f"{grad_norm:7.3f}"
             extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss", "mtp_loss", "val_loss")
                             if row.get(k) is not None)
+            extra += _observability_fields(row)
             if row.get("image_tokens") is not None:  # --model llava
                 extra += f" | image tokens {row['image_tokens']}"
             if row.get("skipped"):
@@ -88,6 +94,20 @@ class MetricsWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _observability_fields(row: dict) -> str:
+    """The log-line fields of --log-throughput, --log-num-zeros-in-grad and --log-params-norm (when in the row)."""
+    text = ""
+    if row.get("throughput") is not None:  # Megatron-LM's wording; 4 significant digits (cpu runs are tiny)
+        text += f" | throughput per GPU (TFLOP/s/GPU): {row['throughput']:.4g}"
+    if row.get("mfu") is not None:
+        text += f" | MFU {100 * row['mfu']:.1f}%"
+    if row.get("num_zeros_in_grad") is not None:
+        text += f" | num zeros: {row['num_zeros_in_grad']}"
+    if row.get("params_norm") is not None:
+        text += f" | params norm: {row['params_norm']:.3f}"
+    return text
 
 
 def print_rank0(rank: int, *message) -> None:

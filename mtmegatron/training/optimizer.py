@@ -20,6 +20,7 @@ import os
 import torch
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+from mtmegatron.models.config_from_flags import optimizer_config_kwargs
 from mtmegatron.optim import FusedAdam
 from mtmegatron.training.device import compute_device
 from mtmegatron.training.offload_stats import inner_optimizers, offload_stats
@@ -29,30 +30,17 @@ DROP_GRAD_ENV = "MTMEGATRON_TEST_DROP_GRAD"
 
 
 def optimizer_config(args, params_dtype: torch.dtype) -> OptimizerConfig:
+    """Flags by field name (models/config_from_flags.py); pinned host buffers only where the backend has pinned
+    memory (not on the cpu backend, where host memory is the device memory)."""
     pinned = compute_device().type != "cpu"
-    return OptimizerConfig(
-        optimizer="adam",
-        lr=args.lr,
-        min_lr=args.min_lr,
-        weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2,
-        adam_eps=args.adam_eps,
-        clip_grad=args.clip_grad,
-        bf16=args.bf16,
-        fp16=args.fp16,
-        loss_scale=args.loss_scale,
-        initial_loss_scale=args.initial_loss_scale,
-        params_dtype=params_dtype,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-        use_precision_aware_optimizer=args.use_precision_aware_optimizer,
-        optimizer_cpu_offload=args.optimizer_cpu_offload,
+    ours = dict(
         optimizer_offload_fraction=args.optimizer_offload_fraction if args.optimizer_cpu_offload else 0.0,
-        overlap_cpu_optimizer_d2h_h2d=args.overlap_cpu_optimizer_d2h_h2d,
-        use_torch_optimizer_for_cpu_offload=args.use_torch_optimizer_for_cpu_offload,
         pin_cpu_grads=args.pin_cpu_grads and pinned,
         pin_cpu_params=args.pin_cpu_params and pinned,
     )
+    config = OptimizerConfig(**optimizer_config_kwargs(args, OptimizerConfig, ours))
+    config.params_dtype = params_dtype
+    return config
 
 
 def build_optimizer(args, model, params_dtype: torch.dtype):

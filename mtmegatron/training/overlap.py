@@ -21,18 +21,21 @@ from contextlib import contextmanager
 
 from megatron.core.distributed import DistributedDataParallelConfig
 
+from mtmegatron.models.config_from_flags import ddp_config_kwargs
+
 
 def ddp_config(args) -> DistributedDataParallelConfig:
-    return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=args.overlap_grad_reduce,
-        overlap_param_gather=args.overlap_param_gather,
+    """Flags by field name (models/config_from_flags.py), with Megatron-LM's alignment rule and this loop's own
+    inf/nan handling (training/robustness.py skips and counts such steps instead of megatron's in-DDP check)."""
+    ours = dict(
         # Megatron-LM aligns the parameter all-gathers of all pipeline stages only with the interleaved schedule
         # (the schedule then dispatches them through config.param_sync_func)
         align_param_gather=args.overlap_param_gather and bool(args.virtual_pipeline_model_parallel_size),
-        use_distributed_optimizer=args.use_distributed_optimizer,
         bucket_size=args.ddp_bucket_size,  # None: megatron-core's default (>= 40M elements)
+        check_for_nan_in_grad=False,
+        check_for_large_grads=False,
     )
+    return DistributedDataParallelConfig(**ddp_config_kwargs(args, DistributedDataParallelConfig, ours))
 
 
 def _per_chunk(funcs: list):

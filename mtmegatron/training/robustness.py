@@ -22,7 +22,7 @@ import signal
 
 import torch
 
-from mtmegatron.training.run_control import minutes_since_start
+from mtmegatron.training.run_control import exit_signal, minutes_since_start
 
 INJECT_ENV = "MTMEGATRON_TEST_INJECT_NAN"
 STARTED_ENV = "MTMEGATRON_TEST_STARTED_MINUTES_AGO"
@@ -67,7 +67,7 @@ class TerminationRequest:
     none otherwise."""
 
     def __init__(self, args):
-        self._signal = args.exit_signal if args.exit_signal_handler else None
+        self._signal = exit_signal(args) if args.exit_signal_handler else None
         self._limit = args.exit_duration_in_mins or None  # 0: no limit, as in Megatron-LM
         self._signalled = False
         self._previous = signal.signal(self._signal, self._handle) if self._signal is not None else None

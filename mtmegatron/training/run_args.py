@@ -21,8 +21,6 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="train,valid,test proportions of --data-path, e.g. 90,5,5 (default: 969, 30, 1)")
     g.add_argument("--data-cache-path", default=None,
                    help="where megatron-core caches sample indices (default: beside the data, cache/)")
-    g.add_argument("--tokenizer-model", default=None,
-                   help="local HF tokenizer (directory with tokenizer.json) the data was preprocessed with")
     g.add_argument("--eval-interval", type=int, default=None,
                    help="validation loss every N iterations and at the end (default: train-iters/10)")
     g.add_argument("--eval-iters", type=int, default=4, help="global batches per validation")
@@ -40,8 +38,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def validate(args: argparse.Namespace, error: type[Exception]) -> None:
     if args.mock_data and args.data_path:
         raise error("--mock-data and --data-path are mutually exclusive")
-    if args.tokenizer_model and args.mock_data:
-        raise error("--tokenizer-model is for real data; --mock-data needs no tokenizer")
+    if args.tokenizer_model and args.mock_data and not args.tokenizer_type:
+        raise error("--tokenizer-model is for real data; --mock-data needs no tokenizer (or name its --tokenizer-type)")
     if args.mock_data and args.eval_interval:
         raise error("validation (--eval-interval) needs real data, not --mock-data")
     if args.eval_interval is not None and args.eval_interval <= 0:

@@ -22,11 +22,13 @@ import time
 PROGRAM_START = time.time()
 
 
-def _signal_by_name(name: str) -> signal.Signals:
-    """``--exit-signal SIGUSR1`` -> signal.SIGUSR1 (Megatron-LM takes the enum member's name)."""
+def _signal_by_name(name: str) -> str:
+    """``--exit-signal SIGUSR1`` -> "SIGUSR1" (Megatron-LM takes the enum member's name; enum flags hold their
+    member's name here, see training/megatron_flags.py); its number (the form Megatron-LM's help lists the
+    choices in) is taken too. ``exit_signal(args)`` gives the ``signal.Signals`` member."""
     try:
-        return signal.Signals[name]
-    except KeyError:
+        return (signal.Signals(int(name)) if name.isdigit() else signal.Signals[name]).name
+    except (KeyError, ValueError):
         raise argparse.ArgumentTypeError(f"{name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)") from None
 
 
@@ -41,8 +43,8 @@ def add_run_control_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exit-signal-handler", action="store_true", default=False,
                    help="on --exit-signal, finish the iteration, save (with --save) and exit 0; without this flag "
                         "the signal ends the process")
-    g.add_argument("--exit-signal", type=_signal_by_name, default=signal.SIGTERM, choices=list(signal.Signals),
-                   metavar="SIGNAL", help="the signal --exit-signal-handler catches (a name, default SIGTERM)")
+    g.add_argument("--exit-signal", type=_signal_by_name, default="SIGTERM", metavar="SIGNAL",
+                   help="the signal --exit-signal-handler catches (a name such as SIGUSR1, or its number)")
 
 
 def check_run_control_args(args: argparse.Namespace, error) -> None:
@@ -50,8 +52,12 @@ def check_run_control_args(args: argparse.Namespace, error) -> None:
         raise error(f"--distributed-timeout-minutes must be >= 1, not {args.distributed_timeout_minutes}")
     if args.exit_duration_in_mins is not None and args.exit_duration_in_mins < 0:
         raise error(f"--exit-duration-in-mins must be >= 0, not {args.exit_duration_in_mins}")
-    if args.exit_signal_handler and args.exit_signal in (signal.SIGKILL, signal.SIGSTOP):
-        raise error(f"--exit-signal {args.exit_signal.name} cannot be caught; use SIGTERM, SIGINT or SIGUSR1/2")
+    if args.exit_signal_handler and args.exit_signal in ("SIGKILL", "SIGSTOP"):
+        raise error(f"--exit-signal {args.exit_signal} cannot be caught; use SIGTERM, SIGINT or SIGUSR1/2")
+
+
+def exit_signal(args: argparse.Namespace) -> signal.Signals:
+    return signal.Signals[args.exit_signal]
 
 
 def minutes_since_start(now: float | None = None) -> float:

@@ -1,54 +1,51 @@
 """Greedy-decoded continuations of a few prompts at the end of a run, so a person can see what it learned.
 
-Every rank runs the same decode (tensor-parallel ranks must all take part in each forward; data-parallel
-replicas simply repeat it); logits are gathered over TP by the model (``runtime_gather_output``). With
-sequence parallelism the input is right-padded to a multiple of TP (causal attention: padding after the last
-real token does not change its logits). Pipeline parallelism is not supported here (it would need the
-decode loop to pass activations between stages), nor context parallelism (the sequence would have to be
-split as in training): the caller skips sampling with a message.
-May assume: one model chunk (PP 1), an HF tokenizer from mtmegatron.data.tokenizer, no KV cache (tiny
-models; each new token re-runs the whole context, at most seq_length tokens).
+Decoded on megatron-core's static inference engine with a KV cache (mtmegatron/generate/engine.py: the same
+engine as ``mtmegatron generate``), all prompts in one batch. Every rank takes part (TP ranks in each forward,
+PP stages pass activations and the last stage's logits are broadcast; data-parallel replicas repeat it);
+sequence parallelism is switched off for the decode and back on after it. Prompts are encoded as the training
+data was (no special tokens added). The new tokens per prompt are ``--sample-tokens``, fewer when the longest
+prompt would otherwise run past ``--max-position-embeddings``.
+Not supported, with the reason returned to the caller: interleaved (virtual) pipeline chunks (megatron-core's
+inference wrapper runs one chunk per rank), context parallelism (the KV cache is not split over CP ranks) and a
+DeepSeek-V3 multi-token-prediction block (it runs in every forward and needs labels).
+May assume: called on every rank after training, with an HF tokenizer from mtmegatron.data.tokenizer.
 """
 
 from __future__ import annotations
 
-import torch
 from megatron.core import parallel_state
 
-from mtmegatron.training.device import compute_device
+from mtmegatron.generate.engine import Sampling, generate
 
 DEFAULT_PROMPTS = ("In the beginning", "And the LORD said unto Moses,", "Blessed are the")
 
 
-def greedy_continue(model, tokenizer, prompt: str, num_tokens: int, args) -> str:
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    ids = tokenizer.tokenize(prompt)
-    generated: list[int] = []
-    device = compute_device()
-    with torch.no_grad():
-        for _ in range(num_tokens):
-            context = (ids + generated)[-args.seq_length:]
-            length = len(context)
-            padded = -(-length // tp) * tp if args.sequence_parallel else length
-            tokens = torch.full((1, padded), tokenizer.eod, dtype=torch.long, device=device)
-            tokens[0, :length] = torch.tensor(context, device=device)
-            positions = torch.arange(padded, dtype=torch.long, device=device).unsqueeze(0)
-            logits = model(tokens, positions, None, runtime_gather_output=True)
-            next_id = int(logits[0, length - 1].float().argmax())
-            if next_id == tokenizer.eod:
-                break
-            generated.append(next_id)
-    return tokenizer.detokenize(generated)
+def unsupported_reason(model, args) -> str | None:
+    if len(model) != 1:
+        return "megatron-core's inference engine does not run interleaved (virtual) pipeline chunks"
+    if parallel_state.get_context_parallel_world_size() > 1:
+        return "the inference KV cache is not split over context-parallel ranks"
+    if getattr(args, "mtp_num_layers", None):
+        return ("the multi-token-prediction block runs in every forward of this model and needs labels; save a "
+                "checkpoint and use `mtmegatron generate`, which builds the model without it")
+    return None
 
 
-def samples(model, tokenizer, args) -> list[tuple[str, str]] | None:
-    """(prompt, continuation) pairs; None when the layout cannot decode (pipeline parallelism)."""
-    if (len(model) != 1 or parallel_state.get_pipeline_model_parallel_world_size() > 1
-            or parallel_state.get_context_parallel_world_size() > 1):
-        return None
+def samples(model, tokenizer, args) -> tuple[list[tuple[str, str]] | None, str]:
+    """((prompt, continuation) pairs, a note for the header), or (None, why there are none)."""
+    reason = unsupported_reason(model, args)
+    if reason:
+        return None, reason
     prompts = list(args.sample_prompt or DEFAULT_PROMPTS)[: args.num_samples]
-    model[0].eval()
-    try:
-        return [(p, greedy_continue(model[0], tokenizer, p, args.sample_tokens, args)) for p in prompts]
-    finally:
-        model[0].train()
+    prompt_tokens = [tokenizer.tokenize(p) for p in prompts]
+    room = args.max_position_embeddings - max(len(ids) for ids in prompt_tokens)
+    num_tokens = min(args.sample_tokens, room)
+    if num_tokens < 1:
+        return None, f"a prompt fills all {args.max_position_embeddings} positions of the model"
+    chunk = model[0].module if hasattr(model[0], "module") else model[0]  # below DDP: the model's own forward
+    results, seconds = generate(chunk, tokenizer, prompts, prompt_tokens, Sampling(num_tokens, seed=args.seed))
+    generated = sum(len(r.tokens) for r in results)
+    note = (f"{num_tokens} tokens each{' (fewer fit the positions)' if num_tokens < args.sample_tokens else ''}; "
+            f"KV-cache engine, {generated / max(seconds, 1e-9):.1f} tokens/s")
+    return [(r.prompt, r.text) for r in results], note

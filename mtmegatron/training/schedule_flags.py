@@ -12,8 +12,9 @@ with iterations they are iterations x global batch. ``--lr-warmup-fraction`` is 
 Where Megatron-LM would assert or fail inside megatron-core (WSD without its decay length, warmup not shorter
 than the decay, a flag of the other mode), this is one ``error`` line before any process group.
 May assume: ``--train-iters``, ``--lr-decay-iters``, ``--lr-warmup-iters``, ``--lr``, ``--min-lr``,
-``--weight-decay`` and ``--lr-decay-style`` are registered elsewhere (arguments.py); ``check_schedule_args``
-runs after data_parallel_size is derived and before ``--lr-decay-iters`` gets its default.
+``--weight-decay`` and ``--lr-decay-style`` are registered elsewhere (arguments.py); ``args.given_flags`` (the
+dests the user gave, training/flag_sources.py) is set; ``check_schedule_args`` runs after data_parallel_size is
+derived and before ``--lr-decay-iters`` gets its default.
 """
 
 from __future__ import annotations
@@ -47,22 +48,21 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                    help="weight decay at the start of a linear/cosine --weight-decay-incr-style")
     g.add_argument("--end-weight-decay", type=float, default=None,
                    help="weight decay at the end of a linear/cosine --weight-decay-incr-style")
-    # the value --train-iters has when not given, known only here at registration: until --train-iters defaults
-    # to Megatron-LM's None, a run with --train-samples must not read the placeholder as a given --train-iters
-    p.set_defaults(train_iters_unset_value=p.get_default("train_iters"))
 
 
 def _check_mode(args: argparse.Namespace, error) -> None:
-    """One of iteration- or sample-based training, with only that mode's flags (Megatron-LM's rules)."""
+    """One of iteration- or sample-based training, with only that mode's flags (Megatron-LM's rules). With
+    --train-samples, iteration values a preset filled (not the user) give way to Megatron-LM's defaults."""
+    given = getattr(args, "given_flags", {})
     if args.train_samples is not None:
-        if args.train_iters is not None and args.train_iters != getattr(args, "train_iters_unset_value", None):
+        if "train_iters" in given:
             raise error("--train-iters and --train-samples are mutually exclusive: give one")
-        for flag, value, unset in (("--lr-decay-iters", args.lr_decay_iters, None),
-                                   ("--lr-warmup-iters", args.lr_warmup_iters, 0),
-                                   ("--lr-wsd-decay-iters", args.lr_wsd_decay_iters, None)):
-            if value != unset:
+        for dest, unset in (("lr_decay_iters", None), ("lr_warmup_iters", 0), ("lr_wsd_decay_iters", None)):
+            flag = "--" + dest.replace("_", "-")
+            if dest in given and getattr(args, dest) != unset:
                 raise error(f"{flag} is for iteration-based training; with --train-samples use "
                             f"{flag.replace('-iters', '-samples')}")
+            setattr(args, dest, unset)
         if args.train_samples < 0:
             raise error("--train-samples must be >= 0")
         args.train_iters = args.train_samples // args.global_batch_size
@@ -79,6 +79,10 @@ def _check_mode(args: argparse.Namespace, error) -> None:
 
 def check_schedule_args(args: argparse.Namespace, error) -> None:
     """Raise ``error`` for flags megatron-core's scheduler cannot take; sets train_iters for --train-samples."""
+    if args.micro_batch_size is None:
+        raise error("--micro-batch-size is required (as in Megatron-LM)")
+    if args.global_batch_size is None:  # Megatron-LM's default: one micro-batch per data-parallel rank
+        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
     _check_mode(args, error)
     if args.lr_warmup_fraction is not None:
         if args.lr_warmup_iters or args.lr_warmup_samples:

@@ -17,6 +17,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
 from mtmegatron.training import robustness
 from mtmegatron.training.device import compute_device, to_compute_device
+from mtmegatron.training.step_timers import timed
 from mtmegatron.models.aux_losses import aux_loss_stats
 
 
@@ -32,7 +33,8 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator, model):
-    batch = batch_on_this_cp_rank(to_compute_device(next(data_iterator)))
+    with timed(model, "batch-generator", log_level=2):
+        batch = batch_on_this_cp_rank(to_compute_device(next(data_iterator)))
     # the attention mask is in the batch only with --reset-attention-mask (else the causal mask type applies)
     output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
@@ -81,9 +83,11 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
     losses_reduced = run_schedule(data_iterators, model, args, forward_only=False)
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
     if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, iteration):
-        update_successful, grad_norm = False, None  # inf/nan never reaches the weights (fp16: the optimizer's)
+        # inf/nan never reaches the weights (fp16: the optimizer's check)
+        update_successful, grad_norm, num_zeros = False, None, None
     else:
-        update_successful, grad_norm, _ = optimizer.step()
+        with timed(model[0], "optimizer", log_level=1, barrier=args.barrier_with_L1_time):
+            update_successful, grad_norm, num_zeros = optimizer.step()
     if update_successful:
         scheduler.step(increment=args.global_batch_size)
     return {
@@ -91,6 +95,7 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         "grad_norm": float(grad_norm) if grad_norm is not None else None,
         "lr": lr,
         "skipped": not update_successful,
+        **({"num_zeros_in_grad": None if num_zeros is None else int(num_zeros)} if args.log_num_zeros_in_grad else {}),
         **aux_loss_stats(args),  # mtp_loss / moe_aux_loss when the model has them
         **({"image_tokens": data_iterators[0].image_tokens(iteration)} if args.model == "llava" else {}),
     }

@@ -19,6 +19,8 @@ FLAGS = ["--backend", "cpu", "--model", "llama3", "--num-layers", "2", "--hidden
 
 
 def _worker(rank, world_size, backend_name):
+    import os
+
     import torch
     from megatron.core import parallel_state
     from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
@@ -38,6 +40,8 @@ def _worker(rank, world_size, backend_name):
     alone = torch.cat([second, torch.randint(1, EOD, (10,), generator=g)])
     alone_labels = torch.cat([labels[10:], labels[:10]])
     for attention in ("auto", "local"):
+        for variable in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
+            os.environ.pop(variable, None)  # megatron-core sets them per attention backend, once per process
         args = parse_args(FLAGS + ["--attention-backend", attention], world_size=1)
         init_distributed(args, backend)
         model, _, _, _ = build(args)

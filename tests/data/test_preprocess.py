@@ -33,7 +33,7 @@ def test_jsonl_with_trained_bpe_reads_back_exactly(tmp_path, capsys):
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"body": d}) + "\n" for d in DOCS))
     rc = cli.main(["preprocess", "--input", str(src), "--output-prefix", str(tmp_path / "out"),
-                   "--json-keys", "body", "--train-tokenizer", "300", "--workers", "2"])
+                   "--json-keys", "body", "--train-tokenizer", "300", "--workers", "2", "--append-eod"])
     assert rc == 0
     prefix = str(tmp_path / "out_body_document")
     assert f"--data-path {prefix}" in capsys.readouterr().out
@@ -51,7 +51,7 @@ def test_plain_text_paragraphs_with_a_local_tokenizer(tmp_path):
     with lzma.open(src, "wt") as f:
         f.write("First paragraph,\nstill first.\n\n\nSecond one.\n")
     assert cli.main(["preprocess", "--input", str(src), "--output-prefix", str(tmp_path / "b"),
-                     "--tokenizer-model", str(tmp_path / "tok"), "--workers", "1"]) == 0
+                     "--tokenizer-model", str(tmp_path / "tok"), "--workers", "1", "--append-eod"]) == 0
     assert _read_back(str(tmp_path / "b_text_document"), tokenizer) == ["First paragraph,\nstill first.",
                                                                         "Second one."]
 

@@ -19,6 +19,10 @@ DENSE_LAYOUTS = {
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
     "pp2_vpp2": (2, ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]),
     "dp2_distopt": (2, ["--use-distributed-optimizer"]),
+    # uneven stages (1 + 3 layers) and the embedding/loss counted as layers ((4 + 2) / 2: 2 + 2 layers)
+    "pp2_first1": (2, ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"]),
+    "pp2_account": (2, ["--pipeline-model-parallel-size", "2", "--account-for-embedding-in-pipeline-split",
+                        "--account-for-loss-in-pipeline-split"]),
     "tp2_pp2": (4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                     "--sequence-parallel"]),
 }

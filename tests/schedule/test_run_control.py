@@ -54,7 +54,7 @@ def test_exit_signal_handler_only_with_the_flag():
     plain.restore()
 
     args = parse_args(ARGS + ["--exit-signal-handler", "--exit-signal", "SIGUSR1"], world_size=1)
-    assert args.exit_signal is signal.SIGUSR1
+    assert args.exit_signal == "SIGUSR1"  # enum flags hold the member's name (training/megatron_flags.py)
     request = robustness.TerminationRequest(args)
     try:
         assert signal.getsignal(signal.SIGUSR1) == request._handle
@@ -62,7 +62,8 @@ def test_exit_signal_handler_only_with_the_flag():
     finally:
         request.restore()
     assert signal.getsignal(signal.SIGUSR1) is before_usr1
-    assert parse_args(ARGS + ["--exit-signal-handler"], world_size=1).exit_signal is signal.SIGTERM
+    assert parse_args(ARGS + ["--exit-signal-handler"], world_size=1).exit_signal == "SIGTERM"
+    assert parse_args(ARGS + ["--exit-signal", "10"], world_size=1).exit_signal == signal.Signals(10).name
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -1,0 +1,20 @@
+"""``torchrun --nproc_per_node N -m mtmegatron.generate [flags]``: the same as ``mtmegatron generate``.
+May assume: launched by torchrun or as one plain process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mtmegatron.generate.command import main_with_errors
+from mtmegatron.generate.flags import add_arguments
+
+
+def main(argv=None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(prog="mtmegatron.generate", description=__doc__.split("\n")[0]))
+    return main_with_errors(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The model to generate with: its flags read from the checkpoint, built for the requested TP/PP/EP layout,
+weights loaded from the torch_dist checkpoint (resharded from whatever layout wrote it).
+
+Where the flags come from, first that applies: flags given after ``--``; the ``model_flags`` the HF converter
+records (what ``mcore-to-hf`` reads); for a pretrain checkpoint, its model fingerprint (models/fingerprint.py:
+every field that changes shapes or the forward math) on top of the preset it names. The fingerprint is
+compared with the rebuilt model before loading, as ``pretrain --load`` does. A multi-token-prediction block
+(DeepSeek-V3) is not built: generation reads the main output head, and its weights are simply not loaded.
+May assume: called on every rank; ``prepare`` before any process group, ``build_and_load`` after
+``init_distributed``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mtmegatron.generate.flags import GenerateError
+
+# fingerprint fields that are booleans switched on by a store_true flag
+_SWITCHES = ("untie_embeddings_and_output_weights", "disable_bias_linear", "swiglu", "qk_layernorm",
+             "multi_latent_attention", "moe_router_enable_expert_bias")
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def flags_from_fingerprint(saved: dict) -> list[str]:
+    """Pretrain flags rebuilding the model a pretrain checkpoint's fingerprint describes."""
+    family = "deepseek-v3" if saved.get("multi_latent_attention") else "mixtral" if saved.get("num_experts") \
+        else "llama3"
+    flags = ["--model", family]
+    for field, value in saved.items():
+        if field == "padded_vocab_size" or value is None:
+            continue
+        if field in _SWITCHES:
+            if value:
+                flags.append(_flag(field))
+            elif field == "untie_embeddings_and_output_weights":
+                flags.append("--no-untie-embeddings-and-output-weights")
+            continue
+        if isinstance(value, bool):  # a switch this list does not know: leave it to the preset
+            continue
+        if isinstance(value, list):  # --moe-layer-freq as a list expression
+            value = "[" + ",".join(str(v) for v in value) + "]"
+        flags += [_flag(field), str(value)]
+    if saved.get("num_query_groups") and saved.get("num_query_groups") != saved.get("num_attention_heads"):
+        flags.append("--group-query-attention")
+    return flags
+
+
+def checkpoint_common(load: str) -> dict:
+    """The latest complete checkpoint's non-tensor state, or a one-line GenerateError."""
+    if not os.path.isdir(load):
+        raise GenerateError(f"--load {load}: no such directory")
+    from megatron.core import dist_checkpointing
+
+    from mtmegatron.training.checkpointing import CheckpointError, checkpoint_dir, latest_complete_iteration
+
+    try:
+        iteration = latest_complete_iteration(load)
+    except CheckpointError as e:
+        raise GenerateError(f"--load {load}: {e}") from None
+    if iteration is None:
+        raise GenerateError(f"--load {load}: no complete checkpoint there (no latest_checkpointed_iteration.txt "
+                            "naming a finished iter_* directory)")
+    directory = checkpoint_dir(load, iteration)
+    common = dist_checkpointing.load_common_state_dict(directory)
+    common["directory"] = directory
+    return common
+
+
+def model_args(load: str, given_flags: list[str], layout: list[str], backend: str | None, world_size: int):
+    """(validated pretrain namespace for the model, the checkpoint's common state)."""
+    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.training.errors import ConfigError
+
+    common = checkpoint_common(load)
+    flags = list(given_flags) or list(common.get("model_flags") or [])
+    if not flags and common.get("args"):
+        flags = flags_from_fingerprint(common["args"])
+    if not flags:
+        raise GenerateError(f"--load {load} does not record its model flags: pass them after '--', e.g. "
+                            "-- --model llama3 --model-size tiny")
+    try:
+        extra = ["--mock-data", "--micro-batch-size", "1", "--global-batch-size", str(world_size)]
+        if backend:
+            extra += ["--backend", backend]
+        args = parse_args(flags + layout + extra, world_size=world_size, for_training=False)
+    except ConfigError as e:
+        raise GenerateError(str(e)) from None
+    except SystemExit:  # argparse already printed its one line about a flag it does not know
+        raise GenerateError(f"the model flags {' '.join(flags)} are not valid pretrain flags") from None
+    if args.model == "llava":
+        raise GenerateError("--load holds a LLaVA model: mtmegatron generate decodes text-only GPT models")
+    if args.context_parallel_size > 1:
+        raise GenerateError("context parallelism is not supported for generation (the KV cache is not split "
+                            "over CP ranks)")
+    args.sequence_parallel = False  # megatron-core's static inference path refuses SP for dense models
+    from mtmegatron.models.fingerprint import describe_mismatches, mismatches
+
+    found = mismatches(common.get("args", {}), args)
+    if found:
+        raise GenerateError(f"checkpoint {common['directory']} was written for a different model than the flags "
+                            f"describe ({describe_mismatches(found)})")
+    args.mtp_num_layers = None  # DeepSeek-V3's MTP head only trains; the next token comes from the main head
+    return args, common
+
+
+def build_and_load(args, directory: str):
+    """This rank's model chunk (eval mode, on the compute device, Float16Module for --bf16) with the weights."""
+    import torch
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.transformer.module import Float16Module
+
+    from mtmegatron.models.gpt import build_model_chunks, transformer_config
+    from mtmegatron.training.device import compute_device, move_module
+
+    config = transformer_config(args)
+    (model,) = build_model_chunks(args, config)
+    metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+    try:
+        loaded = dist_checkpointing.load({"model": model.sharded_state_dict(metadata=metadata)}, directory)
+    except (Exception, torch.distributed.checkpoint.api.CheckpointException) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise GenerateError(f"checkpoint {directory} cannot be loaded into the model its flags describe: "
+                            f"{first}") from e
+    model.load_state_dict(loaded["model"])
+    move_module(model, compute_device())
+    if args.bf16 or args.fp16:
+        model = Float16Module(config, model)
+    model.eval()
+    return model

@@ -1,0 +1,99 @@
+"""Which of Megatron-LM's fusions run on this backend, and the one start-up line that says so.
+
+Each fusion is on by Megatron-LM's default (its ``--no-...`` flag turns it off) wherever a kernel for it exists
+on the active backend, and off otherwise, named in the start-up line with the reason:
+- megatron-core's jit fusions (bias-dropout-add, bias-SwiGLU/GeLU) are TorchDynamo-compiled functions: they run
+  where TorchDynamo runs them on the device (CUDA; MUSA with ``MTMEGATRON_MUSA_DYNAMO=1``). On the cpu backend
+  they are off: megatron's ``jit_fuser`` compiles through the device bridge, which the cpu bridge does not offer
+  to inductor.
+- RoPE: TransformerEngine's fused RoPE, or ours with ``--transformer-impl mtmegatron``.
+- masked softmax, persistent layer norm, gradient-accumulation fusion: apex / TransformerEngine CUDA kernels.
+- cross-entropy (``--cross-entropy-loss-fusion``, off by default as in Megatron-LM): mtmegatron's fused
+  cross-entropy op (native on cpu, CUDA, MUSA), installed on the output layer (models/fused_spec.py).
+May assume: validated flags; the backend is selected (``mtmegatron.active_backend()`` after activation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+
+
+def _backend_type() -> str:
+    import mtmegatron
+
+    backend = mtmegatron.active_backend()
+    return backend.device_type if backend is not None else "cpu"
+
+
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _jit_runs() -> tuple[bool, str]:
+    kind = _backend_type()
+    if kind == "cuda":
+        return True, ""
+    if kind == "musa":
+        if os.environ.get("MTMEGATRON_MUSA_DYNAMO") == "1":
+            return True, ""
+        return False, "TorchDynamo is off on MUSA (MTMEGATRON_MUSA_DYNAMO=1 turns it on)"
+    return False, f"megatron-core's jit fusions are not compiled on the {kind} backend"
+
+
+def decide(args: argparse.Namespace) -> dict[str, tuple[bool, str]]:
+    """fusion name -> (runs, why not). A fusion the user switched off is reported as such."""
+    jit, jit_why = _jit_runs()
+    te = _have("transformer_engine") and _backend_type() in ("cuda", "musa")
+    apex = _have("apex") and _backend_type() == "cuda"
+    ours = args.transformer_impl == "mtmegatron"
+    wanted = {
+        "bias-dropout-add": (args.bias_dropout_fusion, jit, jit_why),
+        "bias-activation": (args.bias_swiglu_fusion if args.swiglu else args.bias_gelu_fusion, jit, jit_why),
+        "rope": (args.apply_rope_fusion and args.position_embedding_type == "rope" and not args.multi_latent_attention,
+                 te or ours, "needs TransformerEngine's kernel or --transformer-impl mtmegatron"),
+        "masked-softmax": (args.masked_softmax_fusion, te or apex, "needs apex/TransformerEngine CUDA kernels"),
+        "persist-layer-norm": (not args.no_persist_layer_norm, apex, "needs apex's persistent layer norm"),
+        "gradient-accumulation": (args.gradient_accumulation_fusion, te or apex,
+                                  "needs apex/TransformerEngine's fused weight-gradient kernel"),
+        "cross-entropy": (args.cross_entropy_loss_fusion, True, ""),
+    }
+    out = {}
+    for name, (asked, available, why) in wanted.items():
+        if not asked:
+            out[name] = (False, "switched off by its flag" if name != "cross-entropy" else
+                         "Megatron-LM's default; --cross-entropy-loss-fusion turns it on")
+        else:
+            out[name] = (available, why)
+    return out
+
+
+def config_fields(args: argparse.Namespace) -> dict:
+    """TransformerConfig fusion switches for what ``decide`` found; the cross-entropy fusion is ours
+    (installed on the model), so megatron-core's own stays off."""
+    runs = {name: on for name, (on, _) in decide(args).items()}
+    fields = dict(
+        bias_dropout_fusion=runs["bias-dropout-add"],
+        bias_activation_fusion=runs["bias-activation"],
+        apply_rope_fusion=runs["rope"],
+        masked_softmax_fusion=runs["masked-softmax"],
+        persist_layer_norm=runs["persist-layer-norm"],
+        gradient_accumulation_fusion=runs["gradient-accumulation"],
+        cross_entropy_loss_fusion=False,
+    )
+    if args.transformer_impl == "mtmegatron" and args.num_experts:
+        fields.update(moe_permute_fusion=True, moe_router_fusion=True)  # served by mtmegatron.ops
+    return fields
+
+
+def uses_our_cross_entropy(args: argparse.Namespace) -> bool:
+    return args.transformer_impl == "mtmegatron" or args.cross_entropy_loss_fusion
+
+
+def describe(args: argparse.Namespace) -> str:
+    decided = decide(args)
+    running = [name for name, (on, _) in decided.items() if on]
+    off = [f"{name} ({why})" for name, (on, why) in decided.items() if not on]
+    return (f"mtmegatron: fusions: running {', '.join(running) or 'none'}"
+            + (f" | off: {'; '.join(off)}" if off else ""))

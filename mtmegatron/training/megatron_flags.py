@@ -1,0 +1,245 @@
+"""Every flag of Megatron-LM core_v0.16.1's ``arguments.py``, recognised by ``mtmegatron.pretrain``.
+
+The flag facts (option string, dest, action, default, choices, type, nargs) are data:
+``megatron_lm_flags.tsv`` beside this file (made by scripts/make_megatron_flag_table.py from the shared table
+and Megatron-LM's parser). Flags that some mtmegatron module registers by hand are *honoured* (the code reads
+them); every other option string is registered here from the table with Megatron-LM's default, and is one of:
+- a **config field**: its dest is a field of megatron-core's TransformerConfig / MLATransformerConfig /
+  OptimizerConfig / DistributedDataParallelConfig, copied into that config by name (training/megatron_config.py);
+- a **no-op**: accepted without effect, because it is a no-op (deprecated) in Megatron-LM 0.16 too;
+- **refused**: giving it a value other than its default is one ``ConfigError`` line naming the flag and why.
+May assume: nothing but argparse; called by arguments.build_parser / arguments.parse_args.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import dataclasses
+import functools
+from pathlib import Path
+
+TABLE = Path(__file__).with_name("megatron_lm_flags.tsv")
+GROUP_TITLE = "other Megatron-LM flags (defaults as in Megatron-LM; see --help of each)"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagRow:
+    flag: str
+    dest: str
+    action: str
+    default: str   # Python repr, as Megatron-LM's parser holds it
+    choices: str
+    type: str
+    nargs: str
+    const: str
+
+    @property
+    def default_value(self):
+        return python_value(self.default)
+
+
+def python_value(text: str):
+    """The value behind a repr in the table; enum members (``<AttnBackend.auto: 5>``) become their name."""
+    if text.startswith("<") and "." in text and ":" in text:
+        return text[1:].split(":", 1)[0].split(".", 1)[1]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+@functools.cache
+def table() -> tuple[FlagRow, ...]:
+    with open(TABLE, newline="") as f:
+        return tuple(FlagRow(**row) for row in csv.DictReader(f, delimiter="\t"))
+
+
+# --- no-ops: deprecated in Megatron-LM 0.16, where they do nothing either -------------------------------------
+NOOP = {
+    "deprecated_use_mcore_models": "megatron-core models are the only ones (as in Megatron-LM 0.16)",
+    "use_dist_ckpt_deprecated": "deprecated in Megatron-LM 0.16 (see --ckpt-format)",
+    "dist_ckpt_format_deprecated": "deprecated in Megatron-LM 0.16 (see --ckpt-format)",
+    "ckpt_fully_parallel_save_deprecated": "deprecated in Megatron-LM 0.16 (fully parallel save is the default)",
+    "local_rank": "set by legacy launchers; the local rank is read from LOCAL_RANK (torchrun), as Megatron-LM does",
+}
+
+# --- dests registered from the table (no module adds them by hand) that mtmegatron code reads --------------------
+READ_BY_CODE = frozenset({
+    "accumulate_allreduce_grads_in_fp32", "grad_reduce_in_bf16", "use_flash_attn", "use_rope_scaling",
+    "rope_scaling_factor", "rotary_seq_len_interpolation_factor", "rotary_percent", "fp16_lm_cross_entropy",
+    "squared_relu", "init_method_xavier_uniform", "bias_gelu_fusion", "bias_swiglu_fusion", "no_persist_layer_norm",
+    "check_for_nan_in_loss_and_grad", "ddp_average_in_collective", "ddp_pad_buckets_for_high_nccl_busbw",
+    "ddp_reduce_scatter_with_fp32_accumulation", "recompute_activations", "use_rotary_position_embeddings",
+    "num_virtual_stages_per_pipeline_rank", "add_position_embedding", "decoder_last_pipeline_num_layers",
+    # fusion switches: models/fusions.py decides what runs on the backend
+    "masked_softmax_fusion", "bias_dropout_fusion", "apply_rope_fusion", "gradient_accumulation_fusion",
+    "cross_entropy_loss_fusion",
+})
+
+# --- refusals with their reasons -------------------------------------------------------------------------------
+_TE_ONLY = "needs TransformerEngine, which this backend does not have"
+_CUDA_GRAPHS = "CUDA graphs are not supported by mtmegatron (they need a CUDA/MUSA graph capture path it lacks)"
+_INFERENCE = "inference-server flag: mtmegatron.pretrain trains; use `mtmegatron generate` for generation"
+_RL = "reinforcement-learning training is not part of mtmegatron"
+_OTHER_MODELS = "model type not supported here (GPT-style decoders and LLaVA only)"
+_SERVICES = "integration with an NVIDIA service/library that mtmegatron does not ship"
+_NOT_YET = "not implemented in mtmegatron"
+
+# dest -> reason, for dests where the reason is specific
+REFUSED = {
+    "batch_size": "no longer valid in Megatron-LM: use --micro-batch-size",
+    "warmup": "no longer valid in Megatron-LM: use --lr-warmup-fraction",
+    "model_parallel_size": "no longer valid in Megatron-LM: use --tensor-model-parallel-size",
+    "checkpoint_activations": "no longer valid in Megatron-LM: use --recompute-granularity/--recompute-method",
+    "use_legacy_models": "legacy (non-megatron-core) models were removed; mtmegatron builds megatron-core models",
+    "tp_comm_overlap": _TE_ONLY + " (userbuffers)",
+    "fp8_param_gather": _TE_ONLY + " (FP8 parameters)",
+    "fp4": _TE_ONLY, "fp4_recipe": _TE_ONLY, "fp4_param": _TE_ONLY,
+    "te_rng_tracker": _TE_ONLY, "te_precision_config_file": _TE_ONLY,
+    "enable_cuda_graph": _CUDA_GRAPHS, "external_cuda_graph": _CUDA_GRAPHS, "cuda_graph_impl": _CUDA_GRAPHS,
+    "cuda_graph_scope": _CUDA_GRAPHS, "cuda_graph_warmup_steps": _CUDA_GRAPHS,
+    "use_torch_fsdp2": "use --use-distributed-optimizer (FSDP is not wired into mtmegatron)",
+    "use_megatron_fsdp": "use --use-distributed-optimizer (Megatron FSDP is not wired into mtmegatron)",
+    "use_custom_fsdp": "use --use-distributed-optimizer (Megatron FSDP is not wired into mtmegatron)",
+    "heterogeneous_layers_config_path": "heterogeneous (NAS) layer configs are not supported; DeepSeek-style "
+                                        "dense/MoE patterns use --moe-layer-freq",
+    "yaml_cfg": "YAML configs are not read: pass the flags",
+    "spec": "custom layer-spec modules are not loaded: use --transformer-impl",
+    "is_hybrid_model": "hybrid (Mamba) models are not supported",
+    "hybrid_override_pattern": "hybrid (Mamba) models are not supported",
+    "mock_data_json": _NOT_YET,
+    "moe_grouped_gemm": "grouped-GEMM experts need TransformerEngine or the grouped_gemm package, neither of which "
+                        "this backend has; drop the flag (experts run one by one)",
+    "distributed_backend": "the collective library follows --backend (nccl on cuda, mccl on musa, gloo on cpu)",
+}
+
+# option-string prefixes -> reason (the first match wins), for whole families of flags
+_PREFIX_REASONS = (
+    ("--inference-", _INFERENCE), ("--flash-decode", _INFERENCE), ("--max-tokens-to-oom", _INFERENCE),
+    ("--mlp-chunks-for-prefill", _INFERENCE), ("--return-log-probs", _INFERENCE), ("--top-", _INFERENCE),
+    ("--rl-", _RL), ("--no-rl-", _RL), ("--langrl", _RL), ("--no-langrl", _RL), ("--grpo-", _RL),
+    ("--retro-", _OTHER_MODELS), ("--bert-", _OTHER_MODELS), ("--ict-", _OTHER_MODELS), ("--t5-", _OTHER_MODELS),
+    ("--biencoder-", _OTHER_MODELS), ("--retriever-", _OTHER_MODELS), ("--dino-", _OTHER_MODELS),
+    ("--mamba-", "hybrid (Mamba) models are not supported"),
+    ("--ft-", _SERVICES), ("--straggler", _SERVICES), ("--disable-straggler", _SERVICES),
+    ("--inprocess-", _SERVICES), ("--enable-one-logger", _SERVICES), ("--one-logger", _SERVICES),
+    ("--no-one-logger", _SERVICES), ("--app-tag", _SERVICES), ("--enable-ft", _SERVICES),
+    ("--run-workload-inspector", _SERVICES), ("--workload-inspector", _SERVICES), ("--msc", _SERVICES),
+    ("--disable-msc", _SERVICES), ("--kitchen", _SERVICES), ("--adlr-autoresume", _SERVICES),
+    ("--nvrx", _SERVICES), ("--tp-comm-", _TE_ONLY + " (userbuffers)"),
+    ("--disable-tp-comm-", _TE_ONLY + " (userbuffers)"), ("--no-tp-comm-", _TE_ONLY + " (userbuffers)"),
+    ("--fp4", _TE_ONLY), ("--cuda-graph", _CUDA_GRAPHS), ("--dsa-", "DeepSeek sparse attention is not supported"),
+    ("--linear-attention", "linear-attention variants are not supported"),
+    ("--experimental-attention", "experimental attention variants are not supported"),
+)
+
+
+def refusal_reason(row: FlagRow) -> str:
+    if row.dest in REFUSED:
+        return REFUSED[row.dest]
+    for prefix, reason in _PREFIX_REASONS:
+        if row.flag.startswith(prefix):
+            return reason
+    return _NOT_YET
+
+
+def _help(row: FlagRow) -> str:
+    kind = classify(row, set())
+    if kind == "honoured":
+        return "Megatron-LM's meaning"
+    if kind == "config":
+        return f"Megatron-LM's meaning: megatron-core config field {row.dest}"
+    if kind == "noop":
+        return f"accepted, no effect: {NOOP[row.dest]}"
+    return f"refused unless at its default: {refusal_reason(row)}"
+
+
+def _type(name: str):
+    return {"int": int, "float": float, "str": str}.get(name, str)
+
+
+def _add_from_row(group, row: FlagRow) -> None:
+    default = row.default_value
+    kwargs = {"dest": row.dest, "default": default, "help": _help(row)}
+    if row.action in ("StoreTrueAction", "StoreFalseAction"):
+        kwargs["action"] = "store_true" if row.action == "StoreTrueAction" else "store_false"
+    elif row.action == "BooleanOptionalAction":
+        kwargs["action"] = "store_true" if not row.flag.startswith("--no-") else "store_false"
+    elif row.action == "StoreAction":
+        kwargs["type"] = _type(row.type)
+        if row.nargs:
+            kwargs["nargs"] = int(row.nargs) if row.nargs.isdigit() else row.nargs
+        if row.choices and row.type in ("str", "int") and row.type != "enum_type_handler":
+            kwargs["choices"] = [_type(row.type)(c) for c in row.choices.split(",")]
+    else:
+        return  # help
+    group.add_argument(row.flag, **kwargs)
+
+
+def add_table_flags(parser: argparse.ArgumentParser) -> list[FlagRow]:
+    """Register every table option string that no module registered by hand; returns their rows."""
+    group = parser.add_argument_group(GROUP_TITLE)
+    added = []
+    for row in table():
+        if row.flag in parser._option_string_actions:
+            continue
+        _add_from_row(group, row)
+        added.append(row)
+    return added
+
+
+@functools.cache
+def config_fields() -> frozenset[str]:
+    """Field names of the megatron-core config dataclasses that flags fill by name."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+    names = set()
+    for cls in (TransformerConfig, MLATransformerConfig, OptimizerConfig, DistributedDataParallelConfig):
+        names.update(f.name for f in dataclasses.fields(cls))
+    return frozenset(names)
+
+
+def classify(row: FlagRow, hand_registered: set[str]) -> str:
+    """'honoured' (a module reads it), 'config' (copied into a megatron-core config by name), 'noop', 'refused'."""
+    if row.flag in hand_registered or row.dest in READ_BY_CODE:
+        return "honoured"
+    if row.dest in NOOP:
+        return "noop"
+    if row.dest in REFUSED or any(row.flag.startswith(p) for p, _ in _PREFIX_REASONS):
+        return "refused"
+    if row.dest in config_fields():
+        return "config"
+    return "refused"
+
+
+def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, given: dict[str, str], error) -> None:
+    """One message, naming the option string the user wrote, for the first refused table flag set to a value
+    other than its default (``given``: dest -> option string)."""
+    hand = getattr(parser, "hand_registered", set())
+    for row in getattr(parser, "table_rows", ()):
+        if given.get(row.dest) != row.flag or classify(row, hand) != "refused":
+            continue
+        if getattr(args, row.dest, None) != parser.get_default(row.dest):
+            raise error(f"{row.flag}: {refusal_reason(row)}")
+
+
+def apply_megatron_defaults(parser: argparse.ArgumentParser) -> dict:
+    """Give every hand-registered Megatron-LM flag Megatron-LM's default (a module's own default is only a
+    fallback for flags Megatron-LM does not have); returns dest -> Megatron-LM default for them."""
+    rows = {row.flag: row for row in table()}
+    defaults = {}
+    for action in parser._actions:
+        for option in action.option_strings:
+            row = rows.get(option)
+            if row is None or row.action == "HelpAction":
+                continue
+            if row.dest != action.dest:
+                raise AssertionError(f"{option} is registered with dest {action.dest}, Megatron-LM's is {row.dest}")
+            value = row.default_value  # a store_false flag's default is True, as its dest reads
+            action.default = value
+            defaults[action.dest] = value
+    return defaults

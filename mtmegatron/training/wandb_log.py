@@ -1,0 +1,41 @@
+"""``--wandb-project``, ``--wandb-exp-name``, ``--wandb-save-dir``, ``--wandb-entity``: the metrics rows to Weights
+& Biases, as Megatron-LM does it (one run, opened on the last rank, with the flags as its config).
+
+wandb is an optional extra (``pip install 'mtmegatron[wandb]'``); arguments.py refuses the flag when it is not
+installed. ``WANDB_MODE=offline`` (wandb's own switch) writes the run under ``<save-dir>/wandb/`` with no
+network; ``wandb sync`` uploads it later. The save directory defaults to ``<save>/wandb`` as in Megatron-LM, and
+to ``<log-dir>/wandb`` when the run has no --save.
+May assume: the row is the one written to metrics.jsonl, complete on every rank (the loss is all-reduced).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class WandbSink:
+    def __init__(self, args, rank: int, world_size: int):
+        self.run = None
+        if not args.wandb_project or rank != world_size - 1:
+            return
+        import wandb
+
+        save_dir = args.wandb_save_dir or os.path.join(args.save or args.log_dir, "wandb")
+        os.makedirs(save_dir, exist_ok=True)
+        kwargs = {"dir": save_dir, "name": args.wandb_exp_name, "project": args.wandb_project,
+                  "config": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
+        if args.wandb_entity:
+            kwargs["entity"] = args.wandb_entity
+        self.run = wandb.init(**kwargs)
+        print(f"mtmegatron: rank {rank}: wandb run {self.run.name!r} of project {args.wandb_project} "
+              f"({self.run.settings.mode}) in {save_dir}", flush=True)
+
+    def log(self, row: dict) -> None:
+        if self.run is not None:
+            self.run.log({k: v for k, v in row.items() if k != "iteration" and v is not None},
+                         step=row["iteration"])
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None

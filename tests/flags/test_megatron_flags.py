@@ -1,0 +1,212 @@
+"""Megatron-LM's whole flag set: every option string recognised, defaults equal to Megatron-LM's, no preset value
+reaching a Megatron-LM command line, the demo unchanged, refusals one line naming the flag and why."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtmegatron.training import megatron_flags
+from mtmegatron.training.arguments import ConfigError, build_parser, parse_args
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TABLE = Path(os.environ.get("MTMEGATRON_SHARED_DIR", REPO.parent / "shared")) / "megatron-lm-0.16.1-flags.tsv"
+
+# A Llama-2-style multi-head Megatron-LM command line without any preset
+MEGATRON_GPT = ["--backend", "cpu", "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "8",
+                "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "2",
+                "--global-batch-size", "8", "--train-iters", "10", "--lr", "1e-4", "--vocab-size", "512",
+                "--mock-data"]
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return build_parser()
+
+
+def test_packaged_table_is_the_shared_one():
+    if not SHARED_TABLE.exists():
+        pytest.skip(f"the shared flag table is not beside this checkout ({SHARED_TABLE})")
+    with open(SHARED_TABLE, newline="") as f:
+        shared = [tuple(row.values()) for row in csv.DictReader(f, delimiter="\t")]
+    packaged = [(r.flag, r.dest, r.action, r.default, r.choices, r.type) for r in megatron_flags.table()]
+    assert packaged == shared
+    assert len(packaged) == 681
+
+
+def _sample_argv(row, action) -> list[str]:
+    if row.action in ("StoreTrueAction", "StoreFalseAction", "BooleanOptionalAction"):
+        return [row.flag]
+    if action.choices:  # a module's narrower choice list (others are refused by argparse, naming the flag)
+        value = str(list(action.choices)[0])
+    elif row.choices:
+        value = row.choices.split(",")[0].split(".")[-1]  # enum members: AttnBackend.flash -> flash
+    else:
+        value = {"int": "3", "float": "0.5"}.get(row.type, "x")
+    count = int(row.nargs) if row.nargs.isdigit() else 1
+    return [row.flag, *[value] * count]
+
+
+def test_every_option_string_is_recognised_and_classified(parser):
+    kinds = {}
+    for row in megatron_flags.table():
+        if row.action == "HelpAction":
+            continue
+        assert row.flag in parser._option_string_actions, f"{row.flag} is unknown"
+        parser.parse_args(MEGATRON_GPT + _sample_argv(row, parser._option_string_actions[row.flag]))  # argparse accepts it (raises ConfigError otherwise)
+        kind = megatron_flags.classify(row, parser.hand_registered)
+        kinds[row.flag] = kind
+        if kind == "refused":
+            assert megatron_flags.refusal_reason(row)
+    counts = {k: list(kinds.values()).count(k) for k in ("honoured", "config", "noop", "refused")}
+    assert sum(counts.values()) == 680 and counts["honoured"] >= 120 and counts["config"] >= 100, counts
+
+
+def test_defaults_are_megatron_lms(parser):
+    args = parser.parse_args([])
+    seen = set()
+    for row in megatron_flags.table():
+        if row.action == "HelpAction" or row.dest in seen:
+            continue  # a dest two flags share starts at its first flag's default, in Megatron-LM's parser too
+        seen.add(row.dest)
+        assert getattr(args, row.dest) == row.default_value, f"{row.flag}: {getattr(args, row.dest)!r}"
+
+
+@pytest.mark.parametrize("flag, value, reason", [
+    ("--rl-use-sequence-packing", None, "reinforcement-learning training is not part of mtmegatron"),
+    ("--tp-comm-overlap", None, "needs TransformerEngine"),
+    ("--distributed-backend", "gloo", "follows --backend"),
+    ("--inference-max-requests", "4", "inference-server flag"),
+    ("--use-legacy-models", None, "legacy (non-megatron-core) models were removed"),
+])
+def test_refused_flag_is_one_line_naming_it(flag, value, reason):
+    with pytest.raises(ConfigError) as e:
+        parse_args(MEGATRON_GPT + [flag] + ([value] if value else []), world_size=1)
+    assert str(e.value).startswith(f"{flag}: ") and reason in str(e.value) and "\n" not in str(e.value)
+
+
+def test_refused_flag_at_its_default_is_accepted():
+    args = parse_args(MEGATRON_GPT + ["--distributed-backend", "nccl", "--use-mcore-models"], world_size=1)
+    assert args.num_layers == 4
+
+
+def test_megatron_command_line_gets_megatron_defaults_not_a_preset():
+    import mtmegatron
+    from mtmegatron.backends import select_backend
+
+    mtmegatron.activate(select_backend("cpu"))
+    from megatron.core.transformer import TransformerConfig
+
+    from mtmegatron.models.gpt import gpt_model_kwargs, transformer_config
+    from mtmegatron.training.optimizer import optimizer_config
+
+    args = parse_args(MEGATRON_GPT, world_size=1)
+    assert args.model == "gpt" and args.preset_name is None
+    config = transformer_config(args)
+    rows = {row.dest: row.default_value for row in megatron_flags.table()}
+    given = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 8}
+    fp8 = {"fp8", "fp8_recipe", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo", "tp_only_amax_red",
+           "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "fp8_param"}
+    # fields computed by mtmegatron for this backend (fusions without kernels here, host init, attention enum)
+    ours = {"bias_dropout_fusion", "masked_softmax_fusion", "gradient_accumulation_fusion", "apply_rope_fusion",
+            "use_cpu_initialization", "attention_backend", "transformer_impl", "cross_entropy_loss_fusion",
+            "moe_grouped_gemm", "batch_p2p_comm", "num_query_groups", "kv_channels", "cuda_graph_scope",
+            "layernorm_epsilon", "add_bias_linear", "pipeline_model_parallel_size", "overlap_p2p_comm",
+            "persist_layer_norm", "bias_activation_fusion"}
+    # what Megatron-LM builds: every field with a flag from the flag or the table's default, megatron-core's own
+    # derivations (__post_init__) on top; mtmegatron's per-backend fields taken as they are
+    expected = {f.name: given.get(f.name, rows[f.name]) for f in dataclasses.fields(TransformerConfig)
+                if f.init and f.name in rows and f.name not in ours and f.name not in fp8}
+    expected.update({name: getattr(config, name) for name in ours},
+                    ffn_hidden_size=4 * 128, num_moe_experts=None, params_dtype=torch.float32,
+                    pipeline_dtype=torch.float32, deallocate_pipeline_outputs=True,  # Megatron-LM's renames
+                    cp_comm_type="p2p")  # Megatron-LM: a one-element list becomes its value
+    reference = TransformerConfig(**expected)
+    checked = 0
+    for field in dataclasses.fields(TransformerConfig):
+        if callable(getattr(reference, field.name)):
+            continue  # init methods / activation: compared below by what they are
+        assert getattr(config, field.name) == getattr(reference, field.name), field.name
+        checked += field.name in rows and field.name not in ours
+    assert checked > 60
+    assert config.activation_func.__name__ == "gelu" and config.init_method.keywords["std"] == 0.02
+    # the values the tiny preset would have put here
+    assert (config.ffn_hidden_size, config.num_query_groups, config.normalization, config.gated_linear_unit) == \
+        (512, 8, "LayerNorm", False)
+    assert (config.hidden_dropout, config.attention_dropout, config.add_bias_linear) == (0.1, 0.1, True)
+    assert gpt_model_kwargs(args)["position_embedding_type"] == "learned_absolute"
+    assert gpt_model_kwargs(args)["rotary_base"] == 10000
+    opt = optimizer_config(args, config.params_dtype)
+    assert (opt.adam_beta2, opt.weight_decay, opt.clip_grad, opt.lr) == (0.999, 0.01, 1.0, 1e-4)
+    assert args.lr_decay_style == "linear" and args.padded_vocab_size == 512
+    assert "--num-layers 4 (flag)" in args.megatron_differences
+    assert not any("preset" in line for line in args.megatron_differences)
+
+
+def test_named_size_without_shape_flags_uses_the_preset():
+    args = parse_args(["--backend", "cpu", "--model", "mixtral", "--mock-data", "--hidden-dropout", "0.2"], world_size=1)
+    assert (args.num_experts, args.hidden_dropout, args.adam_beta2) == (4, 0.2, 0.95)
+    assert args.value_sources["num_experts"] == "preset mixtral/tiny"
+    assert args.value_sources["hidden_dropout"] == "flag --hidden-dropout"
+
+
+def test_demo_is_unchanged():
+    args = parse_args([], world_size=2)
+    assert (args.model, args.model_size, args.preset_name) == ("llama3", "tiny", ("llama3", "tiny"))
+    shape = (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads, args.num_query_groups,
+             args.seq_length, args.vocab_size, args.normalization, args.swiglu, args.rotary_base)
+    assert shape == (4, 128, 352, 8, 4, 128, 1024, "RMSNorm", True, 500000)
+    recipe = (args.train_iters, args.lr, args.lr_decay_style, args.adam_beta2, args.micro_batch_size,
+              args.global_batch_size, args.hidden_dropout, args.attention_dropout, args.eval_iters, args.log_interval)
+    assert recipe == (1000, 1e-3, "cosine", 0.95, 2, 8, 0.0, 0.0, 4, 1)
+    assert args.transformer_impl == "local" and "TransformerEngine is not installed" in args.impl_note
+    # run flags alone keep the demo; one model-shape flag makes it a Megatron-LM command line
+    assert parse_args(["--mock-data", "--train-iters", "3"], world_size=2).preset_name == ("llama3", "tiny")
+    with pytest.raises(ConfigError, match="--num-layers is required"):
+        parse_args(["--hidden-size", "64"], world_size=2)
+
+
+def test_explicit_transformer_engine_without_te_is_refused():
+    with pytest.raises(ConfigError, match="--transformer-impl transformer_engine: TransformerEngine is not installed"):
+        parse_args(MEGATRON_GPT + ["--transformer-impl", "transformer_engine"], world_size=1)
+
+
+def test_derived_values_follow_megatron_lm():
+    args = parse_args(MEGATRON_GPT + ["--swiglu", "--group-query-attention", "--num-query-groups", "2", "--bf16",
+                                      "--recompute-activations", "--num-virtual-stages-per-pipeline-rank", "2",
+                                      "--pipeline-model-parallel-size", "2"], world_size=2)
+    assert args.ffn_hidden_size == int((4 * 128 * 2 / 3) / 64) * 64  # 320
+    assert args.num_query_groups == 2 and args.kv_channels == 16
+    assert args.accumulate_allreduce_grads_in_fp32 and args.recompute_granularity == "selective"
+    assert args.num_layers_per_virtual_pipeline_stage == 1 and args.virtual_pipeline_model_parallel_size == 2
+    args = parse_args(MEGATRON_GPT + ["--bf16", "--grad-reduce-in-bf16"], world_size=1)
+    assert not args.accumulate_allreduce_grads_in_fp32
+    with pytest.raises(ConfigError, match="--no-position-embedding is deprecated"):
+        parse_args(MEGATRON_GPT + ["--no-position-embedding"], world_size=1)
+    assert parse_args(MEGATRON_GPT + ["--no-position-embedding", "--position-embedding-type", "rope"],
+                      world_size=1).position_embedding_type == "rope"
+
+
+def test_uneven_pipeline_flags_reach_the_config():
+    import mtmegatron
+    from mtmegatron.backends import select_backend
+
+    mtmegatron.activate(select_backend("cpu"))
+    from mtmegatron.models.gpt import transformer_config
+
+    pp2 = ["--pipeline-model-parallel-size", "2"]
+    config = transformer_config(parse_args(MEGATRON_GPT + pp2 + ["--decoder-first-pipeline-num-layers", "1"],
+                                           world_size=2))
+    assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (1, None)
+    config = transformer_config(parse_args(MEGATRON_GPT + pp2 + ["--account-for-embedding-in-pipeline-split",
+                                                                 "--account-for-loss-in-pipeline-split"], world_size=2))
+    assert config.account_for_embedding_in_pipeline_split and config.account_for_loss_in_pipeline_split
+    for bad, message in ((["--decoder-first-pipeline-num-layers", "4"], "must split evenly"),
+                         (["--account-for-loss-in-pipeline-split"], "does not divide --num-layers 4 (+1")):
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("+", r"\+")):
+            parse_args(MEGATRON_GPT + pp2 + bad, world_size=2)
