@@ -45,7 +45,7 @@ def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fi
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=args.reset_attention_mask,
+        create_attention_mask=args.reset_attention_mask and args.create_attention_mask_in_dataloader,
         mmap_bin_files=args.mmap_bin_files,
         **fields,
     )
@@ -56,6 +56,16 @@ def build_mock_dataset(args: argparse.Namespace, num_samples: int):
     train, _, _ = _build(MockGPTDataset, [num_samples, None, None], args, MockTokenizer(args.vocab_size),
                          split="1,0,0")
     return train
+
+
+def build_mock_validation(args: argparse.Namespace, num_samples: int | None):
+    """``--mock-data`` with ``--eval-interval``: megatron-core's mock dataset as the valid split (random
+    documents like the training ones, as Megatron-LM evaluates on mock data); None without validation."""
+    if not num_samples or not args.eval_interval:
+        return None
+    _, valid, _ = _build(MockGPTDataset, [None, num_samples, None], args, MockTokenizer(args.vocab_size),
+                         split="0,1,0")
+    return valid
 
 
 def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int | None, tokenizer):

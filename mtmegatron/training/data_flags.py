@@ -7,7 +7,8 @@ boundaries (EOD loss mask, position-id and attention-mask resets), data-loader w
 ``969, 30, 1`` when ``--data-path`` (or the embedded corpus, which stands for it) is read without it. The three
 document flags go to megatron-core's ``GPTDatasetConfig`` as in Megatron-LM's ``pretrain_gpt.py``; ``--reset-attention-mask`` also makes the dataset
 build the attention mask, which the forward step then passes to the model (without it the mask is the causal
-mask type, so none is built or passed).
+mask type, so none is built or passed; ``--no-create-attention-mask-in-dataloader`` builds none at all, as in
+Megatron-LM).
 ``requested_splits`` / ``empty_splits``: the samples asked of each split, and the splits a ``--split`` share
 leaves empty (megatron-core's GPTDataset would loop forever drawing samples from one; data/resolve.py refuses it).
 May assume: ``--data-path``, ``--split``, ``--mock-data`` registered by training/run_args.py; runs inside
@@ -36,6 +37,9 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    help="tokens attend only within their document (block-diagonal causal mask)")
     g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
                    help="read the .bin token files with file reads instead of mmap")
+    g.add_argument("--no-create-attention-mask-in-dataloader", dest="create_attention_mask_in_dataloader",
+                   action="store_false",
+                   help="the dataset builds no attention mask, so --reset-attention-mask does not reach attention")
 
 
 def per_split_paths(args: argparse.Namespace) -> list | None:

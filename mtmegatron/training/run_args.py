@@ -40,8 +40,6 @@ def validate(args: argparse.Namespace, error: type[Exception]) -> None:
         raise error("--mock-data and --data-path are mutually exclusive")
     if args.tokenizer_model and args.mock_data and not args.tokenizer_type:
         raise error("--tokenizer-model is for real data; --mock-data needs no tokenizer (or name its --tokenizer-type)")
-    if args.mock_data and args.eval_interval:
-        raise error("validation (--eval-interval) needs real data, not --mock-data")
     if args.eval_interval is not None and args.eval_interval <= 0:
         raise error("--eval-interval must be positive")
     if args.eval_iters < 0:

@@ -90,6 +90,10 @@ def test_document_flags_change_exactly_what_megatron_lm_does(corpora):
             eods_inside += int((tokens[:-1] == EOD).sum())
     assert eods_inside > 8  # the batches do cross document boundaries, so the checks above can fail
 
+    args, unmasked, _ = _datasets(["--data-path", corpora["a"], "--no-create-attention-mask-in-dataloader"]
+                                  + DOCUMENT_FLAGS)
+    assert "attention_mask" not in _first_batches(unmasked, args, 1)[0]  # Megatron-LM's switch: no mask built
+
     args, plain, _ = _datasets(["--data-path", corpora["a"]])
     for batch, with_flags in zip(_first_batches(plain, args), _first_batches(train, args)):
         assert torch.equal(batch["tokens"], with_flags["tokens"])  # the flags change masks/positions only

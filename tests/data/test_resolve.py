@@ -55,7 +55,6 @@ def test_data_mistakes_are_one_clear_error(dataset, extra, message):
 
 @pytest.mark.parametrize("flags, message", [
     (["--mock-data", "--data-path", "p"], "mutually exclusive"),
-    (["--mock-data", "--eval-interval", "5"], "validation .* needs real data"),
     (["--mock-data", "--keep-last", "2"], "--keep-last needs a value >= 1 and --save DIR"),
 ])
 def test_flag_conflicts_are_refused(flags, message):
