@@ -103,7 +103,8 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     from megatron.core import parallel_state
 
     from mtmegatron.training import checkpointing
-    from mtmegatron.training.data import build_gpt_datasets, build_mock_dataset, micro_batches
+    from mtmegatron.training.data import (build_gpt_datasets, build_mock_dataset, build_mock_validation,
+                                          describe_data, micro_batches)
     from mtmegatron.training.finish import write_outputs
     from mtmegatron.training.loop import RunState, train
     from mtmegatron.models.layer_spec import describe_layer_spec
@@ -155,9 +156,10 @@ def run(args, backend, tokenizer=None, data=None) -> int:
         print_rank0(rank, f"mtmegatron: {data.info['summary']} | tokenizer {tokenizer.source}")
     elif args.mock_data:
         dataset = build_mock_dataset(args, num_samples)
+        valid = build_mock_validation(args, args.eval_iters * gbs)
     else:
         dataset, valid = build_gpt_datasets(args, num_samples, args.eval_iters * gbs or None, tokenizer)
-        print_rank0(rank, f"mtmegatron: data {' '.join(args.data_path)} | {len(dataset)} train samples"
+        print_rank0(rank, f"mtmegatron: data {describe_data(args)} | {len(dataset)} train samples"
                     f"{f', {len(valid)} valid' if valid is not None else ', no validation split'}"
                     f" | tokenizer {tokenizer.source} ({tokenizer.vocab_size} tokens)")
     dp_rank = parallel_state.get_data_parallel_rank()

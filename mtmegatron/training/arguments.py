@@ -17,7 +17,10 @@ from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deeps
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields
 from mtmegatron.training.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
+from mtmegatron.training.data_flags import add_data_args, check_data_args
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
+from mtmegatron.training.run_control import add_run_control_args, check_run_control_args
+from mtmegatron.training.schedule_flags import add_schedule_args
 from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
 from mtmegatron.sft.flags import add_sft_args, check_sft_args
 from mtmegatron.training.checkpoint_flags import add_checkpoint_args, check_checkpoint_args, use_checkpoint_args
@@ -185,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_io(p)
     _add_fp8(p)
     add_memory_args(p)
+    add_schedule_args(p)
+    add_run_control_args(p)
+    add_data_args(p)
     add_observability_args(p)
     add_checkpoint_args(p)
     add_llava_args(p)
@@ -273,8 +279,6 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
         args.recompute_granularity = "selective"  # Megatron-LM's shorthand
     if args.use_rotary_position_embeddings:
         args.position_embedding_type = "rope"  # Megatron-LM's deprecated spelling
-    if args.split is None:
-        args.split = "969,30,1"  # Megatron-LM's legacy default when --data-path is given without --split
     normalize_deepseek_args(args)  # --moe-layer-freq parsing; 0 switches off a preset's q LoRA/groups/MTP
 
 
@@ -367,6 +371,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     check_memory_args(args, ConfigError)
+    check_run_control_args(args, ConfigError)
+    check_data_args(args, ConfigError)
     check_tokenizer_args(args, ConfigError)
     check_observability_args(args, ConfigError)
     check_checkpoint_args(args, ConfigError)

@@ -2,7 +2,10 @@
 
 Global batch ``i`` is always samples ``[i*G, (i+1)*G)`` of the dataset (G = global batch size); data-parallel
 rank ``d`` takes the ``d``-th contiguous slice of it, cut into micro-batches. So any TP/PP/DP layout sees the
-same global batch, and resuming at iteration ``i`` is exact without saving iterator state.
+same global batch, and resuming at iteration ``i`` is exact without saving iterator state. The samples are read
+by a torch DataLoader with ``--num-workers`` worker processes (Megatron-LM's default 2; 0 reads in the training
+process) over a batch sampler of exactly those indices, so workers change where samples are read, not which.
+Megatron-LM's data flags (training/data_flags.py) go to megatron-core's GPTDatasetConfig.
 May assume: megatron-core's dataset builder; mock data needs no files. Real data (``--data-path``, or the
 embedded corpus) has been checked and its tokenizer resolved by ``mtmegatron.data.resolve``.
 """
@@ -18,6 +21,8 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
+from mtmegatron.training.data_flags import per_split_paths, requested_splits
+
 
 class MockTokenizer:
     """The two facts megatron-core's mock dataset needs from a tokenizer."""
@@ -30,16 +35,18 @@ class MockTokenizer:
 
 
 def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fields):
-    """megatron-core's builder over one GPTDatasetConfig: plain token streams (no position/mask resets, no
-    attention mask); ``fields`` add what the caller's data needs (split, blend, cache path)."""
+    """megatron-core's builder over one GPTDatasetConfig with Megatron-LM's data flags (document resets, EOD
+    loss mask, mmap); ``fields`` add what the caller's data needs (split or per-split blends, cache path). The
+    attention mask is built only for ``--reset-attention-mask``: otherwise it is the causal mask type."""
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,
         tokenizer=tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.reset_attention_mask and args.create_attention_mask_in_dataloader,
+        mmap_bin_files=args.mmap_bin_files,
         **fields,
     )
     return BlendedMegatronDatasetBuilder(dataset_class, sizes, lambda: True, config).build()
@@ -51,13 +58,36 @@ def build_mock_dataset(args: argparse.Namespace, num_samples: int):
     return train
 
 
+def build_mock_validation(args: argparse.Namespace, num_samples: int | None):
+    """``--mock-data`` with ``--eval-interval``: megatron-core's mock dataset as the valid split (random
+    documents like the training ones, as Megatron-LM evaluates on mock data); None without validation."""
+    if not num_samples or not args.eval_interval:
+        return None
+    _, valid, _ = _build(MockGPTDataset, [None, num_samples, None], args, MockTokenizer(args.vocab_size),
+                         split="0,1,0")
+    return valid
+
+
 def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int | None, tokenizer):
-    """(train, valid) GPTDatasets over ``--data-path`` (a prefix, or a weighted blend ``W1 P1 W2 P2 ...``)
-    with the ``--split`` train/valid/test proportions; valid is None when the split gives it nothing."""
-    train, valid, _ = _build(GPTDataset, [num_train, num_valid, None], args, tokenizer,
-                             blend=get_blend_from_list(args.data_path), split=args.split,
-                             path_to_cache=args.data_cache_path)
+    """(train, valid) GPTDatasets over ``--data-path`` (a prefix, or a weighted blend ``W1 P1 W2 P2 ...``) cut by
+    ``--split``, or over the separate ``--train/valid/test-data-path`` blends; valid is None when there is no
+    validation data."""
+    per_split = per_split_paths(args)
+    if per_split:
+        fields = {"blend_per_split": [get_blend_from_list(p) if p else None for p in per_split]}
+    else:
+        fields = {"blend": get_blend_from_list(args.data_path), "split": args.split}
+    train, valid, _ = _build(GPTDataset, [num_train] + requested_splits(args, num_valid), args, tokenizer,
+                             path_to_cache=args.data_cache_path, **fields)
     return train, valid
+
+
+def describe_data(args: argparse.Namespace) -> str:
+    """The data source in one phrase, for the start-up line."""
+    per_split = per_split_paths(args)
+    if not per_split:
+        return f"{' '.join(args.data_path)} (split {args.split})"
+    return " | ".join(f"{name} {' '.join(p)}" for name, p in zip(("train", "valid", "test"), per_split) if p)
 
 
 def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int) -> Iterator[dict]:
@@ -70,18 +100,32 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
         from mtmegatron.training import multimodal_data
 
         return multimodal_data.micro_batches(dataset, args, dp_rank, start_iteration)
-    return _token_micro_batches(dataset, args, dp_rank, start_iteration)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=MicroBatchIndices(args, dp_rank, start_iteration), collate_fn=_stack,
+        num_workers=args.num_workers)
+    return iter(loader)
 
 
-def _token_micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int) -> Iterator[dict]:
-    gbs, mbs, dp = args.global_batch_size, args.micro_batch_size, args.data_parallel_size
-    per_rank = gbs // dp
-    iteration = start_iteration
-    while True:
-        first = iteration * gbs + dp_rank * per_rank
-        for offset in range(0, per_rank, mbs):
-            samples = [dataset[first + offset + k] for k in range(mbs)]
-            yield {key: torch.from_numpy(np.stack([s[key].numpy() if torch.is_tensor(s[key]) else s[key]
-                                                   for s in samples]))
-                   for key in ("tokens", "labels", "loss_mask", "position_ids")}
-        iteration += 1
+class MicroBatchIndices:
+    """Batch sampler: the sample indices of this DP rank's micro-batches, iteration after iteration (no end)."""
+
+    def __init__(self, args: argparse.Namespace, dp_rank: int, start_iteration: int):
+        self.gbs, self.mbs = args.global_batch_size, args.micro_batch_size
+        self.per_rank = self.gbs // args.data_parallel_size
+        self.dp_rank, self.start_iteration = dp_rank, start_iteration
+
+    def __iter__(self) -> Iterator[list[int]]:
+        iteration = self.start_iteration
+        while True:
+            first = iteration * self.gbs + self.dp_rank * self.per_rank
+            for offset in range(0, self.per_rank, self.mbs):
+                yield list(range(first + offset, first + offset + self.mbs))
+            iteration += 1
+
+
+def _stack(samples: list[dict]) -> dict:
+    """One micro-batch: the samples' tensors stacked (the attention mask only where the dataset built it)."""
+    keys = [k for k in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask") if k in samples[0]]
+    return {key: torch.from_numpy(np.stack([s[key].numpy() if torch.is_tensor(s[key]) else s[key]
+                                            for s in samples]))
+            for key in keys}

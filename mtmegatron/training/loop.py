@@ -1,7 +1,7 @@
 """The iteration loop of ``mtmegatron.pretrain``: steps, metrics rows, validation, periodic and final saves,
-the skipped-step limit, SIGTERM, and the placement check after the first step on a device. With
---overlap-param-gather the parameters are all-gathered before evaluation and every save and when the loop ends
-(training/overlap.py).
+the skipped-step limit, the exit signal and time limit (training/robustness.py), and the placement check after
+the first step on a device. With --overlap-param-gather the parameters are all-gathered before evaluation and
+every save and when the loop ends (training/overlap.py).
 
 ``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
@@ -28,7 +28,7 @@ class RunState:
     start: int = 0                  # the last iteration already done (a loaded checkpoint's)
     last: int = 0                   # the last iteration this run does (or did, after a stop)
     status: int = 0                 # process exit status: 1 after too many skipped steps
-    terminated: bool = False        # stopped by SIGTERM
+    terminated: bool = False        # stopped by --exit-signal(-handler) or --exit-duration-in-mins
     saved_at: int | None = None     # iteration of the newest checkpoint this run wrote
     train_state: dict = None        # saved in checkpoints: {"skipped_steps": N}
 
@@ -39,7 +39,7 @@ class RunState:
 
 def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state: RunState) -> RunState:
     """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end."""
-    termination = robustness.TerminationRequest()
+    termination = robustness.TerminationRequest(args)
     tokens_per_step = args.global_batch_size * args.seq_length
     evaluate = valid is not None and args.eval_iters > 0 and args.eval_interval
     params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
@@ -77,8 +77,9 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 with obs.saving():
                     checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
                 state.saved_at = iteration
-            if termination.requested():
-                print_rank0(rank, f"mtmegatron: SIGTERM received: stopping after iteration {iteration}"
+            reason = termination.requested()  # --exit-signal-handler / --exit-duration-in-mins
+            if reason:
+                print_rank0(rank, f"mtmegatron: {reason}: stopping after iteration {iteration}"
                             f"{'' if args.save else ' (no --save given: no checkpoint written)'}")
                 state.last, state.terminated = iteration, True
                 break

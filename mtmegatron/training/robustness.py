@@ -3,11 +3,13 @@
 ``nonfinite_step``: after forward/backward, every rank checks its LM losses and its gradient buffers for
 inf/nan and all ranks agree (one all-reduce); such a step is skipped: no optimizer step, no LR-schedule step,
 weights and optimizer state untouched. megatron-core's optimizer does this itself only under fp16 loss
-scaling (where it must also lower the scale), so fp16 is left to it. ``TerminationRequest``: SIGTERM sets a
-flag; all ranks agree on it after each iteration, so the loop saves a checkpoint and exits cleanly even when
-only one rank was signalled.
-Test hook: ``MTMEGATRON_TEST_INJECT_NAN=ITER[,ITER...][:RANK]`` fills that rank's (default 0) gradients with
-nan at those iterations.
+scaling (where it must also lower the scale), so fp16 is left to it. ``TerminationRequest``: with
+``--exit-signal-handler`` the signal (``--exit-signal``, default SIGTERM) sets a flag, and
+``--exit-duration-in-mins`` sets a time limit; all ranks agree on both after each iteration, so the loop saves a
+checkpoint and exits cleanly even when only one rank was signalled or over time.
+Test hooks: ``MTMEGATRON_TEST_INJECT_NAN=ITER[,ITER...][:RANK]`` fills that rank's (default 0) gradients with
+nan at those iterations; ``MTMEGATRON_TEST_STARTED_MINUTES_AGO=M[:RANK]`` moves that rank's program start M
+minutes back (for ``--exit-duration-in-mins``).
 May assume: DDP-wrapped model chunks (``buffers``/``expert_parallel_buffers`` hold the gradients); process
 groups initialised.
 """
@@ -20,17 +22,15 @@ import signal
 
 import torch
 
+from mtmegatron.training.run_control import exit_signal, minutes_since_start
+
 INJECT_ENV = "MTMEGATRON_TEST_INJECT_NAN"
+STARTED_ENV = "MTMEGATRON_TEST_STARTED_MINUTES_AGO"
 
 
 def _agreed(local: bool) -> bool:
-    """True on every rank when any rank passes True (one all-reduce MAX on the collective's device: NCCL/MCCL
-    reduce device tensors only)."""
-    from mtmegatron.training.device import compute_device
-
-    flag = torch.tensor([1.0 if local else 0.0], device=compute_device())
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return bool(flag.item())
+    """True on every rank when any rank passes True."""
+    return _agreed_each([local])[0]
 
 
 def _grad_buffers(model):
@@ -60,17 +60,54 @@ def nonfinite_step(model, losses_reduced: list[dict], iteration: int) -> bool:
 
 
 class TerminationRequest:
-    """SIGTERM -> finish the current iteration, save, exit 0 (the loop asks ``requested()`` each iteration)."""
+    """Why the run should stop after this iteration, agreed by all ranks (training/run_control.py flags):
+    ``--exit-signal-handler`` installs a handler for ``--exit-signal`` that only sets a flag (no handler without
+    the flag, as Megatron-LM); ``--exit-duration-in-mins`` compares the minutes since the program started.
+    ``requested()`` returns the reason, or None; it costs one all-reduce per call when either flag is given and
+    none otherwise."""
 
-    def __init__(self):
+    def __init__(self, args):
+        self._signal = exit_signal(args) if args.exit_signal_handler else None
+        self._limit = args.exit_duration_in_mins or None  # 0: no limit, as in Megatron-LM
         self._signalled = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._previous = signal.signal(self._signal, self._handle) if self._signal is not None else None
+        self._started_ago = _test_started_minutes_ago()
 
     def _handle(self, signum, frame):
         self._signalled = True
 
-    def requested(self) -> bool:
-        return _agreed(self._signalled)
+    def requested(self) -> str | None:
+        if self._signal is None and self._limit is None:
+            return None
+        minutes = minutes_since_start() + self._started_ago
+        over_time = self._limit is not None and minutes > self._limit
+        signalled, over_time = _agreed_each([self._signalled, over_time])
+        if signalled:
+            return f"{self._signal.name} received"
+        if over_time:
+            return f"--exit-duration-in-mins {self._limit} reached"
+        return None
 
     def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        if self._signal is not None:
+            signal.signal(self._signal, self._previous)
+
+
+def _agreed_each(flags: list[bool]) -> list[bool]:
+    """Each flag True on every rank when any rank passes it True (one all-reduce MAX on the collective's device:
+    NCCL/MCCL reduce device tensors only)."""
+    from mtmegatron.training.device import compute_device
+
+    tensor = torch.tensor([1.0 if f else 0.0 for f in flags], device=compute_device())
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return [bool(v) for v in tensor.tolist()]
+
+
+def _test_started_minutes_ago() -> float:
+    """Test hook ``MTMEGATRON_TEST_STARTED_MINUTES_AGO=M[:RANK]``: that rank (default 0) counts its program start
+    M minutes earlier."""
+    spec = os.environ.get(STARTED_ENV)
+    if not spec:
+        return 0.0
+    minutes, _, rank = spec.partition(":")
+    return float(minutes) if torch.distributed.get_rank() == int(rank or 0) else 0.0

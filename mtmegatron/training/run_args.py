@@ -15,10 +15,10 @@ import argparse
 def add_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data, validation, fault tolerance, run outputs")
     g.add_argument("--data-path", nargs="*", default=None,
-                   help="indexed dataset prefix(es) from `mtmegatron preprocess`, or a weighted blend "
-                        "'W1 P1 W2 P2 ...' (default without --mock-data: the embedded corpus)")
-    g.add_argument("--split", default=None, help="train,valid,test proportions of --data-path (Megatron-LM's "
-                   "legacy 969,30,1 when not given)")
+                   help="indexed dataset prefix(es) from `mtmegatron preprocess` (weights from their sizes), or a "
+                        "weighted blend 'W1 P1 W2 P2 ...' (default without --mock-data: the embedded corpus)")
+    g.add_argument("--split", type=str, default=None,
+                   help="train,valid,test proportions of --data-path, e.g. 90,5,5 (default: 969, 30, 1)")
     g.add_argument("--data-cache-path", default=None,
                    help="where megatron-core caches sample indices (default: beside the data, cache/)")
     g.add_argument("--eval-interval", type=int, default=None,
@@ -40,8 +40,6 @@ def validate(args: argparse.Namespace, error: type[Exception]) -> None:
         raise error("--mock-data and --data-path are mutually exclusive")
     if args.tokenizer_model and args.mock_data and not args.tokenizer_type:
         raise error("--tokenizer-model is for real data; --mock-data needs no tokenizer (or name its --tokenizer-type)")
-    if args.mock_data and args.eval_interval:
-        raise error("validation (--eval-interval) needs real data, not --mock-data")
     if args.eval_interval is not None and args.eval_interval <= 0:
         raise error("--eval-interval must be positive")
     if args.eval_iters < 0:

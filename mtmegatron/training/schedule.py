@@ -1,55 +1,61 @@
 """The LR / weight-decay schedule of a run, and Megatron-LM's rule for resuming with a different one.
 
 ``build_scheduler`` makes megatron-core's ``OptimizerParamScheduler`` from the flags (steps count samples, as
-in Megatron-LM: iterations x global batch; ``--lr-decay-iters`` defaults to ``--train-iters``, so changing
-``--train-iters`` changes the schedule). ``check_schedule`` runs on ``--load`` before the scheduler state is
-restored: if the checkpoint's schedule (max/min lr, warmup steps, decay steps, decay style, start/end weight
-decay, weight-decay increment style and steps — the values megatron-core's scheduler compares) differs from
-this run's, the load stops with one message unless the user chose: ``--override-opt_param-scheduler`` (this
-run's flags, continued from the checkpoint's step count) or ``--use-checkpoint-opt_param-scheduler`` (the
-checkpoint's values). Giving both is a flag error (``check_schedule_flags``, called by arguments.py). ``wd_incr_steps`` is not compared when both sides keep the
+in Megatron-LM: iterations x global batch, or the ``--*-samples`` values of sample-based training; the step
+counts, WSD and the weight-decay schedule come from training/schedule_flags.py; ``--lr-decay-iters`` defaults
+to ``--train-iters``, so changing ``--train-iters`` changes the schedule). ``check_schedule`` runs on ``--load``
+before the scheduler state is restored: if the checkpoint's schedule (max/min lr, warmup steps, decay steps,
+decay style, start/end weight decay, weight-decay increment style and steps — the values megatron-core's
+scheduler compares) differs from this run's, the load stops with one message unless the user chose:
+``--override-opt_param-scheduler`` (this run's flags, continued from the checkpoint's step count) or
+``--use-checkpoint-opt_param-scheduler`` (the checkpoint's values). Giving both is a flag error
+(``check_schedule_flags``, called by arguments.py). ``wd_incr_steps`` is not compared when both sides keep the
 weight decay constant (it has no effect then). ``--finetune`` / ``--no-load-optim`` never restore a schedule.
 May assume: ``args`` validated by training/arguments.py.
 """
 
 from __future__ import annotations
 
+from mtmegatron.training.schedule_flags import check_schedule_args, scheduler_steps, weight_decay_range
+
 # scheduler state key -> the flag that sets it
 COMPARED = {
-    "max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
-    "lr_decay_steps": "--lr-decay-iters (default --train-iters)", "lr_decay_style": "--lr-decay-style",
-    "start_wd": "--weight-decay", "end_wd": "--weight-decay", "wd_incr_style": "(constant)",
-    "wd_incr_steps": "--train-iters",
+    "max_lr": "--lr", "min_lr": "--min-lr",
+    "lr_warmup_steps": "--lr-warmup-iters|samples|fraction",
+    "lr_decay_steps": "--lr-decay-iters|samples (default --train-iters|samples)", "lr_decay_style": "--lr-decay-style",
+    "start_wd": "--weight-decay / --start-weight-decay", "end_wd": "--weight-decay / --end-weight-decay",
+    "wd_incr_style": "--weight-decay-incr-style", "wd_incr_steps": "--train-iters|samples",
 }
 _STEP_KEYS = ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps")
 
 
 def check_schedule_flags(args, error=ValueError) -> None:
-    """Flag check (before any process group): at most one of the two resume-schedule flags."""
+    """Flag check (before any process group): at most one of the two resume-schedule flags, and the schedule
+    flags of training/schedule_flags.py (which also sets ``train_iters`` for ``--train-samples``)."""
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
         raise error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually "
                     "exclusive: pass one")
+    check_schedule_args(args, error)
 
 
 def build_scheduler(optimizer, args):
-    """megatron-core's ``OptimizerParamScheduler`` for the flags."""
+    """megatron-core's ``OptimizerParamScheduler`` for the flags, with Megatron-LM's step counts."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    gbs = args.global_batch_size
+    start_wd, end_wd = weight_decay_range(args)
     return OptimizerParamScheduler(
         optimizer,
-        init_lr=0.0,
+        init_lr=args.lr_warmup_init,
         max_lr=args.lr,
         min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * gbs,
-        lr_decay_steps=args.lr_decay_iters * gbs,
         lr_decay_style=args.lr_decay_style,
-        start_wd=args.weight_decay,
-        end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters * gbs,
-        wd_incr_style="constant",
+        start_wd=start_wd,
+        end_wd=end_wd,
+        wd_incr_style=args.weight_decay_incr_style,
         use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
         override_opt_param_scheduler=args.override_opt_param_scheduler,
+        lr_wsd_decay_style=args.lr_wsd_decay_style,
+        **scheduler_steps(args),  # lr_warmup_steps, lr_decay_steps, wsd_decay_steps, wd_incr_steps
     )
 
 

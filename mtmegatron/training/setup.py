@@ -1,5 +1,8 @@
 """Process groups, model, optimizer and LR schedule for a pretrain run, all from megatron-core.
 
+The process groups (the default one and megatron-core's model-parallel ones) time out after
+``--distributed-timeout-minutes``, as in Megatron-LM.
+
 May assume: flags already validated (arguments.py) and the backend bridge active.
 """
 
@@ -31,13 +34,14 @@ def init_distributed(args, backend) -> None:
                                ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
                 os.environ.setdefault(key, value)
         torch.distributed.init_process_group(backend=backend.dist_backend,
-                                             timeout=datetime.timedelta(minutes=10))
+                                             timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size,
         expert_model_parallel_size=args.expert_model_parallel_size,
+        distributed_timeout_minutes=args.distributed_timeout_minutes,
     )
     seed_everything(args.seed)
 

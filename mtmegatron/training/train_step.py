@@ -35,7 +35,8 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 def forward_step(data_iterator, model):
     with timed(model, "batch-generator", log_level=2):
         batch = batch_on_this_cp_rank(to_compute_device(next(data_iterator)))
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    # the attention mask is in the batch only with --reset-attention-mask (else the causal mask type applies)
+    output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 
 

@@ -44,7 +44,9 @@ def test_kill9_during_save_keeps_previous_checkpoint_latest(tmp_path):
 
 def test_sigterm_to_one_rank_saves_and_exits_cleanly(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = launch(2, DP2 + ["--train-iters", "100000", "--save", str(ckpt)], tmp_path / "log")
+    # --exit-signal-handler: as in Megatron-LM, SIGTERM is caught only when asked for (default --exit-signal)
+    proc = launch(2, DP2 + ["--train-iters", "100000", "--save", str(ckpt), "--exit-signal-handler"],
+                  tmp_path / "log")
     wait_for(lambda: len(rows(tmp_path / "log")) >= 3, proc, what="three iterations")
     os.kill(rank_pid(proc, 1), signal.SIGTERM)  # as a scheduler preempting one node would
     out, err = proc.communicate(timeout=180)
