@@ -364,8 +364,8 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
     if args.train_iters < 0:
         raise ConfigError("--train-iters must be >= 0")
-    if args.save_interval is not None and (args.save_interval <= 0 or not args.save):
-        raise ConfigError("--save-interval needs a positive value and --save DIR")
+    if args.save_interval is not None and args.save_interval <= 0:  # without --save it is unused (Megatron-LM)
+        raise ConfigError("--save-interval must be positive")
     if args.exit_interval is not None and args.exit_interval <= 0:
         raise ConfigError("--exit-interval must be positive")
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
