@@ -200,7 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run_args.add_flags(p)
     flag_help.fill_help(p)
-    p.hand_registered = {s for a in p._actions for s in a.option_strings}
+    # option strings and dests registered by mtmegatron's modules: a table flag whose dest one of them reads is
+    # honoured too (e.g. Megatron-LM's --override-opt-param-scheduler beside our older underscore spelling)
+    p.hand_registered = ({s for a in p._actions for s in a.option_strings}
+                         | {a.dest for a in p._actions if a.option_strings and a.dest != "help"})
     p.megatron_defaults = megatron_flags.apply_megatron_defaults(p)
     p.table_rows = megatron_flags.add_table_flags(p)
     p.megatron_defaults.update({row.dest: row.default_value for row in p.table_rows})

@@ -205,7 +205,7 @@ def config_fields() -> frozenset[str]:
 
 def classify(row: FlagRow, hand_registered: set[str]) -> str:
     """'honoured' (a module reads it), 'config' (copied into a megatron-core config by name), 'noop', 'refused'."""
-    if row.flag in hand_registered or row.dest in READ_BY_CODE:
+    if row.flag in hand_registered or row.dest in hand_registered or row.dest in READ_BY_CODE:
         return "honoured"
     if row.dest in NOOP:
         return "noop"
