@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import run_ranks
+from helpers.ranks import run_ranks
 
 CASES = {  # name: (hq, hk, dk, dv, causal, dtype)
     "causal_gqa": (4, 2, 8, 8, True, torch.float64),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_ranks
+from helpers.ranks import run_ranks
 
 SEQ, VOCAB, EOD = 32, 256, 255
 FLAGS = ["--backend", "cpu", "--model", "llama3", "--num-layers", "2", "--hidden-size", "64",

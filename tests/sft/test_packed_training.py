@@ -21,7 +21,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import run_ranks
+from helpers.ranks import run_ranks
 from helpers.pretrain_runner import TINY
 
 ITERS = 10
