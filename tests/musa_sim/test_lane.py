@@ -40,6 +40,11 @@ DEEPSEEK = ["--model", "deepseek-v3", "--model-size", "tiny", "--mock-data", "--
             "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(ITERS), "--lr", "3e-3",
             "--lr-decay-style", "constant", "--log-interval", "100"]
 TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+# --sft on the embedded task: packed THD micro-batches (cu_seqlens, per-token loss) on the device
+SFT = [a for a in LLAMA if a != "--mock-data"]
+for _flag, _value in (("--vocab-size", "320"), ("--seq-length", "64"), ("--max-position-embeddings", "64")):
+    SFT[SFT.index(_flag) + 1] = _value
+SFT += ["--sft", "--sft-tokenizer-prompt-format", "plain", "--num-samples", "0", "--eval-iters", "0"]
 CASES = {
     "tp2_sp": LLAMA + TP2_SP,
     # the simulated MCCL rides on gloo, whose asynchronous p2p corrupts Megatron-LM's default p2p overlap of the
@@ -56,6 +61,7 @@ CASES = {
     "deepseek_tp2_sp": DEEPSEEK + TP2_SP + ["--moe-aux-loss-coeff", "0"],
     "deepseek_ep2": DEEPSEEK + ["--expert-model-parallel-size", "2"],
     "cp2": LLAMA + ["--context-parallel-size", "2"],
+    "sft_packed_tp2_sp": SFT + TP2_SP,
     # delayed scaling: per-layer amax history and scales that must follow the weights to the device
     # one executor on both backends (the cpu backend prefers torch._scaled_mm, musa does not offer it), and the
     # local attention: the SDPA kernels of host and device differ ~1e-7 in fp32, which FP8 rounding turns into
