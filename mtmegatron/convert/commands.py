@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from mtmegatron.convert.hf_config import ConversionError, family_of, flags_from_hf, hf_config_from_args
+from mtmegatron.convert.hf_config import HF_ARCH, ConversionError, family_of, flags_from_hf, hf_config_from_args
 from mtmegatron.convert.hf_io import HFCheckpoint, write_checkpoint
 from mtmegatron.convert.mapping import mtp_in_checkpoint, to_hf, to_mcore
 
@@ -155,7 +155,7 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
         raise ConversionError(f"{load} does not record its model flags (it was not written by the converter): "
                               f"pass them after '--', e.g. -- --model llama3 --model-size 8b")
     args = parse_flags(list(flags))
-    if args.model not in ("llama3", "mixtral", "deepseek-v3", "llava"):
+    if args.model not in HF_ARCH:
         raise ConversionError(f"--model {args.model}: no HF mapping")
     if image_token_id is not None and args.model != "llava":
         raise ConversionError("--image-token-id is only meaningful for --model llava")
@@ -178,10 +178,10 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
 
 def add_parser(sub) -> None:
     """Register ``convert hf-to-mcore|mcore-to-hf`` on the ``mtmegatron`` command's subparsers."""
-    convert = sub.add_parser("convert", help="HF <-> megatron-core checkpoints (llama3, mixtral, deepseek-v3, llava)")
+    convert = sub.add_parser("convert", help=f"HF <-> megatron-core checkpoints ({', '.join(HF_ARCH)})")
     kinds = convert.add_subparsers(dest="direction", required=True)
     a = kinds.add_parser("hf-to-mcore", help="HF safetensors -> model-only megatron-core dist checkpoint")
-    a.add_argument("--model", required=True, choices=["llama3", "mixtral", "deepseek-v3", "llava"])
+    a.add_argument("--model", required=True, choices=list(HF_ARCH))
     a.add_argument("--hf-dir", required=True)
     a.add_argument("--out", required=True)
     a.add_argument("--tensor-model-parallel-size", type=int, default=1)

@@ -17,7 +17,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 from mtmegatron.fp8.spec import keep_layers_in_bf16, te_config_fields
-from mtmegatron.models import deepseek
+from mtmegatron.models import deepseek, family_args
 from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
 
@@ -52,7 +52,6 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         ffn_hidden_size=args.ffn_hidden_size,
         num_attention_heads=args.num_attention_heads,
         num_query_groups=args.num_query_groups,
-        kv_channels=args.hidden_size // args.num_attention_heads,
         normalization=args.normalization,
         layernorm_epsilon=args.norm_epsilon,
         gated_linear_unit=args.swiglu,
@@ -72,7 +71,6 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         bf16=args.bf16,
         fp16=args.fp16,
         use_cpu_initialization=True,
-        perform_initialization=True,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -90,6 +88,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         **fusion,
         **te_config_fields(args),
         **mla,
+        **family_args.transformer_config_fields(args),  # head dim, qkv bias, no init before a load
     )
 
 
@@ -132,6 +131,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
                 rotary_base=args.rotary_base,
                 vp_stage=vp,
                 mtp_block_spec=deepseek.mtp_block_spec(config, args, vp),
+                **family_args.gpt_model_fields(args),  # Llama-3.x RoPE scaling
             )
         )
         install_vocab_padding(chunks[-1], args.vocab_size)

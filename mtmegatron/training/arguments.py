@@ -11,6 +11,7 @@ import argparse
 import os
 
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
+from mtmegatron.models.family_args import add_family_args, check_family_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields, pipeline_divides_layers
 from mtmegatron.models.presets import preset
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fp8(p)
     add_memory_args(p)
     add_llava_args(p)
+    add_family_args(p)
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)
@@ -254,6 +256,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.sequence_parallel and tp == 1:
         args.sequence_parallel = False  # as Megatron-LM: SP is a TP feature
     check_llava_args(args, ConfigError)
+    check_family_args(args, ConfigError)
     if args.num_experts:
         if args.num_experts % ep:
             raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")

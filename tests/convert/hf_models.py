@@ -64,7 +64,56 @@ def _mixtral_vocab163_config():
     return config
 
 
-CONFIGS = {"llama3": _llama_config, "mixtral": _mixtral_config, "deepseek-v3": _deepseek_config,
+def _llama31_config():
+    """Llama-3.1-style RoPE scaling (type llama3; a factor of 32 as in 3.2, so the scaled frequencies differ
+    clearly) with a head dim of 32, so the medium and low frequency bands both exist."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False,
+                       rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 8192})
+
+
+def _qwen2_config():
+    """Qwen2.5-style: q/k/v biases, tied embeddings (as the small releases), an unused sliding-window size."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+                       rope_theta=1e6, tie_word_embeddings=True, use_sliding_window=False, sliding_window=32)
+
+
+def _qwen3_config():
+    """Qwen3: q/k RMSNorm per head, head_dim 32 while hidden/heads is 16."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+                       rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False)
+
+
+def _qwen3_moe_config():
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                          num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=64,
+                          rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False, router_aux_loss_coef=0.0)
+
+
+def _mistral_config():
+    from transformers import MistralConfig
+
+    return MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         rope_theta=1e6, sliding_window=None, tie_word_embeddings=False)
+
+
+CONFIGS = {"llama3": _llama_config, "llama3:3.1-rope-scaling": _llama31_config, "qwen2.5": _qwen2_config,
+           "qwen3": _qwen3_config, "qwen3-moe": _qwen3_moe_config, "mistral": _mistral_config, "mixtral": _mixtral_config, "deepseek-v3": _deepseek_config,
            "llama3:mha-tied-163": _llama_mha_tied_config, "mixtral:vocab-163": _mixtral_vocab163_config}
 
 
