@@ -26,6 +26,7 @@ from mtmegatron.convert.mapping import mtp_in_checkpoint, to_hf, to_mcore
 
 FLAGS_FILE = "model_flags.txt"
 _VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
 
 
@@ -91,8 +92,10 @@ def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config:
                               f"(first: {unused[:3]})")
 
 
-def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1, ep: int = 1) -> list[str]:
-    """Convert; returns the model flags a pretrain run needs next to ``--load out``."""
+def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1, ep: int = 1, workers: int = 1,
+                dtype: torch.dtype | None = None) -> list[str]:
+    """Convert; returns the model flags a pretrain run needs next to ``--load out``. Every family but LLaVA
+    streams (convert/streaming.py: ``workers`` processes, the source dtype kept unless ``dtype``)."""
     from mtmegatron.convert.model import build_model, init_single_rank, parse_flags, save_model_only
 
     from mtmegatron.convert import llava
@@ -109,6 +112,12 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
             print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP", file=sys.stderr)
         flags = flags_from_hf(family, config, with_mtp)
     validate_layout(flags, tp, pp, ep)
+    if plan is None:
+        from mtmegatron.convert import streaming
+
+        streaming.convert(hf_dir, out, family, flags, config.get("rope_interleave", True),
+                          {"rope_interleave": config.get("rope_interleave", True)}, workers=workers, dtype=dtype)
+        return flags
     args = parse_flags(flags)
     init_single_rank(args)
     model = build_model(args)
@@ -187,6 +196,10 @@ def add_parser(sub) -> None:
     a.add_argument("--tensor-model-parallel-size", type=int, default=1)
     a.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     a.add_argument("--expert-model-parallel-size", type=int, default=1)
+    a.add_argument("--workers", type=int, default=1,
+                   help="worker processes that read, transform and write tensors in parallel (default 1)")
+    a.add_argument("--dtype", choices=list(_DTYPES), default=None,
+                   help="dtype of the written weights (default: each tensor's dtype in the HF files; FP8 -> bf16)")
     a.set_defaults(fn=_run_hf_to_mcore)
     b = kinds.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF safetensors")
     b.add_argument("--load", required=True)
@@ -200,7 +213,10 @@ def add_parser(sub) -> None:
 
 
 def _run_hf_to_mcore(args) -> int:
-    flags = hf_to_mcore(args.hf_dir, args.out, args.model, *(getattr(args, k) for k in _LAYOUT))
+    if args.workers < 1:
+        raise ConversionError(f"--workers must be >= 1, not {args.workers}")
+    flags = hf_to_mcore(args.hf_dir, args.out, args.model, *(getattr(args, k) for k in _LAYOUT),
+                        workers=args.workers, dtype=_DTYPES.get(args.dtype))
     print(f"mtmegatron convert: wrote {args.out} (model-only, iteration 0; loads under any TP/PP/EP layout)")
     print(f"  pretrain with: --load {args.out} {shlex.join(flags)}")
     return 0

@@ -27,9 +27,10 @@ def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: 
 
 class HFCheckpoint:
     """Lazy name -> tensor access over a checkpoint directory (``hf[name]``; ``names`` lists the logical
-    weights, scale tensors folded into the weights they scale)."""
+    weights, scale tensors folded into the weights they scale). ``dtype`` None keeps each tensor's stored dtype
+    (FP8 weights: bfloat16 after dequantization)."""
 
-    def __init__(self, directory: str, dtype: torch.dtype = torch.float32):
+    def __init__(self, directory: str, dtype: torch.dtype | None = torch.float32):
         self.directory, self.dtype = directory, dtype
         index = os.path.join(directory, INDEX)
         if os.path.isfile(index):
@@ -65,7 +66,9 @@ class HFCheckpoint:
         scale_name = name + "_scale_inv"
         if tensor.element_size() == 1 and tensor.is_floating_point() and scale_name in self._file_of:
             tensor = dequantize_fp8_blocks(tensor, self._raw(scale_name))
-        return tensor.to(self.dtype)
+            if self.dtype is None:  # the dtype DeepSeek trains and releases its dequantized weights in
+                return tensor.to(torch.bfloat16)
+        return tensor if self.dtype is None else tensor.to(self.dtype)
 
     def config(self) -> dict:
         with open(os.path.join(self.directory, "config.json")) as f:

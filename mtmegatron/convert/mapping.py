@@ -130,37 +130,52 @@ def _rope_rows(family: str, args, rope_interleave: bool) -> dict[str, tuple[int,
 
 
 # ---- the two directions ---------------------------------------------------------------------------------------
-def to_mcore(family: str, args, hf: Callable[[str], torch.Tensor], rope_interleave: bool = True) -> dict:
-    out = {"embedding.word_embeddings.weight": hf("model.embed_tokens.weight"),
-           "decoder.final_layernorm.weight": hf("model.norm.weight")}
+def mcore_sources(family: str, args, rope_interleave: bool = True) -> dict:
+    """``{mcore name: (HF names, transform)}``: the tensor is ``transform(*HF tensors)``. Lets a streaming
+    converter read only what one output needs (convert/streaming.py)."""
+    def same(tensor):
+        return tensor
+
+    def qkv(q, k, v):
+        return qkv_to_mcore(q, k, v, args.num_attention_heads, args.num_query_groups)
+
+    def fused(gate, up):
+        return torch.cat([gate, up])
+
+    def interleaved(head_rows: int, rope: int):
+        return lambda tensor: _permute_rope_rows(tensor, head_rows, rope, inverse=True)
+
+    out = {"embedding.word_embeddings.weight": (("model.embed_tokens.weight",), same),
+           "decoder.final_layernorm.weight": (("model.norm.weight",), same)}
     if args.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = hf("lm_head.weight")
+        out["output_layer.weight"] = (("lm_head.weight",), same)
     rope_rows = _rope_rows(family, args, rope_interleave)
     for mc, hp, is_moe in _layers(args):
-        out[mc + "input_layernorm.weight"] = hf(hp + "input_layernorm.weight")
-        out[mc + "pre_mlp_layernorm.weight"] = hf(hp + "post_attention_layernorm.weight")
+        out[mc + "input_layernorm.weight"] = ((hp + "input_layernorm.weight",), same)
+        out[mc + "pre_mlp_layernorm.weight"] = ((hp + "post_attention_layernorm.weight",), same)
         if family != "deepseek-v3":
             for part in _qkv_parts(args):
-                out[mc + f"self_attention.linear_qkv.{part}"] = qkv_to_mcore(
-                    hf(hp + f"self_attn.q_proj.{part}"), hf(hp + f"self_attn.k_proj.{part}"),
-                    hf(hp + f"self_attn.v_proj.{part}"), args.num_attention_heads, args.num_query_groups)
+                out[mc + f"self_attention.linear_qkv.{part}"] = (
+                    tuple(hp + f"self_attn.{x}_proj.{part}" for x in "qkv"), qkv)
         for m_name, h_name in _attention_pairs(family, args):
-            tensor = hf(hp + h_name)
-            if m_name in rope_rows:
-                tensor = _permute_rope_rows(tensor, *rope_rows[m_name], inverse=True)
-            out[mc + m_name] = tensor
+            out[mc + m_name] = ((hp + h_name,), interleaved(*rope_rows[m_name]) if m_name in rope_rows else same)
         for fc1, fc2, h_prefix, (gate, up, down) in _mlp_parts(family, is_moe, args):
-            out[mc + fc1] = torch.cat([hf(f"{hp}{h_prefix}.{gate}.weight"), hf(f"{hp}{h_prefix}.{up}.weight")])
-            out[mc + fc2] = hf(f"{hp}{h_prefix}.{down}.weight")
+            out[mc + fc1] = ((f"{hp}{h_prefix}.{gate}.weight", f"{hp}{h_prefix}.{up}.weight"), fused)
+            out[mc + fc2] = ((f"{hp}{h_prefix}.{down}.weight",), same)
         if is_moe:
             for m_name, h_name in _router_pairs(family, args):
-                out[mc + m_name] = hf(hp + h_name)
+                out[mc + m_name] = ((hp + h_name,), same)
     for k in range(args.mtp_num_layers or 0):
         hp = f"model.layers.{args.num_layers + k}."
         for m_name, h_name in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
                                ("final_layernorm", "shared_head.norm")):
-            out[f"mtp.layers.{k}.{m_name}.weight"] = hf(f"{hp}{h_name}.weight")
+            out[f"mtp.layers.{k}.{m_name}.weight"] = ((f"{hp}{h_name}.weight",), same)
     return out
+
+
+def to_mcore(family: str, args, hf: Callable[[str], torch.Tensor], rope_interleave: bool = True) -> dict:
+    return {name: transform(*(hf(n) for n in names))
+            for name, (names, transform) in mcore_sources(family, args, rope_interleave).items()}
 
 
 def to_hf(family: str, args, mcore: dict, rope_interleave: bool = True) -> dict:
