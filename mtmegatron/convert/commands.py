@@ -145,6 +145,10 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
         llava.write_carried(out, carried, plan)
     with open(f"{out}/{FLAGS_FILE}", "w") as f:
         f.write(shlex.join(flags) + "\n")
+    from mtmegatron.convert.streaming import MARKER
+
+    with open(f"{out}/{MARKER}", "w") as f:  # written last: the launchers' finished marker
+        f.write("{}\n")
     return flags
 
 

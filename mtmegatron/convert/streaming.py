@@ -152,6 +152,7 @@ def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, fl
     torch.set_num_threads(1)
     parent = os.getppid()
     sources = _Sources(hf_dir, flags, family, rope_interleave, dtype, shapes)
+    baseline = _vm_hwm_bytes()  # the interpreter, torch and megatron-core imported; no tensor read yet
     by_index = {(c.key, c.offset): c for c in chunks}
 
     def item(c: Chunk) -> WriteItem:
@@ -184,7 +185,7 @@ def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, fl
 
     writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, thread_count=1, sync_files=False)
     dcp.save({}, storage_writer=writer, planner=LazyPlanner(), no_dist=True)
-    progress.put(("done", index, _vm_hwm_bytes()))
+    progress.put(("done", index, (baseline, _vm_hwm_bytes())))
 
 
 # ---- the parent ---------------------------------------------------------------------------------------------
@@ -321,7 +322,8 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
         f.write(shlex.join(flags) + "\n")
     seconds = time.time() - start
     largest = max(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
-    stats = {"bytes": total, "seconds": seconds, "workers": len(parts), "worker_vm_hwm_bytes": hwm,
+    stats = {"bytes": total, "seconds": seconds, "workers": len(parts), "worker_vm_hwm_bytes": [h for _, h in hwm],
+             "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
              "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
     with open(os.path.join(staging, MARKER), "w") as f:
         json.dump(stats, f, indent=2)
@@ -338,8 +340,9 @@ def _remove_stale_staging(root: str) -> None:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-def _follow(progress, procs, total: int, quiet: bool) -> list[int]:
-    """Progress bar (GB/s) until every worker reported done; a worker that dies is an error."""
+def _follow(progress, procs, total: int, quiet: bool) -> list[tuple[int, int]]:
+    """Progress bar (GB/s) until every worker reported done; a worker that dies is an error. Returns each
+    worker's (VmHWM before reading any tensor, VmHWM at the end)."""
     import queue
 
     from tqdm import tqdm

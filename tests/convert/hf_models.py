@@ -157,6 +157,11 @@ def save_tiny(family: str, directory: str, shard: bool = False):
     config = CONFIGS[family]()
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     _randomize(model)
+    if family == "llama3:3.1-rope-scaling":  # large q/k so a 16-token RoPE difference shows (~3e-3 in the logits)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "q_proj" in name or "k_proj" in name:
+                    p.mul_(10.0)
     model.save_pretrained(directory, max_shard_size="100KB" if shard else "5GB")
     if family == "deepseek-v3":
         path = os.path.join(directory, "model.safetensors")
