@@ -164,9 +164,10 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
     if rope_interleave is None:
         rope_interleave = common.get("hf_layout", {}).get("rope_interleave", True)
     flags = flags or common.get("model_flags")
-    if not flags:
-        raise ConversionError(f"{load} does not record its model flags (it was not written by the converter): "
-                              f"pass them after '--', e.g. -- --model llama3 --model-size 8b")
+    if not flags:  # a training checkpoint: its model fingerprint gives the flags (convert/recorded_flags.py)
+        from mtmegatron.convert.recorded_flags import flags_from_fingerprint
+
+        flags = flags_from_fingerprint(common.get("args") or {})
     args = parse_flags(list(flags))
     if args.model not in HF_ARCH:
         raise ConversionError(f"--model {args.model}: no HF mapping")

@@ -7,7 +7,8 @@ model under TP1 and TP2 (EP2 for Qwen3-MoE) and its fp32 logits compared with HF
 (test_hf_parity.MAX_ABS). The Llama-3.1 checkpoint without ``--use-rope-scaling`` is far off (so the scaling is
 what makes it match). ``mcore-to-hf`` gives back every tensor bit-exactly and the config fields that define the
 network. ``pretrain --load`` of the converted checkpoint (two iterations): the first iteration's loss equals
-HF's loss on the same global batch (within 1e-4), as a user fine-tuning from HF sees it.
+HF's loss on the same global batch (within 1e-4), as a user fine-tuning from HF sees it; the Qwen3-MoE run's
+training checkpoint converts back to HF with no flags (from its recorded fingerprint) exactly as with them.
 """
 
 from __future__ import annotations
@@ -134,10 +135,21 @@ def test_pretrain_load_first_loss_equals_hf(converted, tmp_path, variant):
                           capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     hf_loss = torch.load(batch_file)["hf_loss"]
-    _, rows = run_pretrain(1, flags, tmp_path / "run")
+    save = ["--save", str(tmp_path / "trained")] if variant == "qwen3-moe" else []
+    _, rows = run_pretrain(1, flags + save, tmp_path / "run")
     losses = [r["loss"] for r in rows]
     assert len(losses) == 2, rows
     print(f"\n{variant}: first-iteration loss {losses[0]:.7f} vs HF {hf_loss:.7f} (|diff| "
           f"{abs(losses[0] - hf_loss):.2e}); second {losses[1]:.7f}")
     assert abs(losses[0] - hf_loss) <= 1e-4, (losses[0], hf_loss)
     assert losses[1] != losses[0]  # the second step ran on updated weights
+    if save:  # a training checkpoint converts back with no flags: they come from its recorded fingerprint
+        from mtmegatron.convert.hf_io import HFCheckpoint
+
+        run_cli("convert", "mcore-to-hf", "--load", save[1], "--out", str(tmp_path / "hf-auto"))
+        model_flags = shlex.split((mc_dir / "model_flags.txt").read_text())
+        run_cli("convert", "mcore-to-hf", "--load", save[1], "--out", str(tmp_path / "hf-flags"), "--", *model_flags)
+        auto, given = HFCheckpoint(str(tmp_path / "hf-auto")), HFCheckpoint(str(tmp_path / "hf-flags"))
+        assert auto.names == given.names == HFCheckpoint(str(hf_dir)).names
+        assert all(torch.equal(auto[n], given[n]) for n in auto.names)
+        assert not torch.equal(auto["model.norm.weight"], HFCheckpoint(str(hf_dir))["model.norm.weight"])  # trained

@@ -112,3 +112,30 @@ def test_converted_llama_loads_under_tp2_pp2_with_the_tp1_loss(tmp_path):
                              tmp_path / "tp2pp2")
     print(f"\nfirst-iteration loss TP1 {single[0]['loss']:.7f}, TP2xPP2 {layout[0]['loss']:.7f}")
     assert abs(single[0]["loss"] - layout[0]["loss"]) <= 1e-5 * abs(single[0]["loss"])
+
+
+def test_fp8_deepseek_streams_equal_to_its_bf16_dequantized_release(tmp_path):
+    """A tiny DeepSeek-V3 in DeepSeek's FP8 release layout converts (streaming, 2 workers) to exactly the
+    checkpoint its bf16 dequantized copy converts to (hf_models.fp8_release writes both; bf16 kept as bf16)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    save_reference("deepseek-v3", tmp_path / "src")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("hf_models.py")), "--fp8", str(tmp_path / "src"),
+                           str(tmp_path / "fp8"), str(tmp_path / "bf16")], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for kind in ("fp8", "bf16"):
+        run_cli("convert", "hf-to-mcore", "--model", "deepseek-v3", "--hf-dir", str(tmp_path / kind), "--out",
+                str(tmp_path / f"mcore-{kind}"), "--workers", "2")
+    code = ("import sys, torch; from mtmegatron.convert.model import parse_flags, init_single_rank, build_model, "
+            "load_model; import shlex; a, b = sys.argv[1:3]; "
+            "args = parse_flags(shlex.split(open(a + '/model_flags.txt').read()) + ['--bf16']); init_single_rank(args); "
+            "m1 = build_model(args); load_model(m1, a); m2 = build_model(args); load_model(m2, b); "
+            "s1, s2 = m1.state_dict(), m2.state_dict(); keys = [k for k in s1 if not k.endswith('_extra_state')]; "
+            "bad = [k for k in keys if not torch.equal(s1[k], s2[k])]; print(len(keys), bad); assert not bad")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mcore-fp8"), str(tmp_path / "mcore-bf16")],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    meta = FileSystemReader(str(tmp_path / "mcore-fp8" / "iter_0000000")).read_metadata()
+    q_up = meta.state_dict_metadata["decoder.layers.self_attention.linear_q_up_proj.weight"]
+    assert q_up.properties.dtype == torch.bfloat16  # FP8 dequantized to bf16, not widened to fp32
