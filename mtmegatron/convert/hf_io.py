@@ -28,10 +28,11 @@ def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: 
 class HFCheckpoint:
     """Lazy name -> tensor access over a checkpoint directory (``hf[name]``; ``names`` lists the logical
     weights, scale tensors folded into the weights they scale). ``dtype`` None keeps each tensor's stored dtype
-    (FP8 weights: bfloat16 after dequantization)."""
+    (FP8 weights: bfloat16 after dequantization). ``keep_open`` False maps a file only while reading a tensor
+    (a streaming reader's RSS then holds no file pages it read earlier)."""
 
-    def __init__(self, directory: str, dtype: torch.dtype | None = torch.float32):
-        self.directory, self.dtype = directory, dtype
+    def __init__(self, directory: str, dtype: torch.dtype | None = torch.float32, keep_open: bool = True):
+        self.directory, self.dtype, self.keep_open = directory, dtype, keep_open
         index = os.path.join(directory, INDEX)
         if os.path.isfile(index):
             with open(index) as f:
@@ -51,6 +52,9 @@ class HFCheckpoint:
 
     def _raw(self, name: str) -> torch.Tensor:
         path = self._file_of[name]
+        if not self.keep_open:  # unmapped after each read: the file's pages do not stay in this process's RSS
+            with safe_open(path, "pt") as f:
+                return f.get_tensor(name)
         if path not in self._open:
             self._open[path] = safe_open(path, "pt")
         return self._open[path].get_tensor(name)

@@ -122,7 +122,7 @@ class _Sources:
         from mtmegatron.convert.model import parse_flags
 
         args = parse_flags(flags)
-        self.hf = HFCheckpoint(hf_dir, dtype=None)
+        self.hf = HFCheckpoint(hf_dir, dtype=None, keep_open=False)
         self.sources = mcore_sources(family, args, rope_interleave)
         self.dtype, self.shapes = dtype, shapes
         self._name, self._tensor = None, None
