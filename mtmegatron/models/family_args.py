@@ -51,6 +51,8 @@ def check_family_args(args: argparse.Namespace, error: type[Exception]) -> None:
         pass  # an unknown preset is reported by training/arguments.py
     if args.kv_channels is not None and args.kv_channels < 1:
         raise error(f"--kv-channels must be positive, not {args.kv_channels}")
+    if args.kv_channels is None and args.hidden_size and args.num_attention_heads:
+        args.kv_channels = args.hidden_size // args.num_attention_heads  # as Megatron-LM's validate_args
     if args.use_rope_scaling:
         if args.position_embedding_type != "rope":
             raise error("--use-rope-scaling needs --position-embedding-type rope")
