@@ -32,13 +32,27 @@ print("\n".join(f"export {k}=${{{k}:-{v}}}" for k, v in env.items()))') || retur
 }
 
 # HF_DIR set: convert that HF checkpoint once (into MCORE_DIR, default "$HF_DIR-mcore") and put the converted
-# model's flags and --load into the array HF_ARGS (empty otherwise). Usage: from_hf_args llama3|mixtral|deepseek-v3
+# model's flags and --load into the array HF_ARGS (empty otherwise). Usage: from_hf_args llama3|mixtral|deepseek-v3|...
+# Node 0 converts (CONVERT_WORKERS processes, default 4) into the sibling MCORE_DIR (default <HF_DIR>-mcore);
+# other nodes wait for its conversion_complete.json (CONVERT_WAIT_S, default 7200)..
 from_hf_args() {
   HF_ARGS=()
   [[ -z "${HF_DIR:-}" ]] && return 0
-  local out=${MCORE_DIR:-$HF_DIR-mcore}
-  if [[ ! -f "$out/latest_checkpointed_iteration.txt" ]]; then
-    python -m mtmegatron.cli convert hf-to-mcore --model "$1" --hf-dir "$HF_DIR" --out "$out"
+  local hf=${HF_DIR%/}  # a trailing slash must not put the output inside the HF directory
+  local out=${MCORE_DIR:-$hf-mcore}
+  out=${out%/}
+  local marker="$out/conversion_complete.json" waited=0
+  if [[ ! -f "$marker" ]]; then
+    if [[ "${NODE_RANK:-0}" == 0 ]]; then  # one node converts; the others wait for the finished marker
+      python -m mtmegatron.cli convert hf-to-mcore --model "$1" --hf-dir "$hf" --out "$out" \
+        --workers "${CONVERT_WORKERS:-4}" || return 1
+    else
+      echo "node $NODE_RANK: waiting for node 0 to convert $hf into $out" >&2
+      until [[ -f "$marker" ]]; do
+        sleep 10; waited=$((waited + 10))
+        if ((waited >= ${CONVERT_WAIT_S:-7200})); then echo "no $marker after ${waited}s" >&2; return 1; fi
+      done
+    fi
   fi
   eval "HF_ARGS=($(cat "$out/model_flags.txt") --load \"\$out\")"
 }

@@ -20,12 +20,13 @@ import sys
 
 import torch
 
-from mtmegatron.convert.hf_config import ConversionError, family_of, flags_from_hf, hf_config_from_args
+from mtmegatron.convert.hf_config import HF_ARCH, ConversionError, family_of, flags_from_hf, hf_config_from_args
 from mtmegatron.convert.hf_io import HFCheckpoint, write_checkpoint
 from mtmegatron.convert.mapping import mtp_in_checkpoint, to_hf, to_mcore
 
 FLAGS_FILE = "model_flags.txt"
 _VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
 
 
@@ -91,8 +92,10 @@ def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config:
                               f"(first: {unused[:3]})")
 
 
-def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1, ep: int = 1) -> list[str]:
-    """Convert; returns the model flags a pretrain run needs next to ``--load out``."""
+def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1, ep: int = 1, workers: int = 1,
+                dtype: torch.dtype | None = None) -> list[str]:
+    """Convert; returns the model flags a pretrain run needs next to ``--load out``. Every family but LLaVA
+    streams (convert/streaming.py: ``workers`` processes, the source dtype kept unless ``dtype``)."""
     from mtmegatron.convert.model import build_model, init_single_rank, parse_flags, save_model_only
 
     from mtmegatron.convert import llava
@@ -109,6 +112,12 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
             print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP", file=sys.stderr)
         flags = flags_from_hf(family, config, with_mtp)
     validate_layout(flags, tp, pp, ep)
+    if plan is None:
+        from mtmegatron.convert import streaming
+
+        streaming.convert(hf_dir, out, family, flags, config.get("rope_interleave", True),
+                          {"rope_interleave": config.get("rope_interleave", True)}, workers=workers, dtype=dtype)
+        return flags
     args = parse_flags(flags)
     init_single_rank(args)
     model = build_model(args)
@@ -136,6 +145,10 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
         llava.write_carried(out, carried, plan)
     with open(f"{out}/{FLAGS_FILE}", "w") as f:
         f.write(shlex.join(flags) + "\n")
+    from mtmegatron.convert.streaming import MARKER
+
+    with open(f"{out}/{MARKER}", "w") as f:  # written last: the launchers' finished marker
+        f.write("{}\n")
     return flags
 
 
@@ -151,11 +164,12 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
     if rope_interleave is None:
         rope_interleave = common.get("hf_layout", {}).get("rope_interleave", True)
     flags = flags or common.get("model_flags")
-    if not flags:
-        raise ConversionError(f"{load} does not record its model flags (it was not written by the converter): "
-                              f"pass them after '--', e.g. -- --model llama3 --model-size 8b")
+    if not flags:  # a training checkpoint: its model fingerprint gives the flags (convert/recorded_flags.py)
+        from mtmegatron.convert.recorded_flags import flags_from_fingerprint
+
+        flags = flags_from_fingerprint(common.get("args") or {})
     args = parse_flags(list(flags))
-    if args.model not in ("llama3", "mixtral", "deepseek-v3", "llava"):
+    if args.model not in HF_ARCH:
         raise ConversionError(f"--model {args.model}: no HF mapping")
     if image_token_id is not None and args.model != "llava":
         raise ConversionError("--image-token-id is only meaningful for --model llava")
@@ -178,15 +192,19 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
 
 def add_parser(sub) -> None:
     """Register ``convert hf-to-mcore|mcore-to-hf`` on the ``mtmegatron`` command's subparsers."""
-    convert = sub.add_parser("convert", help="HF <-> megatron-core checkpoints (llama3, mixtral, deepseek-v3, llava)")
+    convert = sub.add_parser("convert", help=f"HF <-> megatron-core checkpoints ({', '.join(HF_ARCH)})")
     kinds = convert.add_subparsers(dest="direction", required=True)
     a = kinds.add_parser("hf-to-mcore", help="HF safetensors -> model-only megatron-core dist checkpoint")
-    a.add_argument("--model", required=True, choices=["llama3", "mixtral", "deepseek-v3", "llava"])
+    a.add_argument("--model", required=True, choices=list(HF_ARCH))
     a.add_argument("--hf-dir", required=True)
     a.add_argument("--out", required=True)
     a.add_argument("--tensor-model-parallel-size", type=int, default=1)
     a.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     a.add_argument("--expert-model-parallel-size", type=int, default=1)
+    a.add_argument("--workers", type=int, default=1,
+                   help="worker processes that read, transform and write tensors in parallel (default 1)")
+    a.add_argument("--dtype", choices=list(_DTYPES), default=None,
+                   help="dtype of the written weights (default: each tensor's dtype in the HF files; FP8 -> bf16)")
     a.set_defaults(fn=_run_hf_to_mcore)
     b = kinds.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF safetensors")
     b.add_argument("--load", required=True)
@@ -200,7 +218,10 @@ def add_parser(sub) -> None:
 
 
 def _run_hf_to_mcore(args) -> int:
-    flags = hf_to_mcore(args.hf_dir, args.out, args.model, *(getattr(args, k) for k in _LAYOUT))
+    if args.workers < 1:
+        raise ConversionError(f"--workers must be >= 1, not {args.workers}")
+    flags = hf_to_mcore(args.hf_dir, args.out, args.model, *(getattr(args, k) for k in _LAYOUT),
+                        workers=args.workers, dtype=_DTYPES.get(args.dtype))
     print(f"mtmegatron convert: wrote {args.out} (model-only, iteration 0; loads under any TP/PP/EP layout)")
     print(f"  pretrain with: --load {args.out} {shlex.join(flags)}")
     return 0

@@ -3,7 +3,11 @@
 ``flags_from_hf(family, config)`` gives the Megatron-LM flags that build the same network, every model value
 explicit so no preset value leaks in (a ConversionError names the first config field that changes the math and
 has no equivalent: ``check_representable``); ``hf_config_from_args(family, args)`` gives a config.json
-for the way back. Facts used: Llama/Mixtral need head_dim == hidden/heads and no biases; DeepSeek-V3's router
+for the way back. Facts used: Llama/Mixtral/Mistral/Qwen have no
+biases except Qwen2's on q/k/v (``--add-qkv-bias``); a head_dim other than hidden/heads is ``--kv-channels``;
+Llama-3.x ``rope_scaling`` (type ``llama3``) is megatron-core's ``--use-rope-scaling`` with its fixed frequency
+factors; Qwen3 normalises each head's q and k (``--qk-layernorm``); Qwen3-MoE's softmax router with
+``norm_topk_prob`` is megatron's default softmax router (top-k of the logits, softmax over those); DeepSeek-V3's router
 scores a group by its top-2 experts (megatron: top topk/group_topk), normalises the top-k weights (megatron's
 sigmoid router always does), and its RoPE dims are interleaved pairs (rope_interleave, undone in mapping.py).
 LLaVA's config (a CLIP tower around a Llama text config) is handled in convert/llava.py with ``_llama_like``.
@@ -12,9 +16,13 @@ May assume: plain dicts (config.json as loaded).
 
 from __future__ import annotations
 
-FAMILIES = {"llama": "llama3", "mixtral": "mixtral", "deepseek_v3": "deepseek-v3", "llava": "llava"}
+FAMILIES = {"llama": "llama3", "mixtral": "mixtral", "deepseek_v3": "deepseek-v3", "llava": "llava",
+            "qwen2": "qwen2.5", "qwen3": "qwen3", "qwen3_moe": "qwen3-moe", "mistral": "mistral"}
 HF_ARCH = {"llama3": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "deepseek-v3": "DeepseekV3ForCausalLM",
-           "llava": "LlavaForConditionalGeneration"}
+           "llava": "LlavaForConditionalGeneration", "qwen2.5": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+           "qwen3-moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM"}
+# megatron-core's Llama-3.x RoPE scaling (RotaryEmbedding._apply_scaling) fixes these; other values are refused
+LLAMA3_ROPE_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 HF_TYPE = {v: k for k, v in FAMILIES.items()}
 
 
@@ -56,6 +64,7 @@ _REPRESENTABLE = {
     "attention_bias": (False, None), "mlp_bias": (False, None),
     "sliding_window": (None,), "use_sliding_window": (False, None), "partial_rotary_factor": (1.0, None),
     "topk_method": ("noaux_tc", None), "moe_layer_freq": (1, None), "layer_types": (None,),
+    "decoder_sparse_step": (1, None), "mlp_only_layers": ([], None), "shared_expert_intermediate_size": (0, None),
 }
 
 
@@ -65,6 +74,8 @@ def check_representable(config: dict) -> None:
         value = config.get(field)
         if field == "sliding_window" and value is not None and value >= config.get("max_position_embeddings", 0):
             continue  # a window as long as any sequence has no effect
+        if field == "sliding_window" and config.get("use_sliding_window") is False:
+            continue  # Qwen2/3 carry a window size they do not use
         if field == "layer_types" and value is not None and set(value) <= {"full_attention"}:
             continue
         if value not in allowed:
@@ -93,16 +104,44 @@ def _common(config: dict) -> list[str]:
     return flags
 
 
+def _llama3_rope_scaling(scaling: dict) -> list[str]:
+    """megatron-core's Llama-3.x scaling, refusing the fields it cannot take."""
+    for field, fixed in LLAMA3_ROPE_FIXED.items():
+        value = scaling.get(field, fixed)
+        _require(float(value) == fixed, f"config.json field rope_scaling.{field} = {value!r}: megatron-core's Llama-3.x "
+                                        f"RoPE scaling fixes it at {fixed:g}; not converted")
+    return ["--use-rope-scaling", "--rope-scaling-factor", repr(float(scaling["factor"]))]
+
+
 def _llama_like(config: dict) -> list[str]:
     heads, hidden = config["num_attention_heads"], config["hidden_size"]
     head_dim = config.get("head_dim") or hidden // heads
-    _require(head_dim * heads == hidden, f"head_dim {head_dim} x {heads} heads != hidden_size {hidden}: not supported")
     theta, scaling = _rope(config)
-    _require(scaling is None, f"config.json field rope_scaling (rope_type {scaling and scaling.get('rope_type')!r}) "
-                              f"is not supported for this family; not converted")
-    groups = config.get("num_key_value_heads") or heads
     flags = _common(config) + ["--rotary-base", str(int(theta)) if float(theta).is_integer() else str(theta)]
-    return flags + ["--group-query-attention", "--num-query-groups", str(groups)]
+    if scaling is not None:
+        _require(scaling["rope_type"] == "llama3", f"config.json field rope_scaling (rope_type "
+                                                   f"{scaling['rope_type']!r}) is not supported for this family "
+                                                   f"(only llama3); not converted")
+        flags += _llama3_rope_scaling(scaling)
+    groups = config.get("num_key_value_heads") or heads
+    return flags + ["--group-query-attention", "--num-query-groups", str(groups), "--kv-channels", str(head_dim)]
+
+
+def _qwen(family: str, config: dict) -> list[str]:
+    flags = _llama_like(config)
+    if family == "qwen2.5":  # Qwen2 always has q/k/v biases (no attention_bias field)
+        return flags + ["--add-qkv-bias"]
+    flags.append("--qk-layernorm")
+    if family == "qwen3-moe":
+        _require(config.get("norm_topk_prob", False),
+                 "config.json field norm_topk_prob = false: megatron's softmax router normalises the top-k "
+                 "weights; not converted")
+        experts = config.get("num_experts") or config["num_local_experts"]  # transformers 5 renamed it
+        flags += ["--num-experts", str(experts), "--moe-router-topk", str(config["num_experts_per_tok"]),
+                  "--moe-ffn-hidden-size", str(config["moe_intermediate_size"]),
+                  "--moe-router-score-function", "softmax",
+                  "--moe-aux-loss-coeff", repr(float(config.get("router_aux_loss_coef", 0.0)))]
+    return flags
 
 
 def _mixtral(config: dict) -> list[str]:
@@ -161,6 +200,10 @@ def flags_from_hf(family: str, config: dict, with_mtp: bool = True) -> list[str]
         return ["--model", family] + _llama_like(config)
     if family == "mixtral":
         return ["--model", family] + _mixtral(config)
+    if family == "mistral":
+        return ["--model", family] + _llama_like(config)
+    if family in ("qwen2.5", "qwen3", "qwen3-moe"):
+        return ["--model", family] + _qwen(family, config)
     return ["--model", family] + _deepseek_v3(config, with_mtp)
 
 
@@ -175,6 +218,21 @@ def hf_config_from_args(family: str, args, rope_interleave: bool = True) -> dict
         "tie_word_embeddings": not args.untie_embeddings_and_output_weights, "torch_dtype": "float32",
         "rope_theta": float(args.rotary_base), "attention_bias": False,
     }
+    if family != "deepseek-v3":  # DeepSeek's head_dim is its RoPE dim (set below from the MLA fields)
+        config["head_dim"] = args.kv_channels or args.hidden_size // args.num_attention_heads
+    if args.use_rope_scaling:
+        config["rope_scaling"] = {"rope_type": "llama3", "factor": args.rope_scaling_factor, **LLAMA3_ROPE_FIXED}
+    if family.startswith("qwen"):
+        del config["attention_bias"]
+        config.update(use_sliding_window=False, sliding_window=None)
+    if family in ("qwen3", "qwen3-moe"):
+        config["attention_bias"] = False
+    if family == "mistral":
+        config["sliding_window"] = None
+    if family == "qwen3-moe":
+        config.update(num_experts=args.num_experts, num_local_experts=args.num_experts, num_experts_per_tok=args.moe_router_topk,
+                      moe_intermediate_size=args.moe_ffn_hidden_size, norm_topk_prob=True, decoder_sparse_step=1,
+                      mlp_only_layers=[], router_aux_loss_coef=args.moe_aux_loss_coeff)
     if family == "mixtral":
         config.update(num_local_experts=args.num_experts, num_experts_per_tok=args.moe_router_topk,
                       router_aux_loss_coef=args.moe_aux_loss_coeff)

@@ -27,10 +27,12 @@ def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: 
 
 class HFCheckpoint:
     """Lazy name -> tensor access over a checkpoint directory (``hf[name]``; ``names`` lists the logical
-    weights, scale tensors folded into the weights they scale)."""
+    weights, scale tensors folded into the weights they scale). ``dtype`` None keeps each tensor's stored dtype
+    (FP8 weights: bfloat16 after dequantization). ``keep_open`` False maps a file only while reading a tensor
+    (a streaming reader's RSS then holds no file pages it read earlier)."""
 
-    def __init__(self, directory: str, dtype: torch.dtype = torch.float32):
-        self.directory, self.dtype = directory, dtype
+    def __init__(self, directory: str, dtype: torch.dtype | None = torch.float32, keep_open: bool = True):
+        self.directory, self.dtype, self.keep_open = directory, dtype, keep_open
         index = os.path.join(directory, INDEX)
         if os.path.isfile(index):
             with open(index) as f:
@@ -50,6 +52,9 @@ class HFCheckpoint:
 
     def _raw(self, name: str) -> torch.Tensor:
         path = self._file_of[name]
+        if not self.keep_open:  # unmapped after each read: the file's pages do not stay in this process's RSS
+            with safe_open(path, "pt") as f:
+                return f.get_tensor(name)
         if path not in self._open:
             self._open[path] = safe_open(path, "pt")
         return self._open[path].get_tensor(name)
@@ -65,7 +70,9 @@ class HFCheckpoint:
         scale_name = name + "_scale_inv"
         if tensor.element_size() == 1 and tensor.is_floating_point() and scale_name in self._file_of:
             tensor = dequantize_fp8_blocks(tensor, self._raw(scale_name))
-        return tensor.to(self.dtype)
+            if self.dtype is None:  # the dtype DeepSeek trains and releases its dequantized weights in
+                return tensor.to(torch.bfloat16)
+        return tensor if self.dtype is None else tensor.to(self.dtype)
 
     def config(self) -> dict:
         with open(os.path.join(self.directory, "config.json")) as f:

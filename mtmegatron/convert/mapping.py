@@ -2,7 +2,9 @@
 
 ``to_mcore(family, args, hf)`` returns ``{mcore name: tensor}`` built from the HF tensors (``hf`` maps an HF
 name to a tensor, loaded lazily); ``to_hf(family, args, mcore)`` the way back. Layout facts:
-- ``linear_qkv`` rows are grouped per query group: that group's query heads, then its key, then its value.
+- ``linear_qkv`` rows are grouped per query group: that group's query heads, then its key, then its value (its
+  bias, Qwen2's, likewise); Qwen3's ``q_norm``/``k_norm`` -> ``q_layernorm``/``k_layernorm``.
+- Qwen3-MoE: ``mlp.experts.<e>.{gate,up,down}_proj``, router ``mlp.gate`` (DeepSeek's names without a shared expert).
 - ``linear_fc1`` is ``cat([gate, up])``; experts are ``mlp.experts.local_experts.<e>`` (sequential experts).
 - DeepSeek MLA: q_a/q_b/kv_a/kv_b -> linear_q_down/q_up/kv_down/kv_up, q_a/kv_a layernorms -> q_layernorm/
   kv_layernorm (the local spec's names), gate -> router (+ e_score_correction_bias -> router.expert_bias),
@@ -25,19 +27,25 @@ from mtmegatron.models.deepseek_args import moe_layer_pattern
 
 # ---- layout helpers ---------------------------------------------------------------------------------------
 def qkv_to_mcore(q, k, v, heads: int, groups: int) -> torch.Tensor:
-    head_dim, hidden = q.shape[0] // heads, q.shape[1]
-    q = q.view(groups, heads // groups, head_dim, hidden)
-    k, v = k.view(groups, 1, head_dim, hidden), v.view(groups, 1, head_dim, hidden)
-    return torch.cat([q, k, v], dim=1).reshape(-1, hidden)
+    """Weights (rows x hidden) or biases (rows) of q/k/v -> megatron's per-group row order."""
+    head_dim, rest = q.shape[0] // heads, q.shape[1:]
+    q = q.view(groups, heads // groups, head_dim, *rest)
+    k, v = k.view(groups, 1, head_dim, *rest), v.view(groups, 1, head_dim, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
 
 
 def qkv_to_hf(qkv, heads: int, groups: int):
     per_group = heads // groups + 2
-    hidden = qkv.shape[1]
+    rest = qkv.shape[1:]
     head_dim = qkv.shape[0] // (groups * per_group)
-    grouped = qkv.view(groups, per_group, head_dim, hidden)
-    q = grouped[:, : heads // groups].reshape(-1, hidden)
-    return q, grouped[:, -2].reshape(-1, hidden), grouped[:, -1].reshape(-1, hidden)
+    grouped = qkv.view(groups, per_group, head_dim, *rest)
+    q = grouped[:, : heads // groups].reshape(-1, *rest)
+    return q, grouped[:, -2].reshape(-1, *rest), grouped[:, -1].reshape(-1, *rest)
+
+
+def _qkv_parts(args) -> list[str]:
+    """The fused q/k/v tensors of plain attention: the weight, and the bias with ``--add-qkv-bias``."""
+    return ["weight", "bias"] if args.add_qkv_bias else ["weight"]
 
 
 def _deinterleave(rows: int) -> torch.Tensor:
@@ -58,7 +66,11 @@ def _permute_rope_rows(weight, head_dim: int, rope_dim: int, inverse: bool) -> t
 # ---- per-part name tables: (mcore suffix, hf suffix) --------------------------------------------------------
 def _attention_pairs(family: str, args) -> list[tuple[str, str]]:
     if family != "deepseek-v3":
-        return [("self_attention.linear_proj.weight", "self_attn.o_proj.weight")]
+        pairs = [("self_attention.linear_proj.weight", "self_attn.o_proj.weight")]
+        if args.qk_layernorm:  # Qwen3: RMSNorm over each head's q and k
+            pairs += [("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
+                      ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight")]
+        return pairs
     pairs = [
         ("self_attention.linear_kv_down_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
         ("self_attention.kv_layernorm.weight", "self_attn.kv_a_layernorm.weight"),
@@ -118,36 +130,52 @@ def _rope_rows(family: str, args, rope_interleave: bool) -> dict[str, tuple[int,
 
 
 # ---- the two directions ---------------------------------------------------------------------------------------
-def to_mcore(family: str, args, hf: Callable[[str], torch.Tensor], rope_interleave: bool = True) -> dict:
-    out = {"embedding.word_embeddings.weight": hf("model.embed_tokens.weight"),
-           "decoder.final_layernorm.weight": hf("model.norm.weight")}
+def mcore_sources(family: str, args, rope_interleave: bool = True) -> dict:
+    """``{mcore name: (HF names, transform)}``: the tensor is ``transform(*HF tensors)``. Lets a streaming
+    converter read only what one output needs (convert/streaming.py)."""
+    def same(tensor):
+        return tensor
+
+    def qkv(q, k, v):
+        return qkv_to_mcore(q, k, v, args.num_attention_heads, args.num_query_groups)
+
+    def fused(gate, up):
+        return torch.cat([gate, up])
+
+    def interleaved(head_rows: int, rope: int):
+        return lambda tensor: _permute_rope_rows(tensor, head_rows, rope, inverse=True)
+
+    out = {"embedding.word_embeddings.weight": (("model.embed_tokens.weight",), same),
+           "decoder.final_layernorm.weight": (("model.norm.weight",), same)}
     if args.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = hf("lm_head.weight")
+        out["output_layer.weight"] = (("lm_head.weight",), same)
     rope_rows = _rope_rows(family, args, rope_interleave)
     for mc, hp, is_moe in _layers(args):
-        out[mc + "input_layernorm.weight"] = hf(hp + "input_layernorm.weight")
-        out[mc + "pre_mlp_layernorm.weight"] = hf(hp + "post_attention_layernorm.weight")
+        out[mc + "input_layernorm.weight"] = ((hp + "input_layernorm.weight",), same)
+        out[mc + "pre_mlp_layernorm.weight"] = ((hp + "post_attention_layernorm.weight",), same)
         if family != "deepseek-v3":
-            out[mc + "self_attention.linear_qkv.weight"] = qkv_to_mcore(
-                hf(hp + "self_attn.q_proj.weight"), hf(hp + "self_attn.k_proj.weight"),
-                hf(hp + "self_attn.v_proj.weight"), args.num_attention_heads, args.num_query_groups)
+            for part in _qkv_parts(args):
+                out[mc + f"self_attention.linear_qkv.{part}"] = (
+                    tuple(hp + f"self_attn.{x}_proj.{part}" for x in "qkv"), qkv)
         for m_name, h_name in _attention_pairs(family, args):
-            tensor = hf(hp + h_name)
-            if m_name in rope_rows:
-                tensor = _permute_rope_rows(tensor, *rope_rows[m_name], inverse=True)
-            out[mc + m_name] = tensor
+            out[mc + m_name] = ((hp + h_name,), interleaved(*rope_rows[m_name]) if m_name in rope_rows else same)
         for fc1, fc2, h_prefix, (gate, up, down) in _mlp_parts(family, is_moe, args):
-            out[mc + fc1] = torch.cat([hf(f"{hp}{h_prefix}.{gate}.weight"), hf(f"{hp}{h_prefix}.{up}.weight")])
-            out[mc + fc2] = hf(f"{hp}{h_prefix}.{down}.weight")
+            out[mc + fc1] = ((f"{hp}{h_prefix}.{gate}.weight", f"{hp}{h_prefix}.{up}.weight"), fused)
+            out[mc + fc2] = ((f"{hp}{h_prefix}.{down}.weight",), same)
         if is_moe:
             for m_name, h_name in _router_pairs(family, args):
-                out[mc + m_name] = hf(hp + h_name)
+                out[mc + m_name] = ((hp + h_name,), same)
     for k in range(args.mtp_num_layers or 0):
         hp = f"model.layers.{args.num_layers + k}."
         for m_name, h_name in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
                                ("final_layernorm", "shared_head.norm")):
-            out[f"mtp.layers.{k}.{m_name}.weight"] = hf(f"{hp}{h_name}.weight")
+            out[f"mtp.layers.{k}.{m_name}.weight"] = ((f"{hp}{h_name}.weight",), same)
     return out
+
+
+def to_mcore(family: str, args, hf: Callable[[str], torch.Tensor], rope_interleave: bool = True) -> dict:
+    return {name: transform(*(hf(n) for n in names))
+            for name, (names, transform) in mcore_sources(family, args, rope_interleave).items()}
 
 
 def to_hf(family: str, args, mcore: dict, rope_interleave: bool = True) -> dict:
@@ -160,10 +188,11 @@ def to_hf(family: str, args, mcore: dict, rope_interleave: bool = True) -> dict:
         out[hp + "input_layernorm.weight"] = mcore[mc + "input_layernorm.weight"]
         out[hp + "post_attention_layernorm.weight"] = mcore[mc + "pre_mlp_layernorm.weight"]
         if family != "deepseek-v3":
-            q, k, v = qkv_to_hf(mcore[mc + "self_attention.linear_qkv.weight"], args.num_attention_heads,
-                                args.num_query_groups)
-            out[hp + "self_attn.q_proj.weight"], out[hp + "self_attn.k_proj.weight"] = q, k
-            out[hp + "self_attn.v_proj.weight"] = v
+            for part in _qkv_parts(args):
+                q, k, v = qkv_to_hf(mcore[mc + f"self_attention.linear_qkv.{part}"], args.num_attention_heads,
+                                    args.num_query_groups)
+                out[hp + f"self_attn.q_proj.{part}"], out[hp + f"self_attn.k_proj.{part}"] = q, k
+                out[hp + f"self_attn.v_proj.{part}"] = v
         for m_name, h_name in _attention_pairs(family, args):
             tensor = mcore[mc + m_name]
             if m_name in rope_rows:

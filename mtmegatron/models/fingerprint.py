@@ -15,8 +15,10 @@ FINGERPRINT_FIELDS = (
     # shapes of the dense transformer
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "vocab_size", "padded_vocab_size", "untie_embeddings_and_output_weights", "disable_bias_linear",
+    "kv_channels", "add_qkv_bias",
     # the math of norms, activations and positions
     "normalization", "norm_epsilon", "swiglu", "qk_layernorm", "position_embedding_type", "rotary_base",
+    "use_rope_scaling", "rope_scaling_factor",
     # MLA and its RoPE (YaRN) scaling
     "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
     "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",

@@ -16,7 +16,7 @@ from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from mtmegatron.fp8.spec import keep_layers_in_bf16, te_config_fields
-from mtmegatron.models import deepseek, fusions
+from mtmegatron.models import deepseek, family_args, fusions
 from mtmegatron.models.config_from_flags import transformer_config_kwargs
 from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
@@ -28,6 +28,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     config_class = MLATransformerConfig if args.multi_latent_attention else TransformerConfig
     ours = dict(
         use_cpu_initialization=True,  # layout-independent weights: every rank draws the full tensor, keeps its shard
+        perform_initialization=not family_args.skip_initialization(args),  # --load/--finetune overwrite them
         overlap_p2p_comm=p2p_overlap_runs(args),
         batch_p2p_comm=not p2p_overlap_runs(args) and not _two_stage_interleaved(args),
         moe_grouped_gemm=False,

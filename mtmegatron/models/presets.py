@@ -41,6 +41,22 @@ RECIPE = dict(
     train_iters=1000, lr=1e-3, lr_decay_style="cosine", adam_beta2=0.95, micro_batch_size=2, global_batch_size=8,
     hidden_dropout=0.0, attention_dropout=0.0, eval_iters=4, log_interval=1,
 )
+# Llama-3.1/3.2: Llama-3 plus RoPE frequency scaling (models/family_args.py; megatron-core's fixed low/high
+# frequency factors 1/4 and original context 8192 are the published ones) and a 128K context.
+_LLAMA31 = dict(_LLAMA_COMMON, use_rope_scaling=True, rope_scaling_factor=8.0, seq_length=8192,
+                max_position_embeddings=131072, vocab_size=128256, rotary_base=500000)
+_LLAMA32 = dict(_LLAMA31, rope_scaling_factor=32.0, untie_embeddings_and_output_weights=False)
+
+# Qwen2/2.5: biases on q/k/v only; Qwen3: no bias, RMSNorm on each head's q and k, head dim set explicitly;
+# Qwen3-MoE: every layer MoE, softmax top-k router with normalised weights (megatron's default order: top-k of
+# the logits, then softmax), no shared expert.
+_QWEN2 = dict(_LLAMA_COMMON, norm_epsilon=1e-6, rotary_base=1000000, add_qkv_bias=True)
+_QWEN3 = dict(_LLAMA_COMMON, norm_epsilon=1e-6, rotary_base=1000000, qk_layernorm=True, vocab_size=151936,
+              seq_length=4096, max_position_embeddings=40960)
+_QWEN3_MOE = dict(_QWEN3, moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="aux_loss",
+                  moe_aux_loss_coeff=1e-3)
+_TINY_DENSE = dict(num_layers=4, hidden_size=128, ffn_hidden_size=352, num_attention_heads=8, num_query_groups=4,
+                   seq_length=128, max_position_embeddings=128, vocab_size=1024)
 
 PRESETS: dict[str, dict[str, dict]] = {
     "llama3": {
@@ -59,6 +75,51 @@ PRESETS: dict[str, dict[str, dict]] = {
             num_query_groups=8, seq_length=8192, max_position_embeddings=8192, vocab_size=128256,
             rotary_base=500000,
         ),
+        "3.1-tiny": dict(_LLAMA31, **_TINY_DENSE),
+        "3.1-8b": dict(_LLAMA31, num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                       num_query_groups=8),
+        "3.1-70b": dict(_LLAMA31, num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,
+                        num_query_groups=8),
+        "3.2-1b": dict(_LLAMA32, num_layers=16, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=32,
+                       num_query_groups=8),
+        "3.2-3b": dict(_LLAMA32, num_layers=28, hidden_size=3072, ffn_hidden_size=8192, num_attention_heads=24,
+                       num_query_groups=8),
+    },
+    "qwen2.5": {
+        "tiny": dict(_QWEN2, **_TINY_DENSE, untie_embeddings_and_output_weights=False),
+        "0.5b": dict(_QWEN2, num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
+                     num_query_groups=2, seq_length=4096, max_position_embeddings=32768, vocab_size=151936,
+                     untie_embeddings_and_output_weights=False),
+        "7b": dict(_QWEN2, num_layers=28, hidden_size=3584, ffn_hidden_size=18944, num_attention_heads=28,
+                   num_query_groups=4, seq_length=4096, max_position_embeddings=32768, vocab_size=152064),
+        "72b": dict(_QWEN2, num_layers=80, hidden_size=8192, ffn_hidden_size=29568, num_attention_heads=64,
+                    num_query_groups=8, seq_length=4096, max_position_embeddings=32768, vocab_size=152064),
+    },
+    "qwen3": {
+        # head dim 32 with hidden 128 / 8 heads = 16: kv_channels explicit, as in the real ones
+        "tiny": dict(_QWEN3, **{**_TINY_DENSE, "kv_channels": 32}, untie_embeddings_and_output_weights=False),
+        "0.6b": dict(_QWEN3, num_layers=28, hidden_size=1024, ffn_hidden_size=3072, num_attention_heads=16,
+                     num_query_groups=8, kv_channels=128, untie_embeddings_and_output_weights=False),
+        "8b": dict(_QWEN3, num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32,
+                   num_query_groups=8, kv_channels=128),
+        "32b": dict(_QWEN3, num_layers=64, hidden_size=5120, ffn_hidden_size=25600, num_attention_heads=64,
+                    num_query_groups=8, kv_channels=128),
+    },
+    "qwen3-moe": {
+        "tiny": dict(_QWEN3_MOE, **{**_TINY_DENSE, "kv_channels": 32}, num_experts=8, moe_router_topk=2,
+                     moe_ffn_hidden_size=64),
+        "30b-a3b": dict(_QWEN3_MOE, num_layers=48, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=32,
+                        num_query_groups=4, kv_channels=128, num_experts=128, moe_router_topk=8,
+                        moe_ffn_hidden_size=768),
+        "235b-a22b": dict(_QWEN3_MOE, num_layers=94, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=64,
+                          num_query_groups=4, kv_channels=128, num_experts=128, moe_router_topk=8,
+                          moe_ffn_hidden_size=1536),
+    },
+    "mistral": {  # v0.3: Llama's layer, 32K vocabulary, no sliding window
+        "tiny": dict(_LLAMA_COMMON, **_TINY_DENSE, rotary_base=1000000),
+        "7b": dict(_LLAMA_COMMON, num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                   num_query_groups=8, seq_length=4096, max_position_embeddings=32768, vocab_size=32768,
+                   rotary_base=1000000),
     },
     "mixtral": {
         "tiny": dict(

@@ -13,6 +13,7 @@ import sys
 
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
+from mtmegatron.models.family_args import add_family_args, check_family_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields
 from mtmegatron.training.pipeline_split import check_pipeline_split
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_llava_args(p)
     add_tokenizer_args(p)
     add_sft_args(p)
+    add_family_args(p)
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)
@@ -335,6 +337,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.sequence_parallel and tp == 1:
         args.sequence_parallel = False  # as Megatron-LM: SP is a TP feature
     check_llava_args(args, ConfigError)
+    check_family_args(args, ConfigError)
     if args.num_experts:
         if args.num_experts % ep:
             raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")

@@ -64,7 +64,56 @@ def _mixtral_vocab163_config():
     return config
 
 
-CONFIGS = {"llama3": _llama_config, "mixtral": _mixtral_config, "deepseek-v3": _deepseek_config,
+def _llama31_config():
+    """Llama-3.1-style RoPE scaling (type llama3; a factor of 32 as in 3.2, so the scaled frequencies differ
+    clearly) with a head dim of 32 (not hidden/heads = 16), so the medium and low frequency bands both exist."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False,
+                       rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 8192})
+
+
+def _qwen2_config():
+    """Qwen2.5-style: q/k/v biases, tied embeddings (as the small releases), an unused sliding-window size."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+                       rope_theta=1e6, tie_word_embeddings=True, use_sliding_window=False, sliding_window=32)
+
+
+def _qwen3_config():
+    """Qwen3: q/k RMSNorm per head, head_dim 32 while hidden/heads is 16."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+                       rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False)
+
+
+def _qwen3_moe_config():
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                          num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=64,
+                          rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False, router_aux_loss_coef=0.0)
+
+
+def _mistral_config():
+    from transformers import MistralConfig
+
+    return MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         rope_theta=1e6, sliding_window=None, tie_word_embeddings=False)
+
+
+CONFIGS = {"llama3": _llama_config, "llama3:3.1-rope-scaling": _llama31_config, "qwen2.5": _qwen2_config,
+           "qwen3": _qwen3_config, "qwen3-moe": _qwen3_moe_config, "mistral": _mistral_config, "mixtral": _mixtral_config, "deepseek-v3": _deepseek_config,
            "llama3:mha-tied-163": _llama_mha_tied_config, "mixtral:vocab-163": _mixtral_vocab163_config}
 
 
@@ -108,6 +157,11 @@ def save_tiny(family: str, directory: str, shard: bool = False):
     config = CONFIGS[family]()
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     _randomize(model)
+    if family == "llama3:3.1-rope-scaling":  # large q/k so a 16-token RoPE difference shows (~3e-3 in the logits)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "q_proj" in name or "k_proj" in name:
+                    p.mul_(10.0)
     model.save_pretrained(directory, max_shard_size="100KB" if shard else "5GB")
     if family == "deepseek-v3":
         path = os.path.join(directory, "model.safetensors")
@@ -149,10 +203,49 @@ def hf_loss(directory: str, batch_file: str, micro_batch_size: int) -> None:
     torch.save(batch, batch_file)
 
 
+def fp8_release(source: str, fp8_dir: str, bf16_dir: str) -> None:
+    """``python hf_models.py --fp8 SRC FP8_DIR BF16_DIR``: SRC's layer projection weights as DeepSeek releases
+    them (float8_e4m3fn + ``<name>_scale_inv`` per 128x128 block, edge blocks partial) into FP8_DIR, and into
+    BF16_DIR the same checkpoint dequantized by the block formula (fp8 value x its block's scale_inv, written
+    out element-block by element-block here, not with the converter's code) in bf16, other tensors bf16."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(os.path.join(source, "model.safetensors"))
+    fp8, bf16 = {}, {}
+    for name, t in tensors.items():
+        if t.dim() == 2 and name.startswith("model.layers.") and "_proj.weight" in name:
+            rows, cols = t.shape
+            scale_inv = torch.empty((rows + 127) // 128, (cols + 127) // 128)
+            q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+            deq = torch.empty(rows, cols)
+            for i in range(scale_inv.shape[0]):
+                for j in range(scale_inv.shape[1]):
+                    block = t[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+                    scale_inv[i, j] = block.abs().max().clamp(min=1e-12) / 448.0
+                    q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (block / scale_inv[i, j]).to(torch.float8_e4m3fn)
+                    deq[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (
+                        q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].float() * scale_inv[i, j])
+            fp8[name], fp8[name + "_scale_inv"], bf16[name] = q, scale_inv, deq.to(torch.bfloat16)
+        else:
+            fp8[name] = bf16[name] = t.to(torch.bfloat16)
+    for directory, data in ((fp8_dir, fp8), (bf16_dir, bf16)):
+        os.makedirs(directory, exist_ok=True)
+        save_file(data, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+        config = json.load(open(os.path.join(source, "config.json")))
+        config["torch_dtype"] = "bfloat16"
+        json.dump(config, open(os.path.join(directory, "config.json"), "w"))
+    shutil.copy(os.path.join(source, "reference.pt"), os.path.join(bf16_dir, "reference.pt"))
+
+
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1] == "--loss":
+    if sys.argv[1] == "--fp8":
+        fp8_release(*sys.argv[2:5])
+    elif sys.argv[1] == "--loss":
         hf_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         main(sys.argv[1:])

@@ -62,8 +62,8 @@ def test_unsupported_hf_settings_are_refused_with_the_reason():
     llama = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediate_size=96,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
     assert "--group-query-attention" in flags_from_hf("llama3", llama)
-    with pytest.raises(ConversionError, match="field rope_scaling \\(rope_type 'llama3'\\)"):
-        flags_from_hf("llama3", {**llama, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ConversionError, match="field rope_scaling \\(rope_type 'linear'\\)"):
+        flags_from_hf("llama3", {**llama, "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
     with pytest.raises(ConversionError, match="field attention_bias = True"):
         flags_from_hf("llama3", {**llama, "attention_bias": True})
     deepseek = dict(model_type="deepseek_v3", num_hidden_layers=2, hidden_size=64, intermediate_size=96,

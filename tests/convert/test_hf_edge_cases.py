@@ -71,11 +71,14 @@ BASE = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediat
 
 @pytest.mark.parametrize("field,value", [
     ("attention_bias", True), ("mlp_bias", True), ("sliding_window", 16), ("partial_rotary_factor", 0.5),
-    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}), ("hidden_act", "gelu"),
+    ("rope_scaling", {"rope_type": "linear", "factor": 8.0}), ("hidden_act", "gelu"),
+    ("rope_scaling.low_freq_factor", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0}),
+    ("rope_scaling.original_max_position_embeddings", {"rope_type": "llama3", "factor": 8.0,
+                                                       "original_max_position_embeddings": 4096}),
 ])
 def test_math_changing_fields_we_cannot_represent_are_refused(field, value):
     with pytest.raises(ConversionError, match=f"field {field}"):
-        flags_from_hf("llama3", {**BASE, field: value})
+        flags_from_hf("llama3", {**BASE, field.split(".")[0]: value})
 
 
 def test_harmless_values_of_those_fields_convert():

@@ -1,0 +1,55 @@
+"""The model flags of a training checkpoint, rebuilt from the fingerprint it records (models/fingerprint.py), so
+``mcore-to-hf`` needs no flags after ``--``.
+
+The fingerprint holds every value that changes parameter shapes or the forward math; each becomes its Megatron-LM
+flag. The family (``--model``) is not recorded: it is read from the fields (MLA -> deepseek-v3; experts with
+q/k norm -> qwen3-moe, else mixtral; q/k/v bias -> qwen2.5; q/k norm -> qwen3; else llama3 — a Mistral
+checkpoint comes back as the same network written as HF Llama). LLaVA checkpoints are not covered (their vision
+fields are not in the fingerprint).
+May assume: ``saved`` is a fingerprint dict as written by training/checkpointing.py or the converter.
+"""
+
+from __future__ import annotations
+
+from mtmegatron.convert.hf_config import ConversionError
+from mtmegatron.models.deepseek_args import _ZERO_IS_NONE
+
+_DERIVED = {"padded_vocab_size"}  # computed from --vocab-size and the layout
+
+
+def family_of_fingerprint(saved: dict) -> str:
+    if saved.get("multi_latent_attention"):
+        return "deepseek-v3"
+    if saved.get("num_experts"):
+        return "qwen3-moe" if saved.get("qk_layernorm") else "mixtral"
+    if saved.get("add_qkv_bias"):
+        return "qwen2.5"
+    return "qwen3" if saved.get("qk_layernorm") else "llama3"
+
+
+def flags_from_fingerprint(saved: dict) -> list[str]:
+    """``--model FAMILY`` and one flag per recorded field (booleans as their switches, off ones explicit where
+    a preset could turn them on)."""
+    if not saved or "num_layers" not in saved:
+        raise ConversionError("the checkpoint records no model fingerprint: pass the model flags after '--'")
+    flags = ["--model", family_of_fingerprint(saved)]
+    for field, value in saved.items():
+        if field in _DERIVED:
+            continue
+        if value is None:  # a size that is off: explicit 0, so no preset value switches it on
+            if field in _ZERO_IS_NONE:
+                flags += ["--" + field.replace("_", "-"), "0"]
+            continue
+        name = "--" + field.replace("_", "-")
+        if field == "untie_embeddings_and_output_weights":
+            flags.append(name if value else "--no-untie-embeddings-and-output-weights")
+        elif isinstance(value, bool):
+            if value:
+                flags.append(name)
+        elif field == "moe_layer_freq" and isinstance(value, list):
+            flags += [name, "[" + ",".join(str(v) for v in value) + "]"]
+        else:
+            flags += [name, str(value)]
+    if saved.get("num_query_groups") is not None:
+        flags.append("--group-query-attention")
+    return flags

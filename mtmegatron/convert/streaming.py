@@ -1,0 +1,373 @@
+"""Streaming ``hf-to-mcore``: HF safetensors -> a megatron-core ``torch_dist`` checkpoint without ever holding the
+model, in N worker processes, in memory bounded by a few tensors per worker.
+
+How: the model is built on the *meta* device (no storage, no initialisation) only to ask megatron-core for its
+``sharded_state_dict`` under TP1/PP1 — the checkpoint keys, global shapes (layer and expert axes included) and
+chunk offsets that ``dist_checkpointing`` writes and reshards from on load (so the output loads under any
+TP/PP/EP/VPP layout, like the in-memory converter's). ShardedTensorFactories (SwiGLU's fc1 split into gate and up
+chunks) are applied to the meta tensor; each resulting chunk is remembered as a strided view (offset, shape,
+stride) of its local parameter. Each worker then writes its share of the chunks with torch's own
+``torch.distributed.checkpoint`` FileSystemWriter and a planner whose ``resolve_data`` reads the HF tensors one
+output at a time (mapping.mcore_sources: QKV interleave, gate/up fusion, MLA RoPE rows; FP8 blocks dequantized
+by hf_io) and hands the chunk over; the writer writes it and drops it. The megatron-core ShardedObjects (the
+linears' empty ``_extra_state``) and the common state are written by megatron-core's own ``dist_checkpointing.save``
+as part 0; the parts' DCP metadata are merged into one ``.metadata``.
+Safety: everything is written under ``<out>.partial.<pid>`` and renamed to ``<out>`` when complete; the finished
+marker ``<out>/conversion_complete.json`` exists only in a complete output. Workers stop when the parent dies.
+Memory per worker: the HF inputs of one output tensor, that tensor, and one chunk (<= 2 x the largest output
+tensor + the interpreter); the parent holds no tensor data.
+May assume: run as a plain process (it creates a one-rank gloo group for megatron-core's save).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mtmegatron.convert.hf_config import ConversionError
+
+MARKER = "conversion_complete.json"
+_VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One DCP write item: ``key`` at ``offset`` of ``global_shape``, taken from local parameter ``local`` as the
+    strided view (``storage_offset``, ``shape``, ``stride``), stored with ``prepend`` leading 1-axes."""
+
+    key: str
+    global_shape: tuple
+    offset: tuple
+    local: str
+    storage_offset: int
+    shape: tuple
+    stride: tuple
+    prepend: int
+
+
+def _meta_model(args):
+    from mtmegatron.models.gpt import build_model_chunks, transformer_config
+
+    config = transformer_config(args)
+    config.perform_initialization = False
+    with torch.device("meta"):
+        (model,) = build_model_chunks(args, config)
+    return model
+
+
+def plan_chunks(model) -> tuple[list[Chunk], dict, dict]:
+    """(tensor chunks, {local name: shape}, the ShardedObjects) of the model's TP1 sharded state dict."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, ShardedTensorFactory
+
+    chunks, shapes, objects = [], {}, {}
+    for local, entry in model.sharded_state_dict().items():
+        if isinstance(entry, ShardedObject):
+            objects[local] = entry
+            continue
+        base = entry.data
+        shapes[local] = tuple(base.shape)
+        if isinstance(entry, ShardedTensorFactory):
+            built = [t for t in nested_values(entry.build_fn(entry.key, base, entry.replica_id, entry.flattened_range))]
+        else:
+            built = [entry]
+        for sh in built:
+            assert isinstance(sh, ShardedTensor) and sh.flattened_range is None, (local, type(sh))
+            chunks.append(Chunk(sh.key, tuple(sh.global_shape), tuple(sh.global_offset), local,
+                                sh.data.storage_offset(), tuple(sh.data.shape), tuple(sh.data.stride()),
+                                sh.prepend_axis_num))
+    return chunks, shapes, objects
+
+
+def _split(chunks: list[Chunk], shapes: dict, itemsize: dict, workers: int) -> list[list[Chunk]]:
+    """Whole local tensors per worker (so each is read once), balanced by bytes, in model order per worker."""
+    by_local: dict[str, list[Chunk]] = {}
+    for c in chunks:
+        by_local.setdefault(c.local, []).append(c)
+    load, parts = [0] * workers, [[] for _ in range(workers)]
+    order = sorted(by_local, key=lambda n: -torch.Size(shapes[n]).numel() * itemsize[n])
+    owner = {}
+    for name in order:
+        w = load.index(min(load))
+        owner[name] = w
+        load[w] += torch.Size(shapes[name]).numel() * itemsize[name]
+    for name, group in by_local.items():
+        parts[owner[name]].extend(group)
+    return [p for p in parts if p]
+
+
+# ---- the worker ---------------------------------------------------------------------------------------------
+def _vm_hwm_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _Sources:
+    """Output tensors computed from the HF checkpoint, one at a time (the last one cached for its chunks)."""
+
+    def __init__(self, hf_dir: str, flags: list[str], family: str, rope_interleave: bool, dtype, shapes: dict):
+        from mtmegatron.convert.hf_io import HFCheckpoint
+        from mtmegatron.convert.mapping import mcore_sources
+        from mtmegatron.convert.model import parse_flags
+
+        args = parse_flags(flags)
+        self.hf = HFCheckpoint(hf_dir, dtype=None, keep_open=False)
+        self.sources = mcore_sources(family, args, rope_interleave)
+        self.dtype, self.shapes = dtype, shapes
+        self._name, self._tensor = None, None
+
+    def tensor(self, local: str) -> torch.Tensor:
+        if local != self._name:
+            self._name, self._tensor = None, None  # drop the previous output before reading the next
+            names, transform = self.sources[local]
+            tensor = transform(*(self.hf[n] for n in names))
+            if self.dtype is not None:
+                tensor = tensor.to(self.dtype)
+            rows = self.shapes[local][0]
+            if any(local.endswith(v) for v in _VOCAB_ROWS) and tensor.shape[0] < rows:  # models/vocab.py padding
+                tensor = torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
+            self._name, self._tensor = local, tensor.contiguous()
+        return self._tensor
+
+
+def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, flags: list[str], family: str,
+                rope_interleave: bool, dtype, shapes: dict, itemsize: dict, progress) -> None:
+    """Worker process: write ``chunks`` as one DCP part into ``directory``; reports bytes, then its VmHWM."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_global_save_plan
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+    from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+
+    torch.set_num_threads(1)
+    parent = os.getppid()
+    sources = _Sources(hf_dir, flags, family, rope_interleave, dtype, shapes)
+    baseline = _vm_hwm_bytes()  # the interpreter, torch and megatron-core imported; no tensor read yet
+    by_index = {(c.key, c.offset): c for c in chunks}
+
+    def item(c: Chunk) -> WriteItem:
+        sizes = (1,) * c.prepend + c.shape
+        return WriteItem(index=MetadataIndex(c.key, torch.Size(c.offset)), type=WriteItemType.SHARD,
+                         tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(torch.Size(c.offset), torch.Size(sizes)),
+                                                     properties=TensorProperties(dtype=itemsize[c.local + ":dtype"]),
+                                                     size=torch.Size(c.global_shape)))
+
+    class LazyPlanner(DefaultSavePlanner):
+        def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False):
+            self.state_dict, self.is_coordinator = {}, is_coordinator
+
+        def create_local_plan(self):
+            self.plan = SavePlan([item(c) for c in chunks])
+            return self.plan
+
+        def create_global_plan(self, all_plans):
+            self.global_plan, self.metadata = create_default_global_save_plan(all_plans)
+            return self.global_plan, self.metadata
+
+        def resolve_data(self, write_item):
+            if os.getppid() != parent:  # the converter was killed: stop instead of writing on as an orphan
+                os._exit(3)
+            c = by_index[(write_item.index.fqn, tuple(write_item.index.offset))]
+            data = sources.tensor(c.local).as_strided(c.shape, c.stride, c.storage_offset)
+            data = data.contiguous().view((1,) * c.prepend + c.shape)
+            progress.put(("bytes", data.numel() * data.element_size()))
+            return data
+
+    writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, thread_count=1, sync_files=False)
+    dcp.save({}, storage_writer=writer, planner=LazyPlanner(), no_dist=True)
+    progress.put(("done", index, (baseline, _vm_hwm_bytes())))
+
+
+# ---- the parent ---------------------------------------------------------------------------------------------
+def _source_dtypes(hf, sources: dict, dtype) -> dict:
+    """{local name: stored dtype}: ``dtype`` if given, else the first HF input's (FP8 weights: bfloat16)."""
+    from safetensors import safe_open
+
+    out = {}
+    for local, (names, _) in sources.items():
+        if dtype is not None:
+            out[local] = dtype
+            continue
+        path = hf._file_of[names[0]]
+        with safe_open(path, "pt") as f:
+            stored = f.get_slice(names[0]).get_dtype()
+        out[local] = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(stored, torch.bfloat16)
+    return out
+
+
+def _merge_metadata(parts: list[str], out_dir: str) -> None:
+    """Move every part's DCP files into ``out_dir`` (part 0 is there already) and write one merged .metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    merged = FileSystemReader(out_dir).read_metadata()
+    for i, part in enumerate(parts, start=1):
+        meta = FileSystemReader(part).read_metadata()
+        renames = {}
+        for name in os.listdir(part):
+            if name.endswith(".distcp"):
+                renames[name] = f"__conv{i}_{name.lstrip('_')}"
+                os.replace(os.path.join(part, name), os.path.join(out_dir, renames[name]))
+        for fqn, md in meta.state_dict_metadata.items():
+            if fqn in merged.state_dict_metadata:
+                known = merged.state_dict_metadata[fqn]
+                assert isinstance(known, TensorStorageMetadata) and known.size == md.size, fqn
+                known.chunks.extend(md.chunks)
+            else:
+                merged.state_dict_metadata[fqn] = md
+        for index, info in meta.storage_data.items():
+            info.relative_path = renames[info.relative_path]
+            merged.storage_data[index] = info
+        shutil.rmtree(part)
+    with open(os.path.join(out_dir, ".metadata"), "wb") as f:
+        pickle.dump(merged, f)
+
+
+def _check_sources(hf, family: str, config: dict, sources: dict, shapes: dict) -> None:
+    for local in shapes:
+        if local not in sources:
+            raise ConversionError(f"no HF tensor maps to {local}")
+    used = {n for names, _ in sources.values() for n in names}
+    missing = sorted(n for n in used if n not in hf)
+    if missing:
+        raise ConversionError(f"{len(missing)} tensors the model needs are not in the checkpoint (first: {missing[:3]})")
+    ignorable = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
+    if family == "deepseek-v3":
+        mtp = config["num_hidden_layers"]
+        ignorable |= {n for n in hf.names if n.startswith(f"model.layers.{mtp}.")
+                      and (n.endswith("embed_tokens.weight") or n.endswith("shared_head.head.weight"))}
+    unused = [n for n in hf.names if n not in used and n not in ignorable and "rotary_emb" not in n]
+    if unused:
+        raise ConversionError(f"{len(unused)} checkpoint tensors have no place in the model built from config.json "
+                              f"(first: {unused[:3]})")
+
+
+def _check_shapes(hf, sources: dict, shapes: dict) -> None:
+    """Output shapes from the HF headers alone (meta tensors through the same transforms)."""
+    from safetensors import safe_open
+
+    for local, (names, transform) in sources.items():
+        metas = []
+        for n in names:
+            with safe_open(hf._file_of[n], "pt") as f:
+                metas.append(torch.empty(f.get_slice(n).get_shape(), device="meta"))
+        got = tuple(transform(*metas).shape)
+        want = shapes[local]
+        if got != want and not (any(local.endswith(v) for v in _VOCAB_ROWS) and got[1:] == want[1:] and got[0] <= want[0]):
+            raise ConversionError(f"{local}: the checkpoint gives shape {got}, the model built from config.json has "
+                                  f"{want} (config and weights disagree)")
+
+
+def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleave: bool, hf_layout: dict,
+            workers: int = 1, dtype: torch.dtype | None = None, quiet: bool = False) -> dict:
+    """Write the converted checkpoint to ``out`` (atomically); returns stats incl. every worker's VmHWM."""
+    from megatron.core import dist_checkpointing
+
+    from mtmegatron.convert.hf_io import HFCheckpoint
+    from mtmegatron.convert.mapping import mcore_sources
+    from mtmegatron.convert.model import MODEL_ONLY_KEY, init_single_rank, parse_flags, saved_args
+    from mtmegatron.training.checkpointing import TRACKER, checkpoint_dir
+
+    if os.path.exists(out):
+        raise ConversionError(f"--out {out} already exists; remove it or choose another directory")
+    start = time.time()
+    args = parse_flags(flags)
+    init_single_rank(args)
+    hf = HFCheckpoint(hf_dir, dtype=None)
+    config = hf.config()
+    model = _meta_model(args)
+    chunks, shapes, objects = plan_chunks(model)
+    sources = mcore_sources(family, args, rope_interleave)
+    _check_sources(hf, family, config, sources, shapes)
+    _check_shapes(hf, sources, shapes)
+    dtypes = _source_dtypes(hf, sources, dtype)
+    itemsize = {name: torch.empty((), dtype=dt).element_size() for name, dt in dtypes.items()}
+    itemsize.update({name + ":dtype": dt for name, dt in dtypes.items()})
+    total = sum(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
+
+    root = os.path.abspath(out.rstrip("/"))
+    _remove_stale_staging(root)
+    staging = f"{root}.partial.{os.getpid()}"
+    directory = checkpoint_dir(staging, 0)
+    os.makedirs(directory)
+    # part 0: megatron-core itself writes the common state and the ShardedObjects, as its own save would
+    dist_checkpointing.save({"model": objects, "iteration": 0, "args": saved_args(args), MODEL_ONLY_KEY: True,
+                             "model_flags": list(flags), "hf_layout": dict(hf_layout)}, directory)
+    parts = _split(chunks, shapes, itemsize, max(1, workers))
+    part_dirs = [os.path.join(staging, f"part{i}") for i in range(len(parts))]
+    # glibc's dynamic mmap threshold would keep freed multi-MB tensors on the heap, growing a worker's RSS with
+    # the checkpoint size; a fixed 1 MiB threshold returns every tensor to the system when it is freed
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
+    ctx = mp.get_context("spawn")
+    progress = ctx.Queue()
+    procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, flags, family, rope_interleave, dtype, shapes,
+                                                   itemsize, progress), daemon=True)
+             for i, (d, p) in enumerate(zip(part_dirs, parts))]
+    for p in procs:
+        p.start()
+    hwm = _follow(progress, procs, total, quiet)
+    _merge_metadata(part_dirs, directory)
+    with open(os.path.join(staging, TRACKER), "w") as f:
+        f.write("0")
+    with open(os.path.join(staging, "model_flags.txt"), "w") as f:
+        import shlex
+
+        f.write(shlex.join(flags) + "\n")
+    seconds = time.time() - start
+    largest = max(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
+    stats = {"bytes": total, "seconds": seconds, "workers": len(parts), "worker_vm_hwm_bytes": [h for _, h in hwm],
+             "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
+             "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
+    with open(os.path.join(staging, MARKER), "w") as f:
+        json.dump(stats, f, indent=2)
+    os.replace(staging, root)
+    return stats
+
+
+def _remove_stale_staging(root: str) -> None:
+    """Remove ``<root>.partial.<pid>`` directories of conversions that died (their pid is gone)."""
+    parent, base = os.path.dirname(root), os.path.basename(root) + ".partial."
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        pid = name[len(base):]
+        if name.startswith(base) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _follow(progress, procs, total: int, quiet: bool) -> list[tuple[int, int]]:
+    """Progress bar (GB/s) until every worker reported done; a worker that dies is an error. Returns each
+    worker's (VmHWM before reading any tensor, VmHWM at the end)."""
+    import queue
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc="converting",
+               disable=quiet or not sys.stderr.isatty())
+    hwm, done = {}, 0
+    while done < len(procs):
+        try:
+            message = progress.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                bar.close()
+                raise ConversionError(f"a conversion worker failed (exit code {dead[0].exitcode}); see its error above")
+            continue
+        if message[0] == "bytes":
+            bar.update(message[1])
+        else:
+            hwm[message[1]] = message[2]
+            done += 1
+    for p in procs:
+        p.join()
+    bar.close()
+    return [hwm[i] for i in sorted(hwm)]

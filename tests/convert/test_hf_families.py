@@ -1,0 +1,155 @@
+"""Today's HF families against HF transformers: Llama-3.1-style RoPE scaling (type llama3), Qwen2.5 (q/k/v
+biases, tied embeddings), Qwen3 (q/k RMSNorm per head, head_dim 32 while hidden/heads is 16), Qwen3-MoE (softmax
+router with norm_topk_prob, no shared expert) and Mistral (v0.3 style, no sliding window).
+
+Each tiny random HF model is converted once with ``mtmegatron convert hf-to-mcore`` (the CLI), loaded into our
+model under TP1 and TP2 (EP2 for Qwen3-MoE) and its fp32 logits compared with HF's: max |diff| <= 1e-4
+(test_hf_parity.MAX_ABS). The Llama-3.1 checkpoint without ``--use-rope-scaling`` is far off (so the scaling is
+what makes it match). ``mcore-to-hf`` gives back every tensor bit-exactly and the config fields that define the
+network. ``pretrain --load`` of the converted checkpoint (two iterations): the first iteration's loss equals
+HF's loss on the same global batch (within 1e-4), as a user fine-tuning from HF sees it; the Qwen3-MoE run's
+training checkpoint converts back to HF with no flags (from its recorded fingerprint) exactly as with them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_hf_parity import MAX_ABS, _logits_worker, _model_flags, run_cli, save_reference  # noqa: E402
+
+# variant (hf_models.CONFIGS key) -> converter --model
+FAMILIES = {"llama3:3.1-rope-scaling": "llama3", "qwen2.5": "qwen2.5", "qwen3": "qwen3", "qwen3-moe": "qwen3-moe",
+            "mistral": "mistral"}
+LAYOUTS = {"tp1": (1, []), "tp2": (2, ["--tensor-model-parallel-size", "2"]),
+           "ep2": (2, ["--expert-model-parallel-size", "2"])}
+CASES = [("llama3:3.1-rope-scaling", "tp1"), ("llama3:3.1-rope-scaling", "tp2"), ("qwen2.5", "tp1"),
+         ("qwen2.5", "tp2"), ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3-moe", "tp1"), ("qwen3-moe", "ep2"),
+         ("mistral", "tp1")]
+TRAIN = ["--backend", "cpu", "--mock-data", "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size",
+         "4", "--train-iters", "2", "--lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "100"]
+HF_MODELS = Path(__file__).with_name("hf_models.py")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """variant -> (HF dir, mcore dir, reference logits, tokens); one conversion per variant per module."""
+    cache = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            root = tmp_path_factory.mktemp(variant.replace(":", "-"))
+            hf_dir, mc_dir = root / "hf", root / "mcore"
+            save_reference(variant, hf_dir)
+            run_cli("convert", "hf-to-mcore", "--model", FAMILIES[variant], "--hf-dir", str(hf_dir),
+                    "--out", str(mc_dir))
+            reference = torch.load(hf_dir / "reference.pt")
+            cache[variant] = (hf_dir, mc_dir, reference["logits"], reference["tokens"])
+        return cache[variant]
+
+    return get
+
+
+def _max_diff(run_ranks, flags, world, mc_dir, tokens, reference) -> float:
+    results = run_ranks(_logits_worker, world, "cpu", flags, str(mc_dir), tokens.numpy(), timeout=240)
+    ours = torch.as_tensor(results[0])
+    assert ours.shape == reference.shape
+    return (ours - reference).abs().max().item()
+
+
+@pytest.mark.parametrize("variant,layout", CASES, ids=[f"{v}-{lay}" for v, lay in CASES])
+def test_logits_match_hf(converted, run_ranks, monkeypatch, variant, layout):
+    monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
+    _, mc_dir, reference, tokens = converted(variant)
+    world, extra = LAYOUTS[layout]
+    diff = _max_diff(run_ranks, _model_flags(mc_dir) + extra, world, mc_dir, tokens, reference)
+    print(f"\n{variant} {layout}: max |logit diff| vs HF = {diff:.3e} (max |logit| {reference.abs().max():.3f})")
+    assert diff <= MAX_ABS, f"{variant} {layout}: max |logit diff| {diff:.3e} > {MAX_ABS}"
+
+
+def test_llama31_without_rope_scaling_does_not_match(converted, run_ranks, monkeypatch):
+    monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
+    _, mc_dir, reference, tokens = converted("llama3:3.1-rope-scaling")
+    flags = _model_flags(mc_dir)
+    assert "--use-rope-scaling" in flags and flags[flags.index("--rope-scaling-factor") + 1] == "32.0"
+    flags.remove("--use-rope-scaling")
+    diff = _max_diff(run_ranks, flags, 1, mc_dir, tokens, reference)
+    print(f"\nllama3.1 without --use-rope-scaling: max |logit diff| vs HF = {diff:.3e}")
+    assert diff > 10 * MAX_ABS  # measured 1.6e-3 (2.6e-7 with the scaling)
+
+
+@pytest.mark.parametrize("variant", list(FAMILIES))
+def test_round_trip_is_exact(converted, tmp_path, variant):
+    from mtmegatron.convert.hf_io import HFCheckpoint
+
+    hf_dir, mc_dir, _, _ = converted(variant)
+    back = tmp_path / "back"
+    run_cli("convert", "mcore-to-hf", "--load", str(mc_dir), "--out", str(back))
+    original, returned = HFCheckpoint(str(hf_dir)), HFCheckpoint(str(back))
+    assert original.names == returned.names
+    for name in original.names:
+        assert torch.equal(original[name], returned[name]), name
+    config = json.loads((back / "config.json").read_text())
+    reference = json.loads((hf_dir / "config.json").read_text())
+    assert config["architectures"] == reference["architectures"] and config["model_type"] == reference["model_type"]
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
+                "num_key_value_heads", "head_dim", "tie_word_embeddings", "num_experts", "num_experts_per_tok",
+                "moe_intermediate_size", "norm_topk_prob", "rms_norm_eps"):
+        if key in reference:
+            assert config.get(key) == reference[key], key
+    scaling = (reference.get("rope_parameters") or {})
+    if scaling.get("rope_type") == "llama3":
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            assert config["rope_scaling"][key] == scaling[key], key
+
+
+def _first_global_batch(flags: list[str]) -> dict:
+    """Global batch 0 as pretrain reads it (samples [0, G) of megatron's mock dataset)."""
+    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.training.data import build_mock_dataset
+
+    args = parse_flags(flags)
+    dataset = build_mock_dataset(args, (args.train_iters + 1) * args.global_batch_size)
+    samples = [dataset[i] for i in range(args.global_batch_size)]
+    return {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in ("tokens", "labels", "loss_mask")}
+
+
+@pytest.mark.parametrize("variant", ["llama3:3.1-rope-scaling", "qwen2.5", "qwen3", "qwen3-moe"])
+def test_pretrain_load_first_loss_equals_hf(converted, tmp_path, variant):
+    import subprocess
+
+    from helpers.pretrain_runner import run_pretrain
+    from test_hf_parity import ENV
+
+    hf_dir, mc_dir, _, _ = converted(variant)
+    flags = shlex.split((mc_dir / "model_flags.txt").read_text()) + TRAIN + ["--load", str(mc_dir)]
+    batch_file = tmp_path / "batch.pt"
+    torch.save(_first_global_batch(flags), batch_file)
+    proc = subprocess.run([sys.executable, str(HF_MODELS), "--loss", str(hf_dir), str(batch_file), "2"],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hf_loss = torch.load(batch_file)["hf_loss"]
+    save = ["--save", str(tmp_path / "trained")] if variant == "qwen3-moe" else []
+    _, rows = run_pretrain(1, flags + save, tmp_path / "run")
+    losses = [r["loss"] for r in rows]
+    assert len(losses) == 2, rows
+    print(f"\n{variant}: first-iteration loss {losses[0]:.7f} vs HF {hf_loss:.7f} (|diff| "
+          f"{abs(losses[0] - hf_loss):.2e}); second {losses[1]:.7f}")
+    assert abs(losses[0] - hf_loss) <= 1e-4, (losses[0], hf_loss)
+    assert losses[1] != losses[0]  # the second step ran on updated weights
+    if save:  # a training checkpoint converts back with no flags: they come from its recorded fingerprint
+        from mtmegatron.convert.hf_io import HFCheckpoint
+
+        run_cli("convert", "mcore-to-hf", "--load", save[1], "--out", str(tmp_path / "hf-auto"))
+        model_flags = shlex.split((mc_dir / "model_flags.txt").read_text())
+        run_cli("convert", "mcore-to-hf", "--load", save[1], "--out", str(tmp_path / "hf-flags"), "--", *model_flags)
+        auto, given = HFCheckpoint(str(tmp_path / "hf-auto")), HFCheckpoint(str(tmp_path / "hf-flags"))
+        assert auto.names == given.names == HFCheckpoint(str(hf_dir)).names
+        assert all(torch.equal(auto[n], given[n]) for n in auto.names)
+        assert not torch.equal(auto["model.norm.weight"], HFCheckpoint(str(hf_dir))["model.norm.weight"])  # trained

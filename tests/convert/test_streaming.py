@@ -1,0 +1,141 @@
+"""The streaming converter (convert/streaming.py) on a synthetic Llama-shaped bf16 checkpoint whose total size is
+>= 8x its largest tensor, converted with 2 workers:
+* every worker's peak RSS (VmHWM from /proc/self/status, reported by the worker) grows by less than 2 x the largest
+  tensor + 48 MB over its VmHWM before it read any tensor (a converter that materialised the model would need
+  the whole checkpoint);
+* the output has the finished marker, bf16 tensors (source dtype kept), and the same keys/shapes/chunks as
+  megatron-core's own save; the HF parity tests (test_hf_parity.py, test_hf_families.py) load the streamed output
+  under TP1/TP2/EP2 and match HF's logits;
+* a conversion killed mid-write leaves no output and no finished marker; a rerun succeeds;
+* a converted tiny HF Llama loads into ``pretrain`` under TP2 x PP2 with the TP1 first-iteration loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_hf_parity import ENV, run_cli, save_reference  # noqa: E402
+
+MARKER = "conversion_complete.json"
+SLACK = 48 * 2**20
+TRAIN = ["--backend", "cpu", "--mock-data", "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size",
+         "4", "--train-iters", "1", "--lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "100"]
+
+
+def _synthetic(directory: Path) -> dict:
+    code = ("import sys; from mtmegatron.convert.synthetic import llama_shape_for, write_llama; "
+            "c = llama_shape_for(144 * 2**20, hidden=512); print(write_llama(sys.argv[1], c))")
+    proc = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((directory / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic")
+    config = _synthetic(root / "hf")
+    run_cli("convert", "hf-to-mcore", "--model", "llama3", "--hf-dir", str(root / "hf"), "--out", str(root / "mcore"),
+            "--workers", "2")
+    return root, config
+
+
+def test_peak_rss_per_worker_is_bounded_by_the_largest_tensor(synthetic):
+    root, _ = synthetic
+    stats = json.loads((root / "mcore" / MARKER).read_text())
+    largest, total = stats["largest_tensor_bytes"], stats["bytes"]
+    assert total >= 8 * largest, stats
+    assert stats["workers"] == 2
+    for base, peak in zip(stats["worker_baseline_vm_hwm_bytes"], stats["worker_vm_hwm_bytes"]):
+        print(f"\nworker VmHWM {peak / 2**20:.0f} MB (before reading {base / 2**20:.0f} MB); largest tensor "
+              f"{largest / 2**20:.0f} MB, checkpoint {total / 2**20:.0f} MB, {total / stats['seconds'] / 1e6:.1f} MB/s")
+        assert peak - base < 2 * largest + SLACK, (peak, base, largest)
+
+
+def test_output_is_bf16_and_laid_out_as_megatron_core_saves_it(synthetic):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    root, config = synthetic
+    meta = FileSystemReader(str(root / "mcore" / "iter_0000000")).read_metadata()
+    layers = config["num_hidden_layers"]
+    qkv = meta.state_dict_metadata["decoder.layers.self_attention.linear_qkv.weight"]
+    assert qkv.properties.dtype == torch.bfloat16
+    assert tuple(qkv.size) == (layers, 512 + 2 * config["num_key_value_heads"] * 64, 512)
+    assert sorted(tuple(c.offsets)[0] for c in qkv.chunks) == list(range(layers))
+    fc1 = meta.state_dict_metadata["decoder.layers.mlp.linear_fc1.weight"]  # gate and up chunks (SwiGLU factory)
+    assert tuple(fc1.size) == (layers, 2 * config["intermediate_size"], 512) and len(fc1.chunks) == 2 * layers
+    assert not list(root.glob("mcore.partial.*"))
+
+
+def test_killed_conversion_leaves_nothing_finished_and_a_rerun_succeeds(synthetic, tmp_path):
+    root, _ = synthetic
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llama3", "--hf-dir",
+            str(root / "hf"), "--out", str(out), "--workers", "1"]
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:  # kill once the worker is writing tensors
+        if any(p.stat().st_size > 2**20 for p in tmp_path.glob("out.partial.*/part0/*.distcp")):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the conversion finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(2)
+    assert not out.exists() and not list(tmp_path.rglob(MARKER))
+    assert list(tmp_path.glob("out.partial.*"))  # the debris is only under the temporary name
+    run_cli(*argv[3:])
+    assert (out / MARKER).is_file() and not list(tmp_path.glob("out.partial.*"))  # the rerun removed the debris
+
+
+def test_converted_llama_loads_under_tp2_pp2_with_the_tp1_loss(tmp_path):
+    from helpers.pretrain_runner import run_pretrain
+
+    save_reference("llama3", tmp_path / "hf")
+    run_cli("convert", "hf-to-mcore", "--model", "llama3", "--hf-dir", str(tmp_path / "hf"), "--out",
+            str(tmp_path / "mcore"))
+    flags = shlex.split((tmp_path / "mcore" / "model_flags.txt").read_text()) + TRAIN + [
+        "--load", str(tmp_path / "mcore")]
+    _, single = run_pretrain(1, flags, tmp_path / "tp1")
+    _, layout = run_pretrain(4, flags + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
+                             tmp_path / "tp2pp2")
+    print(f"\nfirst-iteration loss TP1 {single[0]['loss']:.7f}, TP2xPP2 {layout[0]['loss']:.7f}")
+    assert abs(single[0]["loss"] - layout[0]["loss"]) <= 1e-5 * abs(single[0]["loss"])
+
+
+def test_fp8_deepseek_streams_equal_to_its_bf16_dequantized_release(tmp_path):
+    """A tiny DeepSeek-V3 in DeepSeek's FP8 release layout converts (streaming, 2 workers) to exactly the
+    checkpoint its bf16 dequantized copy converts to (hf_models.fp8_release writes both; bf16 kept as bf16)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    save_reference("deepseek-v3", tmp_path / "src")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("hf_models.py")), "--fp8", str(tmp_path / "src"),
+                           str(tmp_path / "fp8"), str(tmp_path / "bf16")], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for kind in ("fp8", "bf16"):
+        run_cli("convert", "hf-to-mcore", "--model", "deepseek-v3", "--hf-dir", str(tmp_path / kind), "--out",
+                str(tmp_path / f"mcore-{kind}"), "--workers", "2")
+    code = ("import sys, torch; from mtmegatron.convert.model import parse_flags, init_single_rank, build_model, "
+            "load_model; import shlex; a, b = sys.argv[1:3]; "
+            "args = parse_flags(shlex.split(open(a + '/model_flags.txt').read()) + ['--bf16']); init_single_rank(args); "
+            "m1 = build_model(args); load_model(m1, a); m2 = build_model(args); load_model(m2, b); "
+            "s1, s2 = m1.state_dict(), m2.state_dict(); keys = [k for k in s1 if not k.endswith('_extra_state')]; "
+            "bad = [k for k in keys if not torch.equal(s1[k], s2[k])]; print(len(keys), bad); assert not bad")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mcore-fp8"), str(tmp_path / "mcore-bf16")],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    meta = FileSystemReader(str(tmp_path / "mcore-fp8" / "iter_0000000")).read_metadata()
+    q_up = [md for key, md in meta.state_dict_metadata.items() if key.endswith("linear_q_up_proj.weight")]
+    assert q_up and all(md.properties.dtype == torch.bfloat16 for md in q_up)  # FP8 -> bf16, not widened to fp32
