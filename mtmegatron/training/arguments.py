@@ -34,11 +34,12 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=None,
                    help="a model family preset that fills every value you do not give (llama3, mixtral, "
-                        "deepseek-v3, llava); without it and without model-shape flags: the demo (llama3 tiny); "
-                        "with model-shape flags and no --model: Megatron-LM's defaults")
+                        "deepseek-v3, llava, qwen2.5, qwen3, qwen3-moe, mistral); without it and without model-shape "
+                        "flags: the demo (llama3 tiny); with model-shape flags and no --model: Megatron-LM's defaults")
     g.add_argument("--model-size", default=None,
-                   help="preset size, default tiny (llama3: tiny/8b/70b; mixtral: tiny/8x7b; deepseek-v3: "
-                        "tiny/lite/671b; llava: tiny/7b)")
+                   help="preset size, default tiny (see models/presets.py: llama3 tiny/8b/70b/3.1-8b/3.1-70b/3.2-1b/"
+                        "3.2-3b; mixtral tiny/8x7b; deepseek-v3 tiny/lite/671b; llava tiny/7b; qwen2.5 "
+                        "tiny/0.5b/7b/72b; qwen3 tiny/0.6b/8b/32b; qwen3-moe tiny/30b-a3b/235b-a22b; mistral tiny/7b)")
     for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
                  "seq-length", "max-position-embeddings", "vocab-size", "rotary-base", "num-experts",
                  "moe-router-topk", "moe-ffn-hidden-size"):
