@@ -9,8 +9,8 @@ import pytest
 
 from mtmegatron.training.arguments import ConfigError, parse_args
 
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-        "--vocab-size", "128", "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2"]
+TINY = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "64", "--vocab-size", "128", "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2"]
 
 
 @pytest.mark.parametrize("extra,world,message", [
