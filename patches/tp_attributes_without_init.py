@@ -44,7 +44,7 @@ def apply():
 
 PATCH = Patch(
     name="tp_attributes_without_init",
-    target=", ".join(TARGETS),
+    target=next(iter(TARGETS)),  # and RowParallelLinear / VocabParallelEmbedding.__init__ (TARGETS)
     reason="with perform_initialization=False (--no-initialization; --load/--finetune here) megatron-core never "
     "marked TP-sharded weights as tensor-parallel, so the gradient norm and clipping were silently wrong under TP",
     versions=">=0.16,<0.17",
