@@ -1,7 +1,7 @@
 """Exact-match accuracy of greedy answers on held-out conversations, and the chat samples a run leaves.
 
-``greedy_answer`` is the one place that decodes (greedy, whole context re-run per token, like
-training/sampling.py); swapping in megatron-core's inference engine changes only that function. An answer is
+``greedy_answer`` is the one place that decodes: generate/recompute.py's greedy loop (whole context re-run per
+token), which the KV-cache engine equals token for token in tests/generate. An answer is
 right when the generated text, up to the end-of-document token, equals exactly what the chat template renders
 for the reference assistant turn (its end-of-turn marks included).
 May assume: one model chunk, no pipeline or context parallelism (the caller checks); every rank calls
@@ -10,30 +10,16 @@ May assume: one model chunk, no pipeline or context parallelism (the caller chec
 
 from __future__ import annotations
 
-import torch
 from megatron.core import parallel_state
 
-from mtmegatron.training.device import compute_device
+from mtmegatron.generate.recompute import greedy_tokens
 
 
 def greedy_answer(model, prompt: list[int], max_new_tokens: int, eod: int, args) -> list[int]:
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    generated: list[int] = []
-    device = compute_device()
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            context = (prompt + generated)[-args.seq_length:]
-            length = len(context)
-            padded = -(-length // tp) * tp if args.sequence_parallel else length
-            tokens = torch.full((1, padded), eod, dtype=torch.long, device=device)
-            tokens[0, :length] = torch.tensor(context, device=device)
-            positions = torch.arange(padded, dtype=torch.long, device=device).unsqueeze(0)
-            logits = model(tokens, positions, None, runtime_gather_output=True)
-            next_id = int(logits[0, length - 1].float().argmax())
-            if next_id == eod:
-                break
-            generated.append(next_id)
-    return generated
+    """The greedy answer to ``prompt`` (generate/recompute.py's loop, the reference the KV-cache engine is checked
+    against), the prompt's start cut so prompt and answer fit ``--seq-length``."""
+    keep = max(args.seq_length - max_new_tokens, 1)
+    return greedy_tokens(model, prompt[-keep:], max_new_tokens, eod)
 
 
 def can_decode(model) -> bool:
