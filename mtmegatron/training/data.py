@@ -34,6 +34,28 @@ class MockTokenizer:
         self.unique_identifiers = {"class": "MockTokenizer", "vocab_size": vocab_size}
 
 
+class _PristineMaskCache:
+    """megatron-core 0.16's GPTDataset caches the first sample's loss mask (when no EOD/reset flag is on) and then
+    zeroes that sample's pad-label positions in the very tensor it cached, so every later sample read by the same
+    process inherits them: loss masks depended on which sample a process read first (each DataLoader worker
+    starts elsewhere; measured: 31 vs 30 unmasked tokens in one micro-batch, first loss 4.86944 vs 4.86657). The
+    cacheable mask is all ones; after the first read the cache gets a fresh one."""
+
+    def __getitem__(self, idx):
+        sample = super().__getitem__(idx)
+        if self.masks_and_position_ids_are_cached and sample["loss_mask"] is self.cached_loss_mask:
+            self.cached_loss_mask = torch.ones_like(self.cached_loss_mask)
+        return sample
+
+
+class PretrainGPTDataset(_PristineMaskCache, GPTDataset):
+    pass
+
+
+class PretrainMockGPTDataset(_PristineMaskCache, MockGPTDataset):
+    pass
+
+
 def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fields):
     """megatron-core's builder over one GPTDatasetConfig with Megatron-LM's data flags (document resets, EOD
     loss mask, mmap); ``fields`` add what the caller's data needs (split or per-split blends, cache path). The
@@ -53,7 +75,7 @@ def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fi
 
 
 def build_mock_dataset(args: argparse.Namespace, num_samples: int):
-    train, _, _ = _build(MockGPTDataset, [num_samples, None, None], args, MockTokenizer(args.vocab_size),
+    train, _, _ = _build(PretrainMockGPTDataset, [num_samples, None, None], args, MockTokenizer(args.vocab_size),
                          split="1,0,0")
     return train
 
@@ -63,7 +85,7 @@ def build_mock_validation(args: argparse.Namespace, num_samples: int | None):
     documents like the training ones, as Megatron-LM evaluates on mock data); None without validation."""
     if not num_samples or not args.eval_interval:
         return None
-    _, valid, _ = _build(MockGPTDataset, [None, num_samples, None], args, MockTokenizer(args.vocab_size),
+    _, valid, _ = _build(PretrainMockGPTDataset, [None, num_samples, None], args, MockTokenizer(args.vocab_size),
                          split="0,1,0")
     return valid
 
@@ -77,7 +99,7 @@ def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int 
         fields = {"blend_per_split": [get_blend_from_list(p) if p else None for p in per_split]}
     else:
         fields = {"blend": get_blend_from_list(args.data_path), "split": args.split}
-    train, valid, _ = _build(GPTDataset, [num_train] + requested_splits(args, num_valid), args, tokenizer,
+    train, valid, _ = _build(PretrainGPTDataset, [num_train] + requested_splits(args, num_valid), args, tokenizer,
                              path_to_cache=args.data_cache_path, **fields)
     return train, valid
 
