@@ -43,7 +43,7 @@ def test_example_trains_on_real_data(script, corpus, tmp_path):
                            "--eval-iters", "0", "--num-samples", "0"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert f"mtmegatron: data {prefix} |" in proc.stdout  # the real corpus, not mock data
+    assert f"mtmegatron: data {prefix} (split " in proc.stdout  # the real corpus, not mock data
     run_dir = tmp_path / "runs" / Path(script).stem  # its own run directory
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(1, ITERS + 1))  # --train-iters overrode the default 30
