@@ -70,11 +70,11 @@ def transformer_config_kwargs(args: argparse.Namespace, config_class, ours: dict
     """The keyword arguments of ``config_class``: flags by name, Megatron-LM's renames, then ``ours`` (mtmegatron's
     decisions) wherever the user did not give that field's flag."""
     kwargs = by_field_name(config_class, args, skip=_FP8_FIELDS)
-    if getattr(args, "rope_type", None) is None:
-        kwargs.pop("rope_type", None)  # the config class's own default, as Megatron-LM does
     kwargs.update(_megatron_renames(args))
     given = getattr(args, "given_flags", {})
     kwargs.update({k: v for k, v in ours.items() if k not in given})
+    if kwargs.get("rope_type", "") is None:
+        kwargs.pop("rope_type")  # the config class's own default, as Megatron-LM does
     return kwargs
 
 

@@ -85,6 +85,8 @@ def _add_mla_moe_mtp(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-layer-freq", default=None,
                    help="int N (an MoE layer every N layers) or a 0/1 list expression, e.g. ([0]*3+[1]*58)")
     g.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"], default=None)
+    # our own YaRN flags (Megatron-LM has none): megatron-core's MLATransformerConfig defaults, as before the table
+    p.set_defaults(original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0)
 
 
 def _add_parallel(p: argparse.ArgumentParser) -> None:
