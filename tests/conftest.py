@@ -208,6 +208,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"deselected {len(nodeids)} '{name}' backend tests: {why}")
 
 
+_ATTENTION_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+
+
+@pytest.fixture(autouse=True)
+def _attention_env_stays_with_the_test():
+    """megatron-core writes NVTE_*_ATTN into os.environ when a model is built in this process (one value per
+    attention backend, and it asserts on a different inherited value): a later test's subprocess must not inherit
+    them."""
+    before = {k: os.environ.get(k) for k in _ATTENTION_ENV}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture
 def backend(backend_name):
     from mtmegatron.backends import get_backend

@@ -106,7 +106,7 @@ TORCHRUN_CASES = {
     "typo_flag": (["--backend", "cpu", "--trian-iters", "3"],
                   "unknown flag --trian-iters (did you mean --train-iters?)"),
     "tp_heads": (["--backend", "cpu", "--model", "llama3", "--mock-data", "--num-attention-heads", "6",
-                  "--tensor-model-parallel-size", "4"],
+                  "--hidden-size", "96", "--num-query-groups", "6", "--tensor-model-parallel-size", "4"],
                  "--tensor-model-parallel-size 4 does not divide --num-attention-heads 6"),
     "missing_data": (["--backend", "cpu", "--data-path", "/nonexistent/corpus_text_document",
                       "--tokenizer-model", "/nonexistent/tok"],

@@ -166,8 +166,9 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
     flags = flags or common.get("model_flags")
     if not flags:  # a training checkpoint: its model fingerprint gives the flags (convert/recorded_flags.py)
         from mtmegatron.convert.recorded_flags import flags_from_fingerprint
+        from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
 
-        flags = flags_from_fingerprint(common.get("args") or {})
+        flags = flags_from_fingerprint(recorded_fingerprint(common))
     args = parse_flags(list(flags))
     if args.model not in HF_ARCH:
         raise ConversionError(f"--model {args.model}: no HF mapping")

@@ -52,4 +52,6 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
             flags += [name, str(value)]
     if saved.get("num_query_groups") is not None:
         flags.append("--group-query-attention")
+    if "vocab_size" not in saved and saved.get("padded_vocab_size"):  # Megatron-LM records only the padded rows
+        flags += ["--vocab-size", str(saved["padded_vocab_size"])]
     return flags

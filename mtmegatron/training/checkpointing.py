@@ -309,7 +309,7 @@ def _saved_facts(common: dict, args) -> dict:
         train_state = dict(ours["train_state"]) if ours else {}
         train_state["num_floating_point_operations_so_far"] = common.get("num_floating_point_operations_so_far", 0)
         return {
-            "fingerprint": ours["fingerprint"] if ours else mlm.model_fingerprint(ns),
+            "fingerprint": mlm.recorded_fingerprint(common),
             "scheduler": common.get("opt_param_scheduler"),
             "has_optim": "opt_param_scheduler" in common and not getattr(ns, "no_save_optim", False),
             "has_rng": not getattr(ns, "no_save_rng", False),
@@ -322,7 +322,7 @@ def _saved_facts(common: dict, args) -> dict:
         }
     model_only = common.get("model_only", False)  # mtmegatron convert's output: weights only, start at 0
     return {
-        "fingerprint": common.get("args", {}), "scheduler": common.get("scheduler"),
+        "fingerprint": mlm.recorded_fingerprint(common), "scheduler": common.get("scheduler"),
         "has_optim": not model_only, "has_rng": not model_only,
         "distributed_optimizer": common.get("distributed_optimizer", bool(args.use_distributed_optimizer)),
         "layout": common.get("layout", _layout()), "content": dict(OPTIMIZER_METADATA),

@@ -82,6 +82,16 @@ def written_by_megatron_lm(common: dict) -> bool:
     return is_megatron_lm_layout(common) and OURS not in common
 
 
+def recorded_fingerprint(common: dict) -> dict:
+    """The model fingerprint a checkpoint's common state records, whichever layout wrote it: ours under
+    ``OURS``, else read from Megatron-LM's Namespace, else (the older mtmegatron layout and the converter's
+    model-only checkpoints) the fingerprint dict stored as ``args``."""
+    if is_megatron_lm_layout(common):
+        ours = common.get(OURS)
+        return ours["fingerprint"] if ours else model_fingerprint(common["args"])
+    return common.get("args") or {}
+
+
 def model_fingerprint(ns: argparse.Namespace) -> dict:
     """The model fingerprint (models/fingerprint.py) of a Megatron-LM Namespace, in our field names. Fields
     that are defaults of an unused feature in Megatron-LM (MLA sizes without MLA, MoE fields without experts)

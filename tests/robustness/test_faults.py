@@ -98,7 +98,7 @@ def test_mismatched_checkpoint_and_corrupt_data_are_clear_errors(tmp_path):
     other = [a if a != "64" else "32" for a in TINY]  # --hidden-size 64 -> 32
     proc, _ = run_pretrain(1, other + ["--train-iters", "2", "--load", str(ckpt)], tmp_path / "b", expect_ok=False)
     assert proc.returncode == 2
-    assert "was written for a different model (hidden_size: checkpoint 64 vs run 32)" in proc.stderr
+    assert "was written for a different model (hidden_size: checkpoint 64 vs run 32" in proc.stderr
     # a checkpoint file damaged on disk: one message naming the checkpoint, not a deep traceback
     shard = next((ckpt / "iter_0000001").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
