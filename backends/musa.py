@@ -87,5 +87,5 @@ MUSA = MusaBackend(
     visible_devices_env="MUSA_VISIBLE_DEVICES",
     kernel_dispatch_key="PrivateUse1",
     bridge_module="mtmegatron.bridge.musa",
-    fp8_executors=("transformer_engine", "emulated"),
+    fp8_executors=("transformer_engine", "scaled_mm", "emulated"),  # scaled_mm: arch >= 310 (fp8/probe.py)
 )

@@ -42,11 +42,11 @@ def main(argv=None) -> int:
         mtmegatron.activate(backend)
     except UnsupportedMegatronVersion as e:
         exit_with_user_error(str(e))
-    if args.fp8_format:  # the FP8 executor depends on the active backend
+    if args.fp8_format:  # the FP8 executor depends on the backend and is probed on this rank's device (set first)
         from mtmegatron.fp8.spec import resolve_executor
 
         try:
-            resolve_executor(args)
+            resolve_executor(args, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         except ValueError as e:
             exit_with_user_error(str(e))
     from mtmegatron.data.resolve import resolve_data

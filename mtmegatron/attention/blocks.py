@@ -10,24 +10,66 @@ results by their log-sum-exp (online softmax). This module is that per-block ker
 Layout ``[b, heads, s, d]``; GQA: ``k``/``v`` have ``hq / g`` heads, query head ``j`` uses kv head ``j // g``
 (megatron's repeat_interleave order) and repeated KV heads are never materialised. ``causal`` is the square
 top-left causal mask (a diagonal block of the load-balanced layout). q/k head dim may differ from v's (MLA).
-Two implementations with one contract: on CPU tensors torch's flash kernel
-(``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward, which return/take the LSE), otherwise
-an explicit fp32 computation of the block (the block is ``s/(2*CP)`` square, so its scores are small).
+One contract, one kernel per (device, dtype), chosen by ``block_kernel`` (nothing else chooses):
+- ``cpu_flash``: CPU tensors: torch's ``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward (they
+  return / take the LSE; GQA native);
+- ``cuda_flash``: CUDA fp16/bf16 with head dims <= 256: ``aten::_scaled_dot_product_flash_attention`` and
+  ``..._backward`` (FlashAttention-2; GQA native);
+- ``cuda_efficient``: CUDA fp32 (and fp16/bf16 past flash's head-dim limit):
+  ``aten::_scaled_dot_product_efficient_attention(compute_log_sumexp=True)`` and ``..._backward``; it takes no GQA,
+  so K/V are repeated per query head and their gradients summed back over each group;
+- ``musa_flash``: MUSA fp16/bf16 where torch_musa registers ``aten::_scaled_dot_product_attention_flash_musa``
+  (+ ``_backward``, LSE returned); K/V repeated for GQA;
+- ``math``: everything else (fp64, other devices, torch_musa without the op): an explicit fp32 computation of the
+  block (the block is ``s/(2*CP)`` square, so its scores are small).
+The fused kernels take one head dim for q/k and v: q/k/v are zero-padded to the larger one (rounded up to 8), which
+changes no score, and the outputs are cropped. The CUDA and MUSA kernels were written against torch 2.9-2.13's
+schemas and torch_musa's published op, and are not run here (no GPU in CI): ``tests/attention/test_block_kernels.py``
+checks the choice with the device faked and the wrappers' reshaping/LSE handling with CPU stand-ins of the ops;
+``tests/attention/test_context_parallel.py`` runs them against float64 attention on the GPU lane.
 May assume: torch >= 2.5; no process groups, no device API calls.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-# Tests flip this to check the two implementations against each other on CPU.
-USE_CPU_FLASH = True
+# Tests flip this to check the fused kernels against the math path.
+USE_FUSED = True
+_aten = torch.ops.aten  # tests swap in CPU stand-ins of the device ops
+FLASH_MAX_HEAD_DIM = 256
+_HALF = (torch.float16, torch.bfloat16)
 
 
-def _use_flash(q: torch.Tensor) -> bool:
-    return USE_CPU_FLASH and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16,
-                                                                      torch.float16)
+def _fused_head_dim(qk_dim: int, v_dim: int) -> int:
+    return -(-max(qk_dim, v_dim) // 8) * 8
+
+
+@functools.lru_cache(maxsize=None)
+def _has_op(namespace, name: str) -> bool:
+    return hasattr(namespace, name)
+
+
+def block_kernel(device_type: str, dtype: torch.dtype, qk_dim: int, v_dim: int) -> str:
+    """The kernel that computes a block on ``device_type`` (see the module docstring)."""
+    if not USE_FUSED:
+        return "math"
+    if device_type == "cpu":
+        return "cpu_flash" if dtype in (torch.float32, torch.float64) + _HALF else "math"
+    if device_type == "cuda":
+        if dtype in _HALF and _fused_head_dim(qk_dim, v_dim) <= FLASH_MAX_HEAD_DIM:
+            return "cuda_flash"
+        return "cuda_efficient" if dtype in (torch.float32,) + _HALF else "math"
+    if device_type == "musa" and dtype in _HALF and _has_op(_aten, "_scaled_dot_product_attention_flash_musa"):
+        return "musa_flash"
+    return "math"
+
+
+def _kernel(q: torch.Tensor, v: torch.Tensor) -> str:
+    return block_kernel(q.device.type, q.dtype, q.shape[-1], v.shape[-1])
 
 
 def _pad_last(t: torch.Tensor, size: int) -> torch.Tensor:
@@ -97,18 +139,95 @@ def _flash_backward(dout, q, k, v, out, lse, causal, scale):
     return dq[..., : q.shape[-1]], dk[..., : k.shape[-1]], dv[..., : v.shape[-1]]
 
 
+def _repeat_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def _sum_groups(grad: torch.Tensor, groups: int) -> torch.Tensor:
+    """[b, hk*g, s, d] gradient of repeated K/V -> [b, hk, s, d]."""
+    if groups == 1:
+        return grad
+    b, h, s, d = grad.shape
+    return grad.view(b, h // groups, groups, s, d).sum(2)
+
+
+def _padded(q, k, v):
+    d = _fused_head_dim(q.shape[-1], v.shape[-1])
+    return _pad_last(q, d), _pad_last(k, d), _pad_last(v, d)
+
+
+def _cuda_flash_forward(q, k, v, causal, scale):
+    out, lse = _aten._scaled_dot_product_flash_attention(*_padded(q, k, v), 0.0, causal, False, scale=scale)[:2]
+    return out[..., : v.shape[-1]], lse
+
+
+def _cuda_flash_backward(dout, q, k, v, out, lse, causal, scale):
+    d = _fused_head_dim(q.shape[-1], v.shape[-1])
+    unused = torch.empty(0, dtype=torch.long, device=q.device)  # philox seed/offset: no dropout
+    dq, dk, dv = _aten._scaled_dot_product_flash_attention_backward(
+        _pad_last(dout.contiguous(), d), *_padded(q, k, v), _pad_last(out.contiguous(), d), lse.contiguous(),
+        None, None, q.shape[2], k.shape[2], 0.0, causal, unused, unused, scale=scale)
+    return dq[..., : q.shape[-1]], dk[..., : k.shape[-1]], dv[..., : v.shape[-1]]
+
+
+def _cuda_efficient_forward(q, k, v, causal, scale):
+    groups = q.shape[1] // k.shape[1]
+    qp, kp, vp = _padded(q, _repeat_kv(k, groups), _repeat_kv(v, groups))
+    out, lse = _aten._scaled_dot_product_efficient_attention(qp, kp, vp, None, True, 0.0, causal, scale=scale)[:2]
+    return out[..., : v.shape[-1]], lse[..., : q.shape[2]]  # the kernel pads the LSE rows to a multiple of 32
+
+
+def _cuda_efficient_backward(dout, q, k, v, out, lse, causal, scale):
+    groups = q.shape[1] // k.shape[1]
+    qp, kp, vp = _padded(q, _repeat_kv(k, groups), _repeat_kv(v, groups))
+    d = qp.shape[-1]
+    rows = -(-q.shape[2] // 32) * 32
+    lse = F.pad(lse.contiguous(), (0, rows - lse.shape[-1]))
+    unused = torch.empty(0, dtype=torch.long, device=q.device)
+    dq, dk, dv = _aten._scaled_dot_product_efficient_attention_backward(
+        _pad_last(dout.contiguous(), d), qp, kp, vp, None, _pad_last(out.contiguous(), d), lse, unused, unused,
+        0.0, [True, True, True, False], causal, scale=scale)[:3]
+    return (dq[..., : q.shape[-1]], _sum_groups(dk, groups)[..., : k.shape[-1]],
+            _sum_groups(dv, groups)[..., : v.shape[-1]])
+
+
+def _musa_flash_forward(q, k, v, causal, scale):
+    groups = q.shape[1] // k.shape[1]
+    qp, kp, vp = _padded(q, _repeat_kv(k, groups), _repeat_kv(v, groups))
+    out, lse = _aten._scaled_dot_product_attention_flash_musa(qp, kp, vp, dropout_p=0.0, is_causal=causal,
+                                                              scale=scale)[:2]
+    return out[..., : v.shape[-1]], lse
+
+
+def _musa_flash_backward(dout, q, k, v, out, lse, causal, scale):
+    groups = q.shape[1] // k.shape[1]
+    qp, kp, vp = _padded(q, _repeat_kv(k, groups), _repeat_kv(v, groups))
+    d = qp.shape[-1]
+    no_dropout = torch.empty(0, dtype=torch.bool, device=q.device)
+    dq, dk, dv = _aten._scaled_dot_product_attention_flash_musa_backward(
+        _pad_last(dout.contiguous(), d), qp, kp, vp, _pad_last(out.contiguous(), d), lse.contiguous(), no_dropout,
+        causal, None, scale=scale)[:3]
+    return (dq[..., : q.shape[-1]], _sum_groups(dk, groups)[..., : k.shape[-1]],
+            _sum_groups(dv, groups)[..., : v.shape[-1]])
+
+
+KERNELS = {  # name: (forward, backward)
+    "cpu_flash": (_flash_forward, _flash_backward),
+    "cuda_flash": (_cuda_flash_forward, _cuda_flash_backward),
+    "cuda_efficient": (_cuda_efficient_forward, _cuda_efficient_backward),
+    "musa_flash": (_musa_flash_forward, _musa_flash_backward),
+    "math": (_math_forward, _math_backward),
+}
+
+
 def block_forward(q, k, v, causal: bool, scale: float):
     """(out [b, hq, sq, dv] in q's dtype, lse [b, hq, sq] in fp32 (fp64 for fp64 inputs))."""
-    if _use_flash(q):
-        return _flash_forward(q, k, v, causal, scale)
-    return _math_forward(q, k, v, causal, scale)
+    return KERNELS[_kernel(q, v)][0](q, k, v, causal, scale)
 
 
 def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
     """Gradients of this block's contribution given the final output and LSE of the query rows."""
-    if _use_flash(q):
-        return _flash_backward(dout, q, k, v, out, lse, causal, scale)
-    return _math_backward(dout, q, k, v, out, lse, causal, scale)
+    return KERNELS[_kernel(q, v)][1](dout, q, k, v, out, lse, causal, scale)
 
 
 def merge(out_acc: torch.Tensor, lse_acc: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:

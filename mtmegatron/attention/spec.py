@@ -1,8 +1,9 @@
 """Which core attention a transformer layer gets: one decision from the flags, with the reason it was made.
 
 ``core_attention_choice(args)`` returns ``(kind, reason)``, kind one of:
-- ``"te"``: TransformerEngine's ``TEDotProductAttention`` (``--fp8-executor transformer_engine`` with
-  ``--attention-backend auto|flash|fused``; TE picks its own fused kernel);
+- ``"te"``: TransformerEngine's ``TEDotProductAttention`` (TE layers: ``--transformer-impl transformer_engine`` where
+  TE serves the backend, or ``--fp8-executor transformer_engine``; with ``--attention-backend auto|flash|fused``;
+  TE picks its own fused kernel);
 - ``"sdpa"``: mtmegatron's ``SDPADotProductAttention`` (torch's flash / memory-efficient kernels, context
   parallelism) for ``auto|flash|fused`` otherwise. Under ``--transformer-impl mtmegatron`` ``auto`` also picks
   SDPA: mtmegatron's fused softmax (``FusedDotProductAttention``) still materialises ``[b, h, s, s]`` and was
@@ -30,7 +31,7 @@ MEASURED_FUSED_OVER_SDPA = "1.3-4.6x"
 
 def core_attention_choice(args: argparse.Namespace, transformer_engine: bool) -> tuple[str, str]:
     """``(kind, reason)`` for ``args.attention_backend`` / ``args.transformer_impl``; ``transformer_engine``: the
-    linears are TransformerEngine's (the FP8 executor is ``transformer_engine``)."""
+    layers are TransformerEngine's (``fp8/spec.uses_transformer_engine``)."""
     backend = getattr(args, "attention_backend", "auto")
     fused_impl = args.transformer_impl == "mtmegatron"
     if backend in LOCAL_BACKENDS:
@@ -38,7 +39,7 @@ def core_attention_choice(args: argparse.Namespace, transformer_engine: bool) ->
             return "fused_softmax", f"--attention-backend {backend} with --transformer-impl mtmegatron"
         return "local", f"--attention-backend {backend}"
     if transformer_engine:
-        return "te", f"--attention-backend {backend} with the transformer_engine FP8 executor"
+        return "te", f"--attention-backend {backend} with TransformerEngine layers"
     if fused_impl and backend == "auto":
         return "sdpa", (f"--attention-backend auto: torch SDPA is faster than mtmegatron's fused softmax "
                         f"(fp32 fused/SDPA time {MEASURED_FUSED_OVER_SDPA}, docs/attention.md); "

@@ -2,26 +2,29 @@
 
 Every GEMM here is ``A @ B^T`` with both operands quantized along their last (contraction) dimension, so
 forward (X W^T), dgrad (dY (W^T)^T) and wgrad (dY^T (X^T)^T) all take one shape. Executors:
-- ``scaled_mm``: ``torch._scaled_mm`` (CPU in torch >= 2.13, Hopper+ CUDA). Per-tensor scales go straight in;
-  block scales (blockwise, mxfp8) run as one row-wise-scaled ``_scaled_mm`` per contraction block, summed in
-  fp32, because ``_scaled_mm`` on the CPU accepts only tensor-wise and row-wise scales.
+- ``scaled_mm``: one ``torch._scaled_mm`` per GEMM (CPU in torch >= 2.13, CUDA sm89+, MUSA arch >= 310). Per-tensor
+  scales go straight in (fp32 output); DeepSeek-V3 block scales (1x128 tiles x 128x128 blocks, or 1x128 x 1x128
+  for wgrad) go to ``torch.nn.functional.scaled_mm`` in one call where the device takes block scales (probe.py:
+  Hopper with cuBLAS >= 12.9). Elsewhere a block-scaled recipe (blockwise, mxfp8) is resolved to ``emulated`` and
+  the start-up line says so (fp8/spec.py).
 - ``emulated``: dequantize both operands to fp32 and multiply: the float reference every other executor is
   checked against.
 - ``transformer_engine``: TransformerEngine (CUDA) or MUSA's TransformerEngine; it is not a GEMM function here:
   it swaps in megatron-core's TE layer spec (see spec.py).
-``select_executor`` takes the first executor of ``Backend.fp8_executors`` that can run.
+``select_executor`` takes the first executor of ``Backend.fp8_executors`` that can run; ``scaled_mm`` is probed on
+the backend's current device (probe.py), so the rank's device is set before.
 May assume: torch >= 2.7; ``torch._scaled_mm`` may be missing or refuse a device (then it is not offered).
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from .quantize import expand_blocks, fp8_dequantize
+from .quantize import fp8_dequantize
 
 EXECUTORS = ("transformer_engine", "scaled_mm", "emulated")
 
@@ -49,55 +52,53 @@ def gemm_emulated(a: QTensor, b: QTensor) -> torch.Tensor:
     return a.dequantize() @ b.dequantize().t()
 
 
-def _row_scales(q: QTensor) -> torch.Tensor:
-    """[rows, num_k_blocks] fp32 dequantization scale of every row's contraction block."""
-    rows_per_block = q.block[0]
-    return expand_blocks(q.scale_inv.float(), rows_per_block, 1, q.data.shape[0], q.scale_inv.shape[1]).contiguous()
+def _column_major(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous().t()
+
+
+def block_scaled_shape_fits(a: QTensor, b: QTensor) -> bool:
+    """What ``gemm_scaled_mm_blockwise`` takes: A in 1x128 tiles, B in 128x128 blocks or 1x128 tiles, K a multiple
+    of 128 and M, N multiples of 16 (cuBLAS alignment)."""
+    return (a.block == (1, 128) and b.block in ((128, 128), (1, 128)) and a.data.shape[1] % 128 == 0
+            and a.data.shape[0] % 16 == 0 and b.data.shape[0] % 16 == 0)
+
+
+def gemm_scaled_mm_blockwise(a: QTensor, b: QTensor) -> torch.Tensor:
+    """One block-scaled GEMM (torch's cuBLAS layouts: the 1x128 scales of A as [M, K/128] column-major; 128x128
+    scales of B as [K/128 rounded up to 4, N/128] column-major, or its 1x128 scales as [N, K/128] column-major)."""
+    recipe = F.ScalingType
+    num_k_blocks = a.scale_inv.shape[1]
+    scale_a = _column_major(a.scale_inv.float())
+    if b.block == (128, 128):
+        padded = -(-num_k_blocks // 4) * 4
+        scale_b = F.pad(b.scale_inv.float(), (0, padded - num_k_blocks)).contiguous().t()
+        recipe_b = recipe.BlockWise128x128
+    else:
+        scale_b, recipe_b = _column_major(b.scale_inv.float()), recipe.BlockWise1x128
+    return F.scaled_mm(a.data, b.data.t(), scale_a, recipe.BlockWise1x128, scale_b, recipe_b,
+                       output_dtype=torch.float32)
 
 
 def gemm_scaled_mm(a: QTensor, b: QTensor) -> torch.Tensor:
     if a.block is None and b.block is None:
         return torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale_inv.float().reshape(()),
                                 scale_b=b.scale_inv.float().reshape(()), out_dtype=torch.float32)
-    assert a.block is not None and b.block is not None and a.block[1] == b.block[1], (a.block, b.block)
-    block_k = a.block[1]
-    scale_a, scale_b = _row_scales(a), _row_scales(b)
-    out = torch.zeros(a.data.shape[0], b.data.shape[0], dtype=torch.float32, device=a.data.device)
-    for j in range(scale_a.shape[1]):
-        cols = slice(j * block_k, (j + 1) * block_k)
-        out += torch._scaled_mm(a.data[:, cols].contiguous(), b.data[:, cols].contiguous().t(),
-                                scale_a=scale_a[:, j:j + 1].contiguous(),
-                                scale_b=scale_b[:, j].reshape(1, -1).contiguous(),
-                                out_dtype=torch.float32)
-    return out
+    if block_scaled_shape_fits(a, b):
+        return gemm_scaled_mm_blockwise(a, b)
+    return gemm_emulated(a, b)  # a GEMM whose shape the block-scaled kernel does not take (e.g. K % 128)
 
 
 GEMMS = {"scaled_mm": gemm_scaled_mm, "emulated": gemm_emulated}
 
 
-@functools.cache
-def _scaled_mm_runs(device_type: str) -> bool:
-    """Whether ``torch._scaled_mm`` accepts tensor-wise and row-wise scaled E4M3 x E5M2 here (a 16x16 probe)."""
-    if not hasattr(torch, "_scaled_mm"):
-        return False
-    try:
-        a = torch.ones(16, 16, device=device_type).to(torch.float8_e4m3fn)
-        b = torch.ones(16, 16, device=device_type).to(torch.float8_e5m2)
-        one = torch.ones((), device=device_type)
-        torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-        torch._scaled_mm(a, b.t(), scale_a=torch.ones(16, 1, device=device_type),
-                         scale_b=torch.ones(1, 16, device=device_type), out_dtype=torch.float32)
-    except (RuntimeError, NotImplementedError, TypeError):
-        return False
-    return True
-
-
-def executor_missing(name: str, device_type: str) -> str | None:
-    """Why executor ``name`` cannot run on ``device_type``, or None when it can."""
+def executor_missing(name: str, backend) -> str | None:
+    """Why executor ``name`` cannot run on ``backend``'s current device, or None when it can."""
     if name == "transformer_engine":
         return None if importlib.util.find_spec("transformer_engine") else "transformer_engine is not importable"
     if name == "scaled_mm":
-        return None if _scaled_mm_runs(device_type) else f"torch._scaled_mm does not run on {device_type}"
+        from .probe import device_facts, scaled_mm_support
+
+        return scaled_mm_support(device_facts(backend)).tensorwise_missing
     if name == "emulated":
         return None
     return f"unknown FP8 executor '{name}' (known: {', '.join(EXECUTORS)})"
@@ -109,11 +110,11 @@ def select_executor(backend, requested: str = "auto") -> str:
         if requested not in backend.fp8_executors:
             raise ValueError(f"--fp8-executor {requested} is not offered by backend {backend.name} "
                              f"(offers: {', '.join(backend.fp8_executors)})")
-        reason = executor_missing(requested, backend.device_type)
+        reason = executor_missing(requested, backend)
         if reason:
             raise ValueError(f"--fp8-executor {requested}: {reason}")
         return requested
     for name in backend.fp8_executors:
-        if executor_missing(name, backend.device_type) is None:
+        if executor_missing(name, backend) is None:
             return name
     raise ValueError(f"no FP8 executor runs on backend {backend.name}")

@@ -1,7 +1,9 @@
 """Wiring FP8 into a megatron-core GPT model: executor choice, layer spec, config fields, first/last layers.
 
-- ``resolve_executor(args)``: the executor for this run (``--fp8-executor``, default the backend's first that
-  runs), stored on ``args.fp8_executor_in_use``.
+- ``resolve_executor(args, local_rank)``: the executor for this run (``--fp8-executor``, default the backend's
+  first that runs; ``scaled_mm`` probed on the rank's device, set first), stored on ``args.fp8_executor_in_use``;
+  a block-scaled recipe ``scaled_mm`` cannot run in one call per GEMM on this device runs ``emulated``, said in
+  the start-up line (``args.fp8_executor_note``).
 - ``fp8_linears(args)``: the FP8 linear ModuleSpecs (recipe and executor as params) that
   ``models/layer_spec.build_layer_spec`` puts into ``linear_qkv``/``linear_proj``/``linear_fc1``/``linear_fc2``
   (MoE expert and shared-expert MLPs included); None with the transformer_engine executor, whose TE layer
@@ -18,17 +20,44 @@ from __future__ import annotations
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from .executors import select_executor
+from .executors import executor_missing, select_executor
 from .recipes import recipe_from_args
 
-def resolve_executor(args) -> str | None:
+BLOCK_SCALED = ("blockwise", "mxfp8")
+
+
+def resolve_executor(args, local_rank: int | None = None) -> str | None:
+    """The executor, chosen once; ``local_rank``: set this rank's device first, so ``scaled_mm`` is probed on the
+    device the rank runs on (not device 0 for every local rank). A block-scaled recipe that ``scaled_mm`` cannot
+    run in one call per GEMM here runs ``emulated``; ``args.fp8_executor_note`` says why (start-up line)."""
     if not getattr(args, "fp8_format", None):
         return None
     if getattr(args, "fp8_executor_in_use", None) is None:
         import mtmegatron
 
-        args.fp8_executor_in_use = select_executor(mtmegatron.active_backend(), args.fp8_executor)
+        backend = mtmegatron.active_backend()
+        if local_rank is not None:
+            backend.set_device(local_rank)
+        executor = select_executor(backend, args.fp8_executor)
+        args.fp8_executor_note = None
+        if executor == "emulated" and args.fp8_executor == "auto" and "scaled_mm" in backend.fp8_executors:
+            args.fp8_executor_note = f"scaled_mm does not run here: {executor_missing('scaled_mm', backend)}"
+        recipe = recipe_from_args(args)
+        if executor == "scaled_mm" and recipe.name in BLOCK_SCALED:
+            why = _block_scaled_missing(recipe, backend)
+            if why:
+                executor = "emulated"
+                args.fp8_executor_note = f"scaled_mm runs no {recipe.name} GEMM here ({why}): its GEMMs are emulated"
+        args.fp8_executor_in_use = executor
     return args.fp8_executor_in_use
+
+
+def _block_scaled_missing(recipe, backend) -> str | None:
+    if recipe.name != "blockwise":
+        return "mtmegatron passes no MX (E8M0, swizzled) scales to torch._scaled_mm"
+    from .probe import device_facts, scaled_mm_support
+
+    return scaled_mm_support(device_facts(backend)).blockwise_missing
 
 
 def te_config_fields(args) -> dict:
@@ -44,8 +73,12 @@ def te_config_fields(args) -> dict:
 
 
 def uses_transformer_engine(args) -> bool:
-    """Whether this run's linears are TransformerEngine's (FP8 on, executor ``transformer_engine``)."""
-    return recipe_from_args(args) is not None and resolve_executor(args) == "transformer_engine"
+    """Whether this run's layers are TransformerEngine's: with FP8, when the executor is ``transformer_engine``;
+    without, when ``--transformer-impl transformer_engine`` survived ``models/transformer_impl`` (TE serves the
+    backend)."""
+    if recipe_from_args(args) is not None:
+        return resolve_executor(args) == "transformer_engine"
+    return args.transformer_impl == "transformer_engine"
 
 
 def fp8_linears(args):
@@ -81,5 +114,6 @@ def describe(args) -> str:
     recipe = recipe_from_args(args)
     bf16_layers = (f", first {args.num_layers_at_start_in_bf16}/last {args.num_layers_at_end_in_bf16} layers in "
                    "high precision" if args.first_last_layers_bf16 else "")
+    note = f" ({args.fp8_executor_note})" if getattr(args, "fp8_executor_note", None) else ""
     return (f"mtmegatron: FP8 {recipe.name} recipe, {args.fp8_format} format, executor {resolve_executor(args)}"
-            f"{bf16_layers}")
+            f"{note}{bf16_layers}")

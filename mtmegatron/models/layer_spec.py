@@ -4,11 +4,15 @@
 ``get_gpt_layer_with_transformer_engine_spec`` and reuses their pieces (``ModuleSpec``, the submodules classes,
 ``get_moe_module_spec_for_backend``, ``get_mtp_layer_spec_for_backend``, ``LocalSpecProvider``):
 
-| slot | ``--transformer-impl local`` | ``--transformer-impl mtmegatron`` | FP8 executor ``transformer_engine`` |
+| slot | ``--transformer-impl local`` | ``--transformer-impl mtmegatron`` | TE layers (``transformer_engine``) |
 |---|---|---|---|
 | norms (input, pre-MLP, q/k/kv, MTP) | megatron's (``WrappedTorchNorm``) | ``FusedRMSNorm`` | ``TENorm``, fused into ``TELayerNormColumnParallelLinear`` where megatron fuses it |
 | linears qkv/proj/fc1/fc2 (experts too) | ``Column/RowParallelLinear``; ``Fp8*`` with FP8 executors ``emulated``/``scaled_mm`` | same | TE's |
 | dense MLP | ``MLP`` | ``FusedMLP`` | ``MLP`` (``FusedMLP`` with mtmegatron) |
+
+TE layers: ``--transformer-impl transformer_engine`` where TransformerEngine (CUDA) or MT-TransformerEngine (MUSA)
+serves the backend (``models/transformer_impl.py`` decides, bf16/fp16 and FP8 alike), or FP8 with the
+``transformer_engine`` executor under any impl (``fp8/spec.uses_transformer_engine``).
 | core attention | ``attention/spec.core_attention_choice``: SDPA, fused softmax, local or TE; MLA's head-dims variant of a local/fused one |||
 
 MLA, qk-layernorm, MoE (shared experts included) and MTP are kept under every choice. Each call returns a new

@@ -18,6 +18,7 @@ from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deeps
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields
 from mtmegatron.training.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
+from mtmegatron.models.transformer_impl import resolve_transformer_impl
 from mtmegatron.training.data_flags import add_data_args, check_data_args
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.training.run_control import add_run_control_args, check_run_control_args
@@ -215,27 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _resolve_impl(args: argparse.Namespace, given: dict[str, str]) -> None:
-    """--transformer-impl: Megatron-LM's default transformer_engine runs local layers where TE cannot serve it
-    (one start-up line, args.impl_note); asked for explicitly, that is an error."""
-    args.impl_note = None
-    if args.transformer_impl == "inference_optimized":
-        raise ConfigError("--transformer-impl inference_optimized: inference only (mtmegatron.pretrain trains)")
-    if args.transformer_impl != "transformer_engine":
-        return
-    import importlib.util
-
-    if importlib.util.find_spec("transformer_engine") is None:
-        why = "TransformerEngine is not installed"
-    else:
-        why = "TransformerEngine layers are used here only for FP8 with --fp8-executor transformer_engine"
-    if "transformer_impl" in given and importlib.util.find_spec("transformer_engine") is None:
-        raise ConfigError(f"--transformer-impl transformer_engine: {why} (pip install transformer-engine on CUDA; "
-                          "or use --transformer-impl local / mtmegatron)")
-    args.transformer_impl = "local"
-    args.impl_note = f"--transformer-impl transformer_engine (Megatron-LM's default): {why}; running local layers"
-
-
 def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
     """Megatron-LM's derived values (its validate_args), after the preset: FFN and head sizes, query groups,
     positions; plus the older attribute names the rest of mtmegatron reads."""
@@ -280,7 +260,7 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
             args.accumulate_allreduce_grads_in_fp32 = False
         elif args.main_grads_dtype == "fp32":
             args.accumulate_allreduce_grads_in_fp32 = True
-    _resolve_impl(args, given)
+    resolve_transformer_impl(args, given, ConfigError)  # TE layers where TE serves the backend, else local
     if args.use_flash_attn and "attention_backend" not in given:
         args.attention_backend = "flash"  # Megatron-LM's meaning; which kernel runs is said at start-up
     if args.recompute_activations and "recompute_granularity" not in given:

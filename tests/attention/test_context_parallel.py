@@ -68,7 +68,7 @@ def _cp_worker(rank, world_size, backend_name):
         variants = {"ring_flash": (ring_attention, True), "ring_blocks": (ring_attention, False),
                     "all_gather": (all_gather_attention, True)}
         for variant, (attend, flash) in variants.items():
-            blocks.USE_CPU_FLASH = flash
+            blocks.USE_FUSED = flash
             lq, lk, lv = (_local(t, rank, world_size).clone().requires_grad_() for t in (q, k, v))
             out = attend(lq, lk, lv, causal, scale, group)
             out.backward(_local(dout, rank, world_size))

@@ -1,6 +1,8 @@
 """``models/layer_spec.build_layer_spec``: the classes in every slot for each (transformer impl x attention backend
 x FP8 executor x model family), TE cases by spec structure (class names under megatron-core's TE extension
-module, never importing TransformerEngine); DeepSeek with FP8 keeps MLA, qk-layernorm and MTP; building a spec
+module, never importing TransformerEngine) -- ``--transformer-impl transformer_engine`` in bf16 as it resolves
+where TE serves the backend (models/transformer_impl.te_layers_missing faked to say so), and FP8 with TE's
+executor under every impl; DeepSeek with FP8 keeps MLA, qk-layernorm and MTP; building a spec
 never changes another one; one tiny DeepSeek FP8 model built on the CPU has the expected module tree.
 The expectations are written out here as a table, independently of the builder's code.
 """
@@ -12,6 +14,8 @@ import itertools
 import os
 import socket
 
+from unittest import mock
+
 import pytest
 import torch.distributed as dist
 
@@ -20,14 +24,17 @@ from mtmegatron.models.layer_spec import build_layer_spec, describe_layer_spec
 from mtmegatron.training.arguments import parse_args
 
 TE = "megatron.core.extensions.transformer_engine"
-IMPLS, BACKENDS = ("local", "mtmegatron"), ("auto", "local", "flash")
+IMPLS, BACKENDS = ("local", "mtmegatron", "transformer_engine"), ("auto", "local", "flash")
 EXECUTORS, FAMILIES = (None, "emulated", "scaled_mm", "transformer_engine"), ("llama3", "mixtral", "deepseek-v3")
 
 
 def make_args(impl="local", backend="auto", executor=None, family="llama3", *extra):
     fp8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--bf16"] if executor else []
-    args = parse_args(["--model", family, "--model-size", "tiny", "--mock-data", "--transformer-impl", impl,
-                       "--attention-backend", backend, *fp8, *extra], world_size=1)
+    argv = ["--model", family, "--model-size", "tiny", "--mock-data", "--transformer-impl", impl,
+            "--attention-backend", backend, *fp8, *extra]
+    with mock.patch("mtmegatron.models.transformer_impl.te_layers_missing", return_value=None):  # TE serves it
+        args = parse_args(argv, world_size=1)
+    assert args.transformer_impl == impl
     if executor:
         args.fp8_executor_in_use = executor  # what resolve_executor stores; no backend is activated here
     return args
@@ -47,16 +54,17 @@ def name(slot) -> str:
 
 def expected(impl, backend, executor, family):
     """What each slot must hold, written out per case."""
-    te, fused, mla = executor == "transformer_engine", impl == "mtmegatron", family == "deepseek-v3"
+    te = executor == "transformer_engine" or (impl == "transformer_engine" and executor is None)
+    fused, mla = impl == "mtmegatron", family == "deepseek-v3"
     if backend == "local":
         core = "FusedDotProductAttention" if fused else "DotProductAttention"
         core = f"MLA{core}" if mla else core  # the head-dims variant
     else:
         core = "TEDotProductAttention" if te else "SDPADotProductAttention"
-    column = {None: "ColumnParallelLinear", "emulated": "Fp8ColumnParallelLinear",
-              "scaled_mm": "Fp8ColumnParallelLinear", "transformer_engine": "TEColumnParallelLinear"}[executor]
-    row = {None: "RowParallelLinear", "emulated": "Fp8RowParallelLinear",
-           "scaled_mm": "Fp8RowParallelLinear", "transformer_engine": "TERowParallelLinear"}[executor]
+    column = "TEColumnParallelLinear" if te else {None: "ColumnParallelLinear", "emulated": "Fp8ColumnParallelLinear",
+                                                  "scaled_mm": "Fp8ColumnParallelLinear"}[executor]
+    row = "TERowParallelLinear" if te else {None: "RowParallelLinear", "emulated": "Fp8RowParallelLinear",
+                                            "scaled_mm": "Fp8RowParallelLinear"}[executor]
     norm = "TENorm" if te else "FusedRMSNorm" if fused else "WrappedTorchNorm"
     return dict(core=core, column=column, row=row, norm=norm, te=te, mla=mla,
                 mlp="FusedMLP" if fused else "MLP",
@@ -104,7 +112,9 @@ def check_layer(spec, e, family, moe: bool):
         assert name(sub.mlp.submodules.linear_fc2) == e["row"]
 
 
-CASES = list(itertools.product(IMPLS, BACKENDS, EXECUTORS, FAMILIES))
+# TE layers run FP8 themselves: --transformer-impl transformer_engine takes no mtmegatron executor (test below)
+CASES = [case for case in itertools.product(IMPLS, BACKENDS, EXECUTORS, FAMILIES)
+         if not (case[0] == "transformer_engine" and case[2] in ("emulated", "scaled_mm"))]
 
 
 @pytest.mark.parametrize("impl,backend,executor,family", CASES,
@@ -176,6 +186,14 @@ def test_description_states_the_attention_and_why():
     line = describe_layer_spec(make_args("local", "auto", "transformer_engine", "deepseek-v3"))
     assert "attention TEDotProductAttention" in line and "linears TEColumnParallelLinear/TERowParallelLinear" in line
     assert "FP8 executor transformer_engine" in line
+
+
+def test_te_bf16_description_names_te_layers():
+    line = describe_layer_spec(make_args("transformer_engine", "auto", None, "llama3"))
+    assert line.startswith("mtmegatron: layers: --transformer-impl transformer_engine | norm TENorm + "
+                           "TELayerNormColumnParallelLinear | attention TEDotProductAttention")
+    assert "with TransformerEngine layers" in line and "linears TEColumnParallelLinear/TERowParallelLinear" in line
+    assert "FP8 executor" not in line
 
 
 def _free_port():
