@@ -16,8 +16,8 @@ emulated instead (one fp32 GEMM on dequantized operands rather than one call per
 Every mode the rules allow is then tried once on the running device (E4M3 x E4M3 and E5M2 x E4M3, the operand
 pairs of forward and of dgrad/wgrad); a refusal is kept as the reason. ``device_facts`` reads the backend's
 *current* device, so callers set the rank's device first (``fp8/spec.resolve_executor``).
-May assume: torch >= 2.7; the backend's device module mirrors torch.cuda (``current_device``,
-``get_device_capability``) on accelerators.
+May assume: torch >= 2.7; the backend's device module has CUDA's ``current_device`` and
+``get_device_capability`` on accelerators.
 """
 
 from __future__ import annotations
