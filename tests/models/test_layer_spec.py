@@ -2,7 +2,7 @@
 x FP8 executor x model family), TE cases by spec structure (class names under megatron-core's TE extension
 module, never importing TransformerEngine) -- ``--transformer-impl transformer_engine`` in bf16 as it resolves
 where TE serves the backend (models/transformer_impl.te_layers_missing faked to say so), and FP8 with TE's
-executor under every impl; DeepSeek with FP8 keeps MLA, qk-layernorm and MTP; building a spec
+executor under every impl; LLaVA's language layers follow the impl while its vision encoder stays local; DeepSeek with FP8 keeps MLA, qk-layernorm and MTP; building a spec
 never changes another one; one tiny DeepSeek FP8 model built on the CPU has the expected module tree.
 The expectations are written out here as a table, independently of the builder's code.
 """
@@ -234,3 +234,15 @@ def test_deepseek_fp8_model_has_mla_mtp_and_fp8_linears():
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
         mtmegatron.deactivate()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_llava_language_layers_follow_the_impl_and_the_vision_encoder_stays_local(impl):
+    from mtmegatron.models.llava import vision_layer_spec
+
+    args = make_args(impl, "auto", None, "llava")
+    check_layer(build_layer_spec(args, "dense"), expected(impl, "auto", None, "llama3"), "llama3", moe=False)
+    vision = vision_layer_spec(args)
+    assert name(vision.submodules.self_attention.submodules.linear_qkv) == "ColumnParallelLinear"
+    assert name(vision.submodules.input_layernorm) == "WrappedTorchNorm"
+    assert name(vision.submodules.self_attention.submodules.core_attention) == "SDPADotProductAttention"
