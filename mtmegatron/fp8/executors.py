@@ -83,9 +83,9 @@ def gemm_scaled_mm(a: QTensor, b: QTensor) -> torch.Tensor:
     if a.block is None and b.block is None:
         return torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale_inv.float().reshape(()),
                                 scale_b=b.scale_inv.float().reshape(()), out_dtype=torch.float32)
-    if block_scaled_shape_fits(a, b):
+    if a.data.device.type == "cuda" and block_scaled_shape_fits(a, b):  # the only device with block scales
         return gemm_scaled_mm_blockwise(a, b)
-    return gemm_emulated(a, b)  # a GEMM whose shape the block-scaled kernel does not take (e.g. K % 128)
+    return gemm_emulated(a, b)  # elsewhere, or a shape the block-scaled kernel does not take (e.g. K % 128)
 
 
 GEMMS = {"scaled_mm": gemm_scaled_mm, "emulated": gemm_emulated}
