@@ -24,7 +24,7 @@ import torch
 BF16_MIN_ARCH = 220
 SCALED_MM_MIN_ARCH = 310
 TF32_ENV = "TORCH_ALLOW_TF32_MUBLAS_OVERRIDE"
-ARCH_NAMES = {210: "MTT S80/S3000 (mp_21)", 220: "MTT S4000 (mp_22)", 310: "MTT S5000 (mp_31)"}
+ARCH_NAMES = {210: "MTT S80/S3000, mp_21", 220: "MTT S4000, mp_22", 310: "MTT S5000, mp_31"}
 
 
 def arch_number(capability: tuple[int, int]) -> int:
@@ -128,7 +128,12 @@ def capability_lines(index: int = 0, musa=None, environ=os.environ, backends=Non
             f"musa device {index}: arch {arch_label(arch)}",
             f"  bf16: {'yes' if supports_bf16(arch) else f'no (needs arch >= {BF16_MIN_ARCH}): --bf16 is refused'}",
             f"  fp8 torch._scaled_mm: {fp8}",
-            f"  {tf32_state(environ, backends)}"]
+            f"  {tf32_state(environ, backends)}; a training run sets it {_wanted_text(environ)}"]
+
+
+def _wanted_text(environ) -> str:
+    allow, why = tf32_wanted(environ)
+    return f"{'on' if allow else 'off'} ({why})"
 
 
 def _torch_musa_version() -> str:
