@@ -5,7 +5,7 @@
 # .venv (MTMEGATRON_VENV=dir) and used; then `torchrun` and `mtmegatron` are linked into ~/.local/bin when no
 # torchrun is on PATH and ~/.local/bin is (so `torchrun --nproc_per_node 2 -m mtmegatron.pretrain` works as
 # written), otherwise the script ends with the `source .venv/bin/activate` line to run.
-# torch first, and only if none is installed (a CUDA torch, or torch 2.7.1 + torch_musa, is kept):
+# torch first, and only if none is installed (a CUDA torch, or the torch of a torch_musa 2.11/2.9/2.7.1, is kept):
 # torch==2.13.0, CPU build from https://download.pytorch.org/whl/cpu when `nvidia-smi -L` lists no GPU, the
 # default (CUDA) build when it does; a pip configuration that names an index or find-links
 # (pip config / PIP_INDEX_URL / PIP_FIND_LINKS) is trusted to choose instead (MTMEGATRON_TORCH_INDEX=url forces one).
