@@ -2,7 +2,7 @@
 
 UNVERIFIED on MUSA hardware: written from Moore Threads' published facts (shared/REFERENCE.md), tested with the
 device queries faked (tests/conformance/test_musa_device.py).
-- Arch: torch_musa mirrors ``torch.cuda.get_device_capability`` -> (major, minor); the arch number is
+- Arch: ``torch.musa.get_device_capability`` (as its CUDA twin) -> (major, minor); the arch number is
   ``major * 100 + minor * 10`` (mp_21 -> 210: MTT S80 / S3000; mp_22 -> 220: S4000; mp_31 -> 310: S5000), the
   numbers ``TORCH_MUSA_ARCH_LIST`` names (21, 22, 31, ...).
 - bf16 from arch 220 (the S80 has none); ``torch._scaled_mm`` (FP8) from arch 310, tensor-wise or row-wise scales.
