@@ -60,9 +60,11 @@ def musa_extension(arch_list: str):
 
 def detected_arch_list(musa=None) -> str:
     """TORCH_MUSA_ARCH_LIST for MUSA device 0 ("22" for arch 220); a ValueError when no device is visible."""
+    import torch
+
     from mtmegatron.backends.musa_device import device_arch
 
-    musa = musa if musa is not None else __import__("torch").musa
+    musa = musa if musa is not None else torch.musa
     if musa.device_count() == 0:
         raise ValueError("TORCH_MUSA_ARCH_LIST is not set and no MUSA device is visible to detect it: set it, "
                          "e.g. TORCH_MUSA_ARCH_LIST=22")
