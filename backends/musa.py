@@ -21,11 +21,13 @@ from .base import Absent, Backend, HalfInstalled
 
 # Set by the example launchers (examples/common.sh) unless the user exported a value. Only settings that are
 # right on any MUSA machine: one hardware queue so megatron-core's communication/compute overlap keeps its
-# order (Megatron requires it on CUDA too), a kernel timeout long enough for big first-step compilations and
+# order (Megatron requires it on CUDA too; MUSA's runtime reads MUSA_DEVICE_MAX_CONNECTIONS, which torchada does
+# not translate, so both are set), a kernel timeout long enough for big first-step compilations and
 # collectives (MT-MegatronLM's launchers; the driver default can kill long MCCL kernels), and a bounded
 # OpenMP pool per rank (8 ranks per node would otherwise each take every core).
 MUSA_ENV_DEFAULTS = {
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "MUSA_DEVICE_MAX_CONNECTIONS": "1",
     "MUSA_KERNEL_TIMEOUT": "3200000",
     "OMP_NUM_THREADS": "4",
 }
@@ -66,11 +68,13 @@ INSTALL_HINT = "pip install torchada (or: bash scripts/install.sh, which install
 class MusaBackend(Backend):
     def missing(self) -> str | None:
         if not visible_devices.musa_installed():
-            return Absent("torch_musa is not installed (install Moore Threads' torch_musa wheel matching torch 2.7.1)")
+            return Absent("torch_musa is not installed (install Moore Threads' torch_musa wheel matching your torch: "
+                          "2.11.0.post1 for torch 2.11, 2.9.x for torch 2.9, 2.7.1 for torch 2.7.1)")
         if importlib.util.find_spec("torchada") is None:
             return HalfInstalled(f"torch_musa is installed but torchada is not: the MUSA bridge needs it ({INSTALL_HINT});"
                                  " to train on another backend anyway pass --backend cpu|cuda")
         visible_devices.sync()  # before torch_musa starts the MUSA runtime
+        visible_devices.sync_max_connections()
         try:
             importlib.import_module("torch_musa")
         except ImportError as exc:

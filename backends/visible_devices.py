@@ -1,4 +1,5 @@
-"""Keep CUDA_VISIBLE_DEVICES and MUSA_VISIBLE_DEVICES in agreement before the MUSA runtime starts.
+"""Keep CUDA_VISIBLE_DEVICES and MUSA_VISIBLE_DEVICES (and the device max-connections variables) in agreement
+before the MUSA runtime starts.
 
 torchada copies CUDA_VISIBLE_DEVICES -> MUSA_VISIBLE_DEVICES when it is imported, but the MUSA runtime reads
 MUSA_VISIBLE_DEVICES when torch_musa loads, and our availability probe (and torch's backend autoload) import
@@ -19,6 +20,7 @@ import warnings
 
 MUSA_ENV = "MUSA_VISIBLE_DEVICES"
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
+CUDA_MAX_CONNECTIONS, MUSA_MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS", "MUSA_DEVICE_MAX_CONNECTIONS"
 
 
 def musa_installed() -> bool:
@@ -47,6 +49,17 @@ def sync(environ=os.environ) -> dict[str, str]:
     return changed
 
 
+def sync_max_connections(environ=os.environ) -> dict[str, str]:
+    """MUSA_DEVICE_MAX_CONNECTIONS from CUDA_DEVICE_MAX_CONNECTIONS when only the CUDA one is set: Megatron's
+    overlap (TP/SP/CP communication ordered behind compute) needs one hardware queue, and Megatron-LM scripts say
+    so with the CUDA name, which torchada does not translate. Returns the variables it set."""
+    cuda = environ.get(CUDA_MAX_CONNECTIONS)
+    if cuda is None or MUSA_MAX_CONNECTIONS in environ:
+        return {}
+    environ[MUSA_MAX_CONNECTIONS] = cuda
+    return {MUSA_MAX_CONNECTIONS: cuda}
+
+
 def sync_if_musa(environ=os.environ) -> dict[str, str]:
-    """``sync`` on machines that have torch_musa (as torchada does); a no-op elsewhere."""
-    return sync(environ) if musa_installed() else {}
+    """``sync`` and ``sync_max_connections`` on machines that have torch_musa; a no-op elsewhere."""
+    return {**sync(environ), **sync_max_connections(environ)} if musa_installed() else {}

@@ -48,6 +48,11 @@ def cmd_env(args) -> int:
     print(f"fp8 executors (preferred first): {', '.join(chosen.fp8_executors)}")
     if chosen.device_type != "cpu":
         print(f"devices: {chosen.device_module().device_count()}")
+    if chosen.device_type == "musa":
+        from mtmegatron.backends import musa_device
+
+        for line in musa_device.capability_lines():
+            print(line)
     from mtmegatron.data import doctor
 
     doctor.report()

@@ -30,6 +30,10 @@ def main(argv=None) -> int:
     try:
         args = parse_args(argv)
         backend = select_backend(args.backend)
+        if backend.device_type == "musa":  # e.g. --bf16 on an S80 (no bf16): one line, before any process group
+            from mtmegatron.backends.musa_device import check_precision_args
+
+            check_precision_args(args, ConfigError)
     except (ConfigError, BackendUnavailableError) as e:
         exit_with_user_error(str(e))
     import mtmegatron
@@ -95,6 +99,9 @@ def startup_lines(args) -> list[str]:
         lines.append("mtmegatron: p2p overlap of the interleaved schedule (Megatron-LM's default) is off over gloo: "
                      "it corrupts the gradients there; --no-overlap-p2p-communication is implied")
     lines.append(fusions.describe(args))
+    from mtmegatron.models import initialization
+
+    lines.append(initialization.describe(args))
     return lines
 
 

@@ -113,7 +113,9 @@ def free_port() -> int:
 def pretrain_cmd(backend: str, model: str, dtype: str, iters: int, log_dir: Path, nproc: int = 1,
                  extra: tuple[str, ...] = ()) -> list[str]:
     flags = ["--backend", backend, "--model", model, "--model-size", "tiny", "--mock-data", "--train-iters", str(iters),
-             "--log-dir", str(log_dir), "--log-interval", "1", "--seed", "1234", *(["--bf16"] if dtype == "bf16" else []),
+             "--log-dir", str(log_dir), "--log-interval", "1", "--seed", "1234",
+             "--use-cpu-initialization",  # the weights the cpu backend builds (device init draws others)
+             *(["--bf16"] if dtype == "bf16" else []),
              *extra]
     if nproc == 1:
         return [sys.executable, "-m", "mtmegatron.pretrain", *flags]

@@ -37,4 +37,5 @@ def test_unavailable_backend_is_a_clear_error():
     proc = _cli("patches", "--backend", "musa")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("mtmegatron: error: musa requested but torch_musa is not installed "
-                                   "(install Moore Threads' torch_musa wheel matching torch 2.7.1)")
+                                   "(install Moore Threads' torch_musa wheel matching your torch: 2.11.0.post1 "
+                                   "for torch 2.11, 2.9.x for torch 2.9, 2.7.1 for torch 2.7.1)")

@@ -1,8 +1,9 @@
 """scripts/install.sh decides as documented (dry run: decisions and commands are printed, nothing is installed):
-the musa extra where torch_musa is installed; a project venv where the python is PEP 668-managed; a CPU torch
-from the CPU index with no torch and no GPU, the CUDA build where nvidia-smi lists a GPU, the pip configuration's
-index where it names one; CMake through pip when it is too old. Fakes: torch_musa on PYTHONPATH, nvidia-smi and
-cmake on PATH; MTMEGATRON_INSTALL_ASSUME_PEP668 stands in for a distribution python."""
+the musa extra where torch_musa is installed, and the MUSA kernel build where mcc is there too; a project venv
+where the python is PEP 668-managed; a CPU torch from the CPU index with no torch and no GPU, the CUDA build where
+nvidia-smi lists a GPU, the pip configuration's index where it names one; CMake through pip when it is too old.
+Fakes: torch_musa on PYTHONPATH, nvidia-smi, cmake and mcc on PATH; MTMEGATRON_INSTALL_ASSUME_PEP668 stands in for
+a distribution python."""
 from __future__ import annotations
 
 import os
@@ -47,6 +48,7 @@ def test_musa_extra_is_installed_where_torch_musa_is(tmp_path):
     out = _dry_run(str(tmp_path))
     assert "-e .[test,musa]" in out, out
     assert "torch_musa found" in out
+    assert "-m mtmegatron.ops.musa_build" not in out and "no mcc" in out, out  # no MUSA compiler: no kernel build
 
 
 def test_this_machine_keeps_its_python_torch_and_tools():
@@ -79,3 +81,24 @@ def test_gpu_gets_the_cuda_torch_and_a_pip_index_is_trusted(tmp_path):
 def test_old_cmake_is_replaced_through_pip(tmp_path):
     out = _dry_run(fake_bin=_fake(tmp_path, "cmake", "cmake version 3.22.1"))
     assert "CMake 3.22 (need >= 3.24)" in out and "cmake>=3.24" in out
+
+
+def _torch_musa_on_path(path: Path) -> str:
+    (path / "torch_musa").mkdir(parents=True, exist_ok=True)
+    (path / "torch_musa/__init__.py").write_text("raise ImportError('the check must not import torch_musa')\n")
+    return str(path)
+
+
+def test_musa_kernels_are_built_where_mcc_and_torch_musa_are(tmp_path):
+    build = "-m mtmegatron.ops.musa_build"
+    with_mcc = _dry_run(_torch_musa_on_path(tmp_path), fake_bin=_fake(tmp_path, "mcc", "mcc 4.3"))
+    assert build in with_mcc and "building the MUSA kernels" in with_mcc, with_mcc
+    assert with_mcc.index("-e .[test,musa]") < with_mcc.index(build)  # after mtmegatron itself is installed
+
+
+def test_musa_kernel_build_insisted_on_names_what_is_missing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHON")}
+    env.update(MTMEGATRON_INSTALL_DRY_RUN="1", MTMEGATRON_BUILD_MUSA="1")
+    proc = subprocess.run(["bash", str(ROOT / "scripts/install.sh")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 1 and "MTMEGATRON_BUILD_MUSA=1 but torch_musa is missing" in proc.stderr, proc.stderr

@@ -8,6 +8,7 @@ What torchada leaves to us (each found on the simulated MUSA device, tests/musa_
   tracker, the legacy ``torch.cuda.*Tensor`` types ``Float16Module`` uses to cast outputs back to fp32). If
   megatron-core was imported before torchada, those still name the real CUDA module: RNG seeding is queued
   forever and bf16 outputs stay bf16. They are re-bound to the redirected names here, whatever the import order.
+- TF32 for fp32 GEMMs follows Megatron-LM's CUDA behaviour (backends/musa_device.apply_tf32_rule).
 May assume: torch_musa and torchada are installed (the musa backend checks before this runs).
 torchada's own patches cannot be undone, so uninstall() restores only what this module changed.
 """
@@ -19,7 +20,7 @@ import sys
 import torch
 import torchada  # noqa: F401 - imports torch_musa and applies torchada's patches; before megatron-core (activate)
 
-from mtmegatron.backends import musa_runtime
+from mtmegatron.backends import musa_device, musa_runtime
 
 from . import collectives
 from .megatron_bindings import LAZY_CALL_MODULES
@@ -76,6 +77,7 @@ def install(backend) -> None:
     torch.Tensor.type = _type_with_cuda_names(torch.Tensor.type)
     _rebind_megatron_import_time_names()
     musa_runtime.disable_dynamo_unless_requested()  # megatron-core's jit_fuser would send work to inductor
+    musa_device.apply_tf32_rule()  # fp32 GEMMs: full FP32 unless TF32 is asked for, as on CUDA
     collectives.install(backend.dist_backend)
 
 
@@ -84,6 +86,7 @@ def uninstall() -> None:
         return
     collectives.uninstall()
     musa_runtime.restore()
+    musa_device.restore_tf32()
     for module, name, value in reversed(_state["rebound"]):
         setattr(module, name, value)
     torch.Tensor.type = _state["tensor_type"]

@@ -16,7 +16,7 @@ from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from mtmegatron.fp8.spec import keep_layers_in_bf16, te_config_fields
-from mtmegatron.models import deepseek, family_args, fusions
+from mtmegatron.models import deepseek, fusions, initialization
 from mtmegatron.models.config_from_flags import transformer_config_kwargs
 from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
@@ -27,8 +27,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     """Flags by field name (models/config_from_flags.py), then mtmegatron's decisions for this backend."""
     config_class = MLATransformerConfig if args.multi_latent_attention else TransformerConfig
     ours = dict(
-        use_cpu_initialization=True,  # layout-independent weights: every rank draws the full tensor, keeps its shard
-        perform_initialization=not family_args.skip_initialization(args),  # --load/--finetune overwrite them
+        **initialization.config_fields(args),  # born on the device unless --use-cpu-initialization; --load skips
         overlap_p2p_comm=p2p_overlap_runs(args),
         batch_p2p_comm=not p2p_overlap_runs(args) and not _two_stage_interleaved(args),
         moe_grouped_gemm=False,
@@ -85,7 +84,12 @@ def _two_stage_interleaved(args) -> bool:
 
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP); for ``--model llava``
-    one LLaVAModel per stage (models/llava.py)."""
+    one LLaVAModel per stage (models/llava.py). Built where models/initialization.py says the weights are born."""
+    with initialization.birth_device(args):
+        return _build_model_chunks(args, config)
+
+
+def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     if args.model == "llava":
         from mtmegatron.models.llava import build_llava_chunks
 

@@ -4,7 +4,7 @@ An op is declared with its schema and a Python reference implementation; the ref
 CompositeExplicitAutograd, so it runs on any device that has no native kernel (and is what the native kernels
 are tested against). Native kernels come from `mtmegatron._C`, which registers C++ implementations for the CPU,
 CUDA and PrivateUse1 (MUSA) dispatch keys; PyTorch's dispatcher then prefers them by tensor device.
-May assume: torch >= 2.7 (torch_musa pins 2.7.1); nothing device specific.
+May assume: torch >= 2.7 (the MUSA floor: torch_musa 2.7.1; 2.9 and 2.11 current); nothing device specific.
 """
 from __future__ import annotations
 

@@ -4,11 +4,14 @@ MUSAExtension / BuildExtension into `mtmegatron._musa_kernels`, placed inside th
 (next to `mtmegatron._C`), never into the repository root. Importing it registers the PrivateUse1 kernels
 (mtmegatron.ops.native.load_musa_extension does, and reports a failure instead of swallowing it).
 
-Usage on a MUSA machine (MUSA_HOME set, mcc on PATH, torch 2.7.1 + torch_musa installed):
+Usage on a MUSA machine (MUSA_HOME set, mcc on PATH, torch_musa 2.11 / 2.9 / 2.7.1 with its torch installed;
+scripts/install.sh runs it where it finds mcc and torch_musa):
     TORCH_MUSA_ARCH_LIST="21;22" python -m mtmegatron.ops.musa_build
+Without TORCH_MUSA_ARCH_LIST the arch of MUSA device 0 is used (e.g. 22 on an S4000).
 The warp size is fixed per target at compile time (MTM_WARP_SIZE, see kernels/musa/include/mtm/musa_common.muh):
 one build serves one warp size, so all archs in TORCH_MUSA_ARCH_LIST must share it (checked here).
-May assume: torch_musa is importable when build() runs; only torch 2.7 APIs. The path helpers need neither.
+May assume: torch_musa is importable when build() runs; only torch 2.7 APIs (the MUSA floor, README). The path
+helpers need neither.
 """
 from __future__ import annotations
 
@@ -55,12 +58,26 @@ def musa_extension(arch_list: str):
     )
 
 
+def detected_arch_list(musa=None) -> str:
+    """TORCH_MUSA_ARCH_LIST for MUSA device 0 ("22" for arch 220); a ValueError when no device is visible."""
+    import torch
+
+    from mtmegatron.backends.musa_device import device_arch
+
+    musa = musa if musa is not None else torch.musa
+    if musa.device_count() == 0:
+        raise ValueError("TORCH_MUSA_ARCH_LIST is not set and no MUSA device is visible to detect it: set it, "
+                         "e.g. TORCH_MUSA_ARCH_LIST=22")
+    return str(device_arch(0, musa) // 10)
+
+
 def build(build_temp: str | None = None) -> Path:
     """Port the CUDA sources, then build the extension into the installed package; returns that directory."""
     from setuptools import setup
     from torch_musa.utils.musa_extension import BuildExtension
 
-    arch_list = os.environ.get("TORCH_MUSA_ARCH_LIST", "")
+    arch_list = os.environ.get("TORCH_MUSA_ARCH_LIST", "") or detected_arch_list()
+    os.environ["TORCH_MUSA_ARCH_LIST"] = arch_list  # BuildExtension turns it into --offload-arch
     port_all()
     setup(
         name="mtmegatron-musa-kernels",
@@ -75,5 +92,8 @@ if __name__ == "__main__":
     try:
         import torch_musa  # noqa: F401
     except ImportError as exc:
-        sys.exit(f"musa build requested but torch_musa does not import ({exc}); needs torch 2.7.1 + torch_musa + MUSA_HOME")
-    print(f"built {EXTENSION_NAME} into {build()}")
+        sys.exit(f"musa build requested but torch_musa does not import ({exc}); needs torch_musa with its torch + MUSA_HOME")
+    try:
+        print(f"built {EXTENSION_NAME} into {build()}")
+    except ValueError as exc:
+        sys.exit(f"musa build: {exc}")

@@ -14,6 +14,7 @@ import sys
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 from mtmegatron.models.family_args import add_family_args, check_family_args
+from mtmegatron.models.initialization import add_initialization_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields
 from mtmegatron.training.pipeline_split import check_pipeline_split
@@ -202,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tokenizer_args(p)
     add_sft_args(p)
     add_family_args(p)
+    add_initialization_args(p)
     from mtmegatron.training import run_args
 
     run_args.add_flags(p)

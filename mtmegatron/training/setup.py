@@ -18,6 +18,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.transformer.module import Float16Module
 
+from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
 from mtmegatron.training import overlap
 from mtmegatron.training.device import compute_device, move_module
@@ -43,14 +44,14 @@ def init_distributed(args, backend) -> None:
         expert_model_parallel_size=args.expert_model_parallel_size,
         distributed_timeout_minutes=args.distributed_timeout_minutes,
     )
-    seed_everything(args.seed)
+    seed_everything(initialization.rank_seed(args))  # Megatron-LM's: --seed + 100 * pipeline rank
 
 
 def seed_everything(seed: int) -> None:
-    """Seed the host RNGs (python, numpy, torch: the master weights are initialised on the host, so this is
-    what makes ``--seed`` fix the init, identically on every TP rank) and the device RNG with megatron-core's
-    model-parallel tracker (dropout). On the CPU backend the device RNG is the host RNG: the tracker seeds it
-    with the same ``seed`` again, so both backends start from the same host state."""
+    """Seed the host RNGs (python, numpy, torch: ``--use-cpu-initialization`` draws the master weights there,
+    identically on every TP rank) and megatron-core's model-parallel RNG tracker (the device init and dropout
+    draw from it; models/initialization.py). On the CPU backend the device RNG is the host RNG: the tracker
+    seeds it with the same ``seed`` again, so both backends start from the same host state."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -60,10 +61,10 @@ def seed_everything(seed: int) -> None:
 def build(args):
     """Returns (model chunks wrapped in DDP, optimizer, scheduler, transformer config)."""
     config = transformer_config(args)
-    chunks = build_model_chunks(args, config)  # initialised on the host (layout-independent master weights)
+    chunks = build_model_chunks(args, config)  # on the device, or on the host (models/initialization.py)
     device = compute_device()
     for chunk in chunks:
-        move_module(chunk, device)  # parameters (attributes kept) and buffers; a no-op on the cpu backend
+        move_module(chunk, device)  # host-initialised parameters (attributes kept) and buffers; else a no-op
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = overlap.ddp_config(args)

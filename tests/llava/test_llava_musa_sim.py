@@ -34,7 +34,8 @@ LOSS_TOL = 1e-5
 ARGS = ["--model", "llava", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--train-iters", str(ITERS),
         "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "2e-3", "--lr-decay-style", "constant",
         "--log-interval", "100", "--eval-iters", "1", "--eval-interval", str(ITERS), "--num-samples", "1",
-        "--sample-tokens", "2"]
+        "--sample-tokens", "2",
+        "--use-cpu-initialization"]  # host init on both backends: the weights the cpu backend builds
 
 
 def test_llava_tp2_sp_on_the_simulated_device_matches_the_cpu_backend(tmp_path):

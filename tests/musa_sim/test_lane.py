@@ -33,12 +33,14 @@ pytestmark = pytest.mark.musa_sim
 
 ITERS = 4
 LOSS_TOL = 1e-5
-LLAMA = [a for a in TINY if a not in ("--backend", "cpu")] + ["--train-iters", str(ITERS)]
+# --use-cpu-initialization: the device starts from the weights the cpu backend builds (the device init itself,
+# Megatron-LM's default, is tests/musa_sim/test_device_init.py); a no-op on the cpu backend
+LLAMA = [a for a in TINY if a not in ("--backend", "cpu")] + ["--train-iters", str(ITERS), "--use-cpu-initialization"]
 MIXTRAL = LLAMA + ["--model", "mixtral", "--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff",
                    "0", "--moe-token-dispatcher-type", "alltoall"]
 DEEPSEEK = ["--model", "deepseek-v3", "--model-size", "tiny", "--mock-data", "--seq-length", "16",
             "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(ITERS), "--lr", "3e-3",
-            "--lr-decay-style", "constant", "--log-interval", "100"]
+            "--lr-decay-style", "constant", "--log-interval", "100", "--use-cpu-initialization"]
 TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
 # --sft on the embedded task: packed THD micro-batches (cu_seqlens, per-token loss) on the device
 SFT = [a for a in LLAMA if a != "--mock-data"]
@@ -152,7 +154,7 @@ def test_hf_converted_checkpoint_loads_on_the_device(tmp_path):
 def test_main_command_outputs_on_the_device(tmp_path):
     use_corpus_cache()
     args = ["--train-iters", "6", "--eval-interval", "6", "--eval-iters", "1", "--log-interval", "3",
-            "--sample-tokens", "8"]
+            "--sample-tokens", "8", "--use-cpu-initialization"]  # the cpu backend's weights (see LLAMA)
     proc, musa_rows = _run("musa", args, tmp_path / "musa", stats_dir=tmp_path / "stats", timeout=600)
     _, cpu_rows = _run("cpu", args, tmp_path / "cpu", timeout=600)
     _assert_same_losses(musa_rows, cpu_rows)

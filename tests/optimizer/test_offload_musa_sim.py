@@ -27,7 +27,8 @@ pytestmark = pytest.mark.musa_sim
 LOSS_TOL = 1e-5
 MUSA = [a for a in BASE if a not in ("--backend", "cpu")] + [
     "--backend", "musa", "--use-precision-aware-optimizer", "--optimizer-cpu-offload",
-    "--optimizer-offload-fraction", "0.5"]
+    "--optimizer-offload-fraction", "0.5",
+    "--use-cpu-initialization"]  # the cpu backend's (host) weights; the device init is tests/musa_sim/test_device_init.py
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap_d2h_h2d"])

@@ -31,6 +31,7 @@ def test_distributed_timeout_reaches_every_process_group(monkeypatch):
     monkeypatch.setattr(setup.torch.distributed, "init_process_group", lambda **kw: seen.update(default=kw))
     monkeypatch.setattr(setup.parallel_state, "initialize_model_parallel", lambda **kw: seen.update(mp=kw))
     monkeypatch.setattr(setup, "seed_everything", lambda seed: None)
+    monkeypatch.setattr(setup.initialization, "rank_seed", lambda args: args.seed)  # needs the (mocked) groups
 
     class Backend:
         dist_backend = "gloo"

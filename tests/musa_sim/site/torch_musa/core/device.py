@@ -9,6 +9,9 @@ from .._ext import ext
 from ._utils import _get_musa_device_index
 
 _TOTAL_MEMORY = int(float(os.environ.get("MUSA_SIM_MEMORY_GIB", "48")) * 2**30)
+# the simulated arch: "2.2" (an S4000, the default) or e.g. "2.1" (an S80: no bf16) / "3.1" (an S5000)
+_MAJOR, _MINOR = (int(x) for x in os.environ.get("MUSA_SIM_CAPABILITY", "2.2").split("."))
+_NAMES = {(2, 1): "MTT S80", (2, 2): "MTT S4000", (3, 1): "MTT S5000"}
 
 
 def device_count() -> int:
@@ -71,7 +74,8 @@ class _DeviceProperties:
 
 def get_device_properties(device=None) -> _DeviceProperties:
     _get_musa_device_index(device)
-    return _DeviceProperties("MTT S4000 (musa_sim)", 2, 2, _TOTAL_MEMORY, 128, 128)
+    name = _NAMES.get((_MAJOR, _MINOR), f"MUSA {_MAJOR}.{_MINOR}")
+    return _DeviceProperties(f"{name} (musa_sim)", _MAJOR, _MINOR, _TOTAL_MEMORY, 128, 128)
 
 
 def get_device_name(device=None) -> str:

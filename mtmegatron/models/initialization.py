@@ -1,0 +1,92 @@
+"""Where the weights are born and how ``--seed`` fixes them (Megatron-LM's ``--use-cpu-initialization``).
+
+Megatron-LM's default on an accelerator is megatron-core's device init (``use_cpu_initialization=False``): each
+rank allocates its shard on its device and fills it there from the model-parallel RNG tracker (a TP rank's
+shard from ``seed + 2718 + tp_rank``), so no full weight is ever built on the host. ``--use-cpu-initialization``
+takes megatron-core's host path instead: every TP rank draws the full master weight from the host generator and
+keeps its shard, so the weights do not depend on the tensor-parallel size (slow and host-memory heavy at 8B+;
+the simulated-MUSA lane and the GPU check use it to compare a device run with the cpu backend). On the cpu
+backend the device is the host: the host path always runs there (the flag changes nothing).
+Seeds as Megatron-LM's ``_set_random_seed``: ``--seed + 100 * pipeline rank`` (``+ 10 * data-parallel rank``
+with ``--data-parallel-random-init``) for python, numpy, torch and the tracker. ``--load``/``--finetune`` with a
+checkpoint skips the fill (megatron-core's ``perform_initialization=False``; family_args.skip_initialization).
+(training/setup.seed_everything seeds with ``rank_seed``.)
+May assume: megatron-core parallel state is initialised when ``rank_seed`` runs, and the backend bridge is
+active when ``host_initialization`` / ``describe`` run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+
+def add_initialization_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("initialization (mtmegatron/models/initialization.py)")
+    group.add_argument("--use-cpu-initialization", action="store_true", default=None, dest="use_cpu_initialization",
+                       help="build every full weight on the host and keep this rank's shard: the same weights "
+                            "under every tensor-parallel size (default: born on the device, as Megatron-LM; the "
+                            "cpu backend always builds on the host)")
+    group.add_argument("--data-parallel-random-init", action="store_true", default=False,
+                       dest="data_parallel_random_init",
+                       help="seed each data-parallel rank differently (seed + 10 * DP rank), as Megatron-LM")
+
+
+def _backend_device_type() -> str:
+    import mtmegatron
+
+    backend = mtmegatron.active_backend()
+    return "cpu" if backend is None else backend.device_type
+
+
+def host_initialization(args: argparse.Namespace) -> bool:
+    """megatron-core's ``use_cpu_initialization``: the flag, or the cpu backend (where host and device are one)."""
+    return bool(args.use_cpu_initialization) or _backend_device_type() == "cpu"
+
+
+def birth_device(args: argparse.Namespace):
+    """The context the model is built in: with device init, ``torch.device(<this rank's device>)``, so that what
+    megatron-core leaves to torch's default device (torch norms, rotary buffers) is born on the device too
+    (Megatron-LM moves those afterwards); with host init, nothing (the host is the default)."""
+    if host_initialization(args):
+        return contextlib.nullcontext()
+    import torch
+
+    from mtmegatron.training.device import compute_device
+
+    return torch.device(compute_device())
+
+
+def config_fields(args: argparse.Namespace) -> dict:
+    """TransformerConfig fields: where the weights are built and whether they are filled at all."""
+    from mtmegatron.models.family_args import skip_initialization
+
+    return {"use_cpu_initialization": host_initialization(args),
+            "perform_initialization": not skip_initialization(args)}  # --load/--finetune overwrite them
+
+
+def rank_seed(args: argparse.Namespace) -> int:
+    """This rank's seed, as Megatron-LM: different pipeline stages (and with --data-parallel-random-init
+    different data-parallel ranks) draw from different streams."""
+    from megatron.core import parallel_state
+
+    seed = args.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    if args.data_parallel_random_init:
+        seed += 10 * parallel_state.get_data_parallel_rank()
+    return seed
+
+
+def describe(args: argparse.Namespace) -> str:
+    """The start-up line: where the weights are born (or that a checkpoint fills them)."""
+    from mtmegatron.models.family_args import skip_initialization
+
+    if skip_initialization(args):
+        return "mtmegatron: init: skipped (every weight comes from the checkpoint in --load)"
+    device_type = _backend_device_type()
+    if device_type == "cpu":
+        return "mtmegatron: init: on the host (the cpu backend's device), full weights drawn per tensor"
+    if args.use_cpu_initialization:
+        return (f"mtmegatron: init: on the host, then moved to {device_type} (--use-cpu-initialization: the same "
+                f"weights under every tensor-parallel size)")
+    return (f"mtmegatron: init: on the {device_type} device, each rank its own shard from megatron-core's RNG tracker "
+            f"(Megatron-LM's default; --use-cpu-initialization for host init)")
