@@ -56,6 +56,10 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous().t()
 
 
+# torch >= 2.10 (the MUSA path's floor is 2.7: tests/test_torch_floor.py)
+HAS_BLOCK_SCALED_MM = hasattr(F, "scaled_mm") and hasattr(getattr(F, "ScalingType", None), "BlockWise1x128")
+
+
 def block_scaled_shape_fits(a: QTensor, b: QTensor) -> bool:
     """What ``gemm_scaled_mm_blockwise`` takes: A in 1x128 tiles, B in 128x128 blocks or 1x128 tiles, K a multiple
     of 128 and M, N multiples of 16 (cuBLAS alignment)."""
@@ -83,7 +87,7 @@ def gemm_scaled_mm(a: QTensor, b: QTensor) -> torch.Tensor:
     if a.block is None and b.block is None:
         return torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale_inv.float().reshape(()),
                                 scale_b=b.scale_inv.float().reshape(()), out_dtype=torch.float32)
-    if a.data.device.type == "cuda" and block_scaled_shape_fits(a, b):  # the only device with block scales
+    if a.data.device.type == "cuda" and HAS_BLOCK_SCALED_MM and block_scaled_shape_fits(a, b):  # the only device with block scales
         return gemm_scaled_mm_blockwise(a, b)
     return gemm_emulated(a, b)  # elsewhere, or a shape the block-scaled kernel does not take (e.g. K % 128)
 
