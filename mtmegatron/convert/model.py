@@ -22,7 +22,11 @@ def parse_flags(flags: list[str], world_size: int = 1):
 
     # LLaVA's data default is the embedded dataset (its rules refuse mock data); nothing is read here either way
     data = [] if "llava" in flags else ["--mock-data"]
-    return parse_args(flags + data + ["--backend", "cpu"], world_size=world_size, for_training=False)
+    args = parse_args(flags + data + ["--backend", "cpu"], world_size=world_size, for_training=False)
+    # the HF mapping names the sequential experts (local_experts.<e>); the torch_dist checkpoint is the same for
+    # megatron's grouped experts, so a --moe-grouped-gemm run loads what the converter writes and vice versa
+    args.moe_grouped_gemm = False
+    return args
 
 
 def init_single_rank(args) -> None:

@@ -30,7 +30,6 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         **initialization.config_fields(args),  # born on the device unless --use-cpu-initialization; --load skips
         overlap_p2p_comm=p2p_overlap_runs(args),
         batch_p2p_comm=not p2p_overlap_runs(args) and not _two_stage_interleaved(args),
-        moe_grouped_gemm=False,
         **fusions.config_fields(args),
         **deepseek.config_fields(args),  # MoE routing extras, MTP, qk-layernorm
         **(deepseek.mla_fields(args) if args.multi_latent_attention else {}),

@@ -40,7 +40,6 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
-from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention, MLASelfAttentionSubmodules
 from megatron.core.transformer.multi_token_prediction import get_mtp_layer_spec_for_backend
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -51,6 +50,7 @@ from mtmegatron.attention.spec import core_attention_choice
 from mtmegatron.fp8.spec import fp8_linears, resolve_executor, uses_transformer_engine
 from mtmegatron.models.deepseek_args import moe_layer_pattern
 from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm
+from mtmegatron.models.grouped_experts import describe as describe_experts, expert_modules
 from mtmegatron.models.mla_attention import with_head_dims
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
@@ -99,7 +99,7 @@ class LayerModules(LocalSpecProvider):
         return self.core
 
     def grouped_mlp_modules(self, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool):
-        return SequentialMLP, MLPSubmodules(linear_fc1=self.column, linear_fc2=self.row)
+        return expert_modules(self, moe_use_grouped_gemm, moe_use_legacy_grouped_gemm)  # models/grouped_experts.py
 
 
 def choose_modules(args: argparse.Namespace) -> LayerModules:
@@ -154,7 +154,8 @@ def build_layer_spec(args: argparse.Namespace, layer_kind="dense",
     qk_layernorm = bool(args.qk_layernorm)
 
     if num_experts:
-        mlp = get_moe_module_spec_for_backend(m, num_experts=num_experts, moe_grouped_gemm=False)
+        mlp = get_moe_module_spec_for_backend(m, num_experts=num_experts, moe_grouped_gemm=args.moe_grouped_gemm,
+                                              moe_use_legacy_grouped_gemm=args.moe_use_legacy_grouped_gemm)
     else:  # TE fuses the pre-MLP norm into fc1
         mlp = ModuleSpec(module=m.mlp, submodules=MLPSubmodules(linear_fc1=m.norm_column if te else m.column,
                                                                 linear_fc2=m.row))
@@ -214,4 +215,5 @@ def describe_layer_spec(args: argparse.Namespace) -> str:
     executor = f" (FP8 executor {resolve_executor(args)})" if getattr(args, "fp8_format", None) else ""
     norm = f"{_name(m.norm)}{' + ' + _name(m.norm_column) if te else ''}"
     return (f"mtmegatron: layers: --transformer-impl {args.transformer_impl} | norm {norm} | attention "
-            f"{_name(m.core)} ({why}) | linears {_name(m.column)}/{_name(m.row)}{executor} | MLP {_name(m.mlp)}")
+            f"{_name(m.core)} ({why}) | linears {_name(m.column)}/{_name(m.row)}{executor} | MLP {_name(m.mlp)}"
+            f"{describe_experts(args, m)}")

@@ -15,6 +15,7 @@ from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 from mtmegatron.models.family_args import add_family_args, check_family_args
 from mtmegatron.models.initialization import add_initialization_args
+from mtmegatron.models.grouped_experts import add_grouped_experts_args, check_grouped_experts_args
 from mtmegatron.models.deepseek_args import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_llava_fields
 from mtmegatron.training.pipeline_split import check_pipeline_split
@@ -194,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_io(p)
     _add_fp8(p)
     add_memory_args(p)
+    add_grouped_experts_args(p)
     add_schedule_args(p)
     add_run_control_args(p)
     add_data_args(p)
@@ -362,6 +364,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
     check_memory_args(args, ConfigError)
+    check_grouped_experts_args(args, ConfigError)
     check_run_control_args(args, ConfigError)
     check_data_args(args, ConfigError)
     check_tokenizer_args(args, ConfigError)

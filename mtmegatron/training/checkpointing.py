@@ -314,6 +314,7 @@ def _saved_facts(common: dict, args) -> dict:
             "has_optim": "opt_param_scheduler" in common and not getattr(ns, "no_save_optim", False),
             "has_rng": not getattr(ns, "no_save_rng", False),
             "distributed_optimizer": bool(getattr(ns, "use_distributed_optimizer", False)),
+            "grouped_experts": getattr(ns, "moe_grouped_gemm", None),
             "layout": {"tp": getattr(ns, "tensor_model_parallel_size", 1),
                        "pp": getattr(ns, "pipeline_model_parallel_size", 1)},
             "content": dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {},
@@ -325,10 +326,22 @@ def _saved_facts(common: dict, args) -> dict:
         "fingerprint": mlm.recorded_fingerprint(common), "scheduler": common.get("scheduler"),
         "has_optim": not model_only, "has_rng": not model_only,
         "distributed_optimizer": common.get("distributed_optimizer", bool(args.use_distributed_optimizer)),
-        "layout": common.get("layout", _layout()), "content": dict(OPTIMIZER_METADATA),
+        "layout": common.get("layout", _layout()), "content": dict(OPTIMIZER_METADATA), "grouped_experts": None,
         "train_state": common.get("train_state", {}), "model_only": model_only, "megatron_lm_layout": False,
         "written_by": "mtmegatron",
     }
+
+
+def _check_experts_optimizer_state(saved: dict, args, load_optim: bool, directory: str) -> None:
+    """The model weights convert between megatron's sequential and grouped experts; the distributed optimizer's
+    state does not (GroupedMLP keeps its weights transposed in one flat tensor per rank)."""
+    grouped = saved["grouped_experts"]
+    if (load_optim and args.num_experts and args.use_distributed_optimizer and grouped is not None
+            and bool(grouped) != bool(args.moe_grouped_gemm)):
+        raise CheckpointError(f"checkpoint {directory} holds the distributed-optimizer state of "
+                              f"{'grouped' if grouped else 'sequential'} MoE experts, which does not convert to "
+                              f"{'sequential' if grouped else 'grouped'} ones: run with{'' if grouped else 'out'} "
+                              f"--moe-grouped-gemm, or pass --no-load-optim to load the weights only")
 
 
 def _load_strategy(directory: str, args):
@@ -380,6 +393,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         raise CheckpointError(f"checkpoint {directory} holds {'distributed' if distopt else 'plain'}-optimizer "
                               f"state; run with{'' if distopt else 'out'} --use-distributed-optimizer, or "
                               f"pass --no-load-optim to load the weights only")
+    _check_experts_optimizer_state(saved, args, load_optim, directory)
     content = saved["content"]
     sharding = content.get("distrib_optim_sharding_type")
     if (load_optim and args.use_distributed_optimizer and saved["layout"] != _layout()

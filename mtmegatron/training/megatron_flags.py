@@ -110,8 +110,6 @@ REFUSED = {
     "is_hybrid_model": "hybrid (Mamba) models are not supported",
     "hybrid_override_pattern": "hybrid (Mamba) models are not supported",
     "mock_data_json": _NOT_YET,
-    "moe_grouped_gemm": "grouped-GEMM experts need TransformerEngine or the grouped_gemm package, neither of which "
-                        "this backend has; drop the flag (experts run one by one)",
     "distributed_backend": "the collective library follows --backend (nccl on cuda, mccl on musa, gloo on cpu)",
 }
 

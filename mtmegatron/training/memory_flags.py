@@ -90,9 +90,9 @@ def _check_recompute(args: argparse.Namespace, error: type[Exception]) -> None:
         modules = args.recompute_modules if args.recompute_modules is not None else ["core_attn"]
         if "mla_up_proj" in modules and not args.multi_latent_attention:
             raise error("--recompute-modules mla_up_proj needs --multi-latent-attention")
-        if "moe_act" in modules:
-            raise error("--recompute-modules moe_act needs megatron-core's grouped GEMM experts, which this "
-                        "package does not build; use moe or mlp")
+        if "moe_act" in modules and not args.moe_grouped_gemm:
+            raise error("--recompute-modules moe_act needs megatron-core's grouped GEMM experts: add "
+                        "--moe-grouped-gemm, or use moe or mlp")
         if any(m in modules for m in ("moe", "shared_experts")) and not args.num_experts:
             raise error("--recompute-modules moe/shared_experts need an MoE model (--num-experts)")
         return

@@ -1,0 +1,185 @@
+"""Training step time of mtmegatron, one run, one table: each ``--transformer-impl`` available here (local,
+mtmegatron; transformer_engine where TransformerEngine imports), Megatron-LM's fusions on / off / each one off,
+grouped-GEMM MoE experts on / off, FP8 vs bf16 on a GPU, against a plain-PyTorch training loop of the same model
+and against the GEMM + attention bound measured in the same run (benchmarks/step_baselines.py).
+
+Each "ours" row is one ``python -m mtmegatron.pretrain`` process (one rank, mock data) whose per-iteration
+``step_time_ms`` (metrics.jsonl) is read back; the row shows the median after ``--warmup`` iterations (the fastest
+of ``--repeats`` processes), the model
+TFLOP/s (Megatron-LM's FLOP formula, training/throughput.py), MFU where the device's bf16 peak is known, the ratio
+to the plain loop and to the bound of the same model, and which fusions the run's start-up line says ran.
+Models: on CPU a small Llama-3 (dense) and Mixtral (MoE) of the same layer shapes, fp32; on a GPU
+(``--backend cuda|musa``) a Llama-3-8B-shaped model with ``--num-layers`` layers, bf16, and Mixtral-8x7B's layer.
+Usage: python benchmarks/step.py [--backend cpu] [--iters 6] [--threads 1] [--quick]
+May assume: mtmegatron installed; torch >= 2.6; no launcher variables needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_baselines import bound_step_ms, plain_step_ms  # noqa: E402
+
+COMMON = ["--mock-data", "--lr", "1e-4", "--lr-decay-style", "constant", "--log-interval", "1000",
+          "--hidden-dropout", "0", "--attention-dropout", "0"]
+CPU_SHAPE = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "8", "--num-query-groups", "4",
+             "--ffn-hidden-size", "704", "--vocab-size", "8192", "--seq-length", "256",
+             "--max-position-embeddings", "256", "--micro-batch-size", "2", "--global-batch-size", "2"]
+CPU_MODELS = {"dense": ["--model", "llama3", *CPU_SHAPE],
+              "moe": ["--model", "mixtral", *CPU_SHAPE, "--num-experts", "4", "--moe-router-topk", "2"]}
+# an 8B layer (hidden 4096, ffn 14336, 32 heads / 8 groups, vocab 128256) and Mixtral-8x7B's MoE layer
+GPU_MODELS = {"dense": ["--model", "llama3", "--model-size", "8b", "--seq-length", "4096",
+                        "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--global-batch-size", "1",
+                        "--bf16"],
+              "moe": ["--model", "mixtral", "--model-size", "8x7b", "--seq-length", "4096",
+                      "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--global-batch-size", "1",
+                      "--bf16"]}
+FUSIONS_OFF = ["--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion",
+               "--no-masked-softmax-fusion", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion"]
+# the fusion named in the start-up line -> what turns it off alone (cross-entropy: on only by its flag)
+FUSION_OFF_FLAG = {"bias-dropout-add": "--no-bias-dropout-fusion", "bias-activation": "--no-bias-swiglu-fusion",
+                   "rope": "--no-rope-fusion", "masked-softmax": "--no-masked-softmax-fusion",
+                   "persist-layer-norm": "--no-persist-layer-norm",
+                   "gradient-accumulation": "--no-gradient-accumulation-fusion", "cross-entropy": None}
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+
+
+def available_impls() -> list[str]:
+    impls = ["local", "mtmegatron"]
+    if importlib.util.find_spec("transformer_engine") is not None:
+        impls.append("transformer_engine")
+    return impls
+
+
+def run_ours(flags: list[str], iters: int, warmup: int, threads: int) -> dict:
+    """One pretrain process; its median step time after warmup and its fusions/layers start-up lines."""
+    with tempfile.TemporaryDirectory() as log_dir:
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        env["OMP_NUM_THREADS"] = str(threads)
+        cmd = [sys.executable, "-m", "mtmegatron.pretrain", *flags, "--train-iters", str(warmup + iters),
+               "--log-dir", log_dir]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            return {"error": (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]}
+        with open(os.path.join(log_dir, "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+    fusions = next((l for l in done.stdout.splitlines() if "mtmegatron: fusions:" in l), "")
+    running = fusions.split("running ", 1)[-1].split(" |", 1)[0] if fusions else "?"
+    return {"ms": statistics.median(r["step_time_ms"] for r in rows[warmup:]), "fusions": running}
+
+
+def parse(flags: list[str]):
+    from mtmegatron.training.arguments import parse_args
+
+    return parse_args(flags, world_size=1, for_training=False)
+
+
+def model_tflop(flags: list[str]) -> float:
+    from mtmegatron.training.throughput import num_floating_point_operations
+
+    args = parse(flags)
+    return num_floating_point_operations(args, args.global_batch_size) / 1e12
+
+
+def peak_tflops(backend: str) -> float | None:
+    if backend == "cpu":
+        return None
+    from mtmegatron.training.throughput import peak_bf16_tflops
+
+    return peak_bf16_tflops(torch.get_device_module(backend).get_device_name())
+
+
+def rows_to_run(backend: str, quick: bool) -> list[tuple[str, str, list[str]]]:
+    """(row name, model, extra flags) for every "ours" row."""
+    rows = []
+    for impl in available_impls():
+        on = ["--transformer-impl", impl, "--cross-entropy-loss-fusion"]
+        rows.append((f"{impl}, fusions on", "dense", on))
+        rows.append((f"{impl}, fusions off", "dense", ["--transformer-impl", impl, *FUSIONS_OFF]))
+        if backend != "cpu":
+            rows.append((f"{impl}, fusions on, FP8 tensorwise", "dense", on + FP8))
+        rows.append((f"{impl}, MoE sequential experts", "moe", on))
+        rows.append((f"{impl}, MoE grouped GEMM", "moe", on + ["--moe-grouped-gemm"]))
+        if quick:
+            break
+    return rows
+
+
+def ablation_rows(impl: str, running: str) -> list[tuple[str, str, list[str]]]:
+    """One row per fusion that ran in ``impl``'s "fusions on" row: everything on but that one."""
+    rows = []
+    for name in [n.strip() for n in running.split(",") if n.strip() and n.strip() != "none"]:
+        off = FUSION_OFF_FLAG.get(name)
+        flags = ["--transformer-impl", impl] + ([off, "--cross-entropy-loss-fusion"] if off else [])
+        rows.append((f"{impl}, fusions on but {name}", "dense", flags))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "musa"])
+    p.add_argument("--iters", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="OMP threads of every process (CPU)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="processes per row; the row shows the fastest (other load on the machine only slows)")
+    p.add_argument("--num-layers", type=int, default=2, help="layers of the GPU models")
+    p.add_argument("--quick", action="store_true", help="the first impl only, no per-fusion rows")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    models = CPU_MODELS if a.backend == "cpu" else {k: v + ["--num-layers", str(a.num_layers)]
+                                                   for k, v in GPU_MODELS.items()}
+    base = {k: ["--backend", a.backend, *COMMON, *v] for k, v in models.items()}
+    device = torch.device(a.backend)
+    peak = peak_tflops(a.backend)
+
+    print(f"backend {a.backend}, {a.iters} timed iterations after {a.warmup}, OMP_NUM_THREADS={a.threads}"
+          f"{'' if peak is None else f', bf16 peak {peak:.0f} TFLOP/s'}", flush=True)
+    reference, tflop = {}, {}
+    for model, flags in base.items():
+        args = parse(flags)
+        tflop[model] = model_tflop(flags)
+        reference[model] = {"plain": plain_step_ms(args, device, a.iters, a.warmup), "bound": bound_step_ms(args, device)}
+        print(f"  {model}: {' '.join(models[model])}", flush=True)
+
+    header = (f"{'row':<46} {'model':<6} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>6} {'/plain':>7} {'/bound':>7}"
+              f"  fusions running")
+    print(header)
+    print("-" * len(header))
+
+    def show(name: str, model: str, ms: float, fusions: str = "") -> None:
+        tf = tflop[model] / (ms / 1000)
+        mfu = f"{100 * tf / peak:5.1f}%" if peak else "   n/a"
+        print(f"{name:<46} {model:<6} {ms:9.1f} {tf:8.3f} {mfu:>6} {ms / reference[model]['plain']:7.2f} "
+              f"{ms / reference[model]['bound']:7.2f}  {fusions}", flush=True)
+
+    for model in base:
+        show("plain PyTorch loop", model, reference[model]["plain"])
+        show("GEMM + attention bound", model, reference[model]["bound"])
+    rows = rows_to_run(a.backend, a.quick)
+    done = 0
+    while done < len(rows):
+        name, model, extra = rows[done]
+        runs = [run_ours(base[model] + extra, a.iters, a.warmup, a.threads) for _ in range(a.repeats)]
+        result = next((r for r in runs if "error" in r), None) or min(runs, key=lambda r: r["ms"])
+        if "error" in result:
+            print(f"{name:<46} {model:<6} failed: {result['error']}", flush=True)
+        else:
+            show(name, model, result["ms"], result["fusions"])
+            if name.endswith("fusions on") and not a.quick:
+                rows[done + 1:done + 1] = ablation_rows(name.split(",")[0], result["fusions"])
+        done += 1
+
+
+if __name__ == "__main__":
+    main()

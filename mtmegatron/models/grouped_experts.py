@@ -1,0 +1,76 @@
+"""Grouped-GEMM MoE experts (``--moe-grouped-gemm``): the flags, their checks, and which experts module a MoE
+layer gets.
+
+- Without ``--moe-grouped-gemm``: megatron-core's ``SequentialMLP`` (one MLP per local expert).
+- With it, on TransformerEngine layers: megatron-core's ``TEGroupedMLP`` over TE's grouped linears (as Megatron-LM
+  does), unless ``--moe-use-legacy-grouped-gemm``.
+- Elsewhere (local / mtmegatron layers, or the legacy flag): megatron-core's ``GroupedMLP``, whose grouped matmul
+  is served by ``mtmegatron.ops.grouped_mm`` (``torch._grouped_mm`` where the installed torch has it for the
+  device, else one matmul per expert) through the ``grouped_gemm_ops`` patch.
+Every choice keeps megatron-core's ``sharded_state_dict``: a torch_dist checkpoint written with one experts
+module loads into the others (weights; the optimizer state does not convert, see ``check_resume``).
+May assume: validated flags; megatron-core 0.16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+from megatron.core.transformer.mlp import MLPSubmodules
+from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP, TEGroupedMLP
+
+
+def add_grouped_experts_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("grouped-GEMM MoE experts")
+    g.add_argument("--moe-grouped-gemm", action="store_true", default=False,
+                   help="run each rank's experts as grouped GEMMs: TE's grouped linears with TransformerEngine "
+                        "layers, else megatron-core's GroupedMLP over torch._grouped_mm (or one matmul per expert)")
+    g.add_argument("--moe-use-legacy-grouped-gemm", action="store_true", default=False,
+                   help="with TransformerEngine layers, megatron-core's GroupedMLP instead of TEGroupedMLP")
+
+
+def _transformer_engine_layers(args: argparse.Namespace) -> bool:
+    """Whether this run will build TE layers (TE importable and asked for, by impl or by the FP8 executor)."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False
+    return args.transformer_impl == "transformer_engine" or getattr(args, "fp8_executor", None) == "transformer_engine"
+
+
+def check_grouped_experts_args(args: argparse.Namespace, error: type[Exception]) -> None:
+    if not args.moe_grouped_gemm or not args.num_experts:
+        return
+    te = _transformer_engine_layers(args)
+    if getattr(args, "fp8_format", None) and not te:
+        raise error("--moe-grouped-gemm with --fp8-format needs TransformerEngine's grouped linears; mtmegatron's "
+                    "FP8 executors cover the sequential experts: drop --moe-grouped-gemm")
+    if not te or args.moe_use_legacy_grouped_gemm:
+        if args.add_bias_linear:
+            raise error("--moe-grouped-gemm without TransformerEngine layers runs megatron-core's GroupedMLP, which "
+                        "has no biases: add --disable-bias-linear")
+        if getattr(args, "moe_latent_size", None):
+            raise error("--moe-latent-size is not supported by megatron-core's GroupedMLP (--moe-grouped-gemm "
+                        "without TransformerEngine layers)")
+
+
+def expert_modules(layer_modules, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool):
+    """(experts class, its submodules) for a layer whose modules are ``layer_modules`` (layer_spec.LayerModules):
+    megatron-core's BackendSpecProvider.grouped_mlp_modules answer for our providers."""
+    if not moe_use_grouped_gemm:
+        return SequentialMLP, MLPSubmodules(linear_fc1=layer_modules.column, linear_fc2=layer_modules.row)
+    if layer_modules.norm_column is not None and not moe_use_legacy_grouped_gemm:  # TransformerEngine layers
+        from mtmegatron.models.layer_spec import te_module
+
+        return TEGroupedMLP, MLPSubmodules(linear_fc1=te_module("TEColumnParallelGroupedLinear"),
+                                           linear_fc2=te_module("TERowParallelGroupedLinear"))
+    return GroupedMLP, None
+
+
+def describe(args: argparse.Namespace, layer_modules) -> str:
+    """The experts part of the start-up line ('' for a dense model)."""
+    if not args.num_experts:
+        return ""
+    module, _ = expert_modules(layer_modules, args.moe_grouped_gemm, args.moe_use_legacy_grouped_gemm)
+    if module is GroupedMLP:
+        return " | experts GroupedMLP (grouped matmul: torch._grouped_mm where the device has it, else per expert)"
+    return f" | experts {module.__name__}"
