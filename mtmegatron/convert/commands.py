@@ -154,7 +154,8 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
 
 
 def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool | None = None,
-                image_token_id: int | None = None, workers: int = 1, dtype: torch.dtype | None = None) -> dict:
+                image_token_id: int | None = None, workers: int = 1, dtype: torch.dtype | None = None,
+                max_shard_bytes: int = 5 * 2**30) -> dict:
     """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config. The RoPE row
     layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's. Every family
     but LLaVA streams (convert/streaming_export.py: ``workers`` processes, the stored dtype kept unless ``dtype``).
@@ -180,7 +181,8 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
         from mtmegatron.convert.streaming_export import export
 
         config = hf_config_from_args(args.model, args, rope_interleave=rope_interleave)
-        export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype)
+        export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype,
+               max_shard_bytes=max_shard_bytes)
         return config
     init_single_rank(args)
     model = build_model(args)
@@ -192,7 +194,7 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
     tensors, config = llava.export(args, state, common.get("hf_layout", {}).get("llava", {}), load, image_token_id)
     if dtype is not None:
         tensors = {name: t.to(dtype) for name, t in tensors.items()}
-    write_checkpoint(out, tensors, config)
+    write_checkpoint(out, tensors, config, max_shard_bytes=max_shard_bytes)
     return config
 
 
@@ -219,6 +221,9 @@ def add_parser(sub) -> None:
                    help="worker processes that read, transform and write tensors in parallel (default 1)")
     b.add_argument("--dtype", choices=list(_DTYPES), default=None,
                    help="dtype of the written weights (default: each tensor's dtype in the checkpoint)")
+    b.add_argument("--max-shard-mb", type=int, default=5120,
+                   help="largest safetensors file to write, in MiB (default 5120, HF's 5 GB; one tensor larger "
+                        "than that gets a file of its own)")
     b.add_argument("--image-token-id", type=int, default=None,
                    help="llava: the HF image token id to write (default: the one recorded at conversion; required "
                         "for a checkpoint trained from scratch)")
@@ -240,9 +245,11 @@ def _run_hf_to_mcore(args) -> int:
 def _run_mcore_to_hf(args) -> int:
     if args.workers < 1:
         raise ConversionError(f"--workers must be >= 1, not {args.workers}")
+    if args.max_shard_mb < 1:
+        raise ConversionError(f"--max-shard-mb must be >= 1, not {args.max_shard_mb}")
     flags = [f for f in args.model_flags if f != "--"] or None
     mcore_to_hf(args.load, args.out, flags, image_token_id=args.image_token_id, workers=args.workers,
-                dtype=_DTYPES.get(args.dtype))
+                dtype=_DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_mb * 2**20)
     print(f"mtmegatron convert: wrote {args.out} (HF safetensors + config.json)")
     return 0
 
