@@ -16,7 +16,8 @@ Safety: everything is written under ``<out>.partial.<pid>`` and renamed to ``<ou
 marker ``<out>/conversion_complete.json`` exists only in a complete output. Workers stop when the parent dies.
 Memory per worker: the HF inputs of one output tensor, that tensor, and one chunk (<= 2 x the largest output
 tensor + the interpreter); the parent holds no tensor data.
-May assume: run as a plain process (it creates a one-rank gloo group for megatron-core's save).
+May assume: run as a plain process on Linux (it creates a one-rank gloo group for megatron-core's save; the
+workers are forked after the imports).
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ def _vm_hwm_bytes() -> int:
     return 0
 
 
+def _reset_peak() -> None:
+    """Start this process's VmHWM afresh (Linux >= 4.0), so a forked worker's peak is its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 class _Sources:
     """Output tensors computed from the HF checkpoint, one at a time (the last one cached for its chunks)."""
 
@@ -152,6 +162,7 @@ def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, fl
     torch.set_num_threads(1)
     parent = os.getppid()
     sources = _Sources(hf_dir, flags, family, rope_interleave, dtype, shapes)
+    _reset_peak()
     baseline = _vm_hwm_bytes()  # the interpreter, torch and megatron-core imported; no tensor read yet
     by_index = {(c.key, c.offset): c for c in chunks}
 
@@ -308,7 +319,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     # glibc's dynamic mmap threshold would keep freed multi-MB tensors on the heap, growing a worker's RSS with
     # the checkpoint size; a fixed 1 MiB threshold returns every tensor to the system when it is freed
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # the imports (most of the start-up time) are inherited, not repeated
     progress = ctx.Queue()
     procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, flags, family, rope_interleave, dtype, shapes,
                                                    itemsize, progress), daemon=True)

@@ -29,7 +29,8 @@ import time
 import torch
 
 from mtmegatron.convert.hf_config import ConversionError
-from mtmegatron.convert.streaming import MARKER, _VOCAB_ROWS, _follow, _remove_stale_staging, _vm_hwm_bytes
+from mtmegatron.convert.streaming import (MARKER, _VOCAB_ROWS, _follow, _remove_stale_staging, _reset_peak,
+                                          _vm_hwm_bytes)
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
               torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
@@ -178,11 +179,7 @@ def _export_part(index: int, reader: _Reader, groups: list, mine: list[int], sta
     """Worker (forked): read, transform and write the groups ``mine``; reports bytes, then its VmHWM."""
     torch.set_num_threads(1)
     parent = os.getppid()
-    try:  # a fresh peak for this process (Linux >= 4.0); the fork starts one anyway
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
+    _reset_peak()
     baseline = _vm_hwm_bytes()
     fds = [os.open(os.path.join(staging, f), os.O_WRONLY) for f in files]
     for i in mine:
