@@ -324,6 +324,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, flags, family, rope_interleave, dtype, shapes,
                                                    itemsize, progress), daemon=True)
              for i, (d, p) in enumerate(zip(part_dirs, parts))]
+    setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
     for p in procs:
         p.start()
     hwm = _follow(progress, procs, total, quiet)
@@ -336,7 +337,8 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
         f.write(shlex.join(flags) + "\n")
     seconds = time.time() - start
     largest = max(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
-    stats = {"bytes": total, "seconds": seconds, "workers": len(parts), "worker_vm_hwm_bytes": [h for _, h in hwm],
+    stats = {"bytes": total, "seconds": seconds, "setup_seconds": setup_seconds, "workers": len(parts),
+             "worker_vm_hwm_bytes": [h for _, h in hwm],
              "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
              "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
     with open(os.path.join(staging, MARKER), "w") as f:

@@ -250,6 +250,7 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
     progress = ctx.Queue()
     procs = [ctx.Process(target=_export_part, args=(i, reader, groups, mine, staging, files, where, dtype, progress),
                          daemon=True) for i, mine in enumerate(parts)]
+    setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
     for p in procs:
         p.start()
     hwm = _follow(progress, procs, total, quiet)
@@ -260,7 +261,8 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
     with open(os.path.join(staging, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     largest = max(_nbytes(reader.shape(n), reader.dtype(n)) for n in shapes)
-    stats = {"bytes": total, "seconds": time.time() - start, "workers": len(parts), "files": files,
+    stats = {"bytes": total, "seconds": time.time() - start, "setup_seconds": setup_seconds, "workers": len(parts),
+             "files": files,
              "worker_vm_hwm_bytes": [h for _, h in hwm], "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
              "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
     with open(os.path.join(staging, MARKER), "w") as f:
