@@ -126,12 +126,10 @@ def _reset_peak() -> None:
 class _Sources:
     """Output tensors computed from the HF checkpoint, one at a time (the last one cached for its chunks)."""
 
-    def __init__(self, hf_dir: str, flags: list[str], family: str, rope_interleave: bool, dtype, shapes: dict):
+    def __init__(self, hf_dir: str, args, family: str, rope_interleave: bool, dtype, shapes: dict):
         from mtmegatron.convert.hf_io import HFCheckpoint
         from mtmegatron.convert.mapping import mcore_sources
-        from mtmegatron.convert.model import parse_flags
 
-        args = parse_flags(flags)
         self.hf = HFCheckpoint(hf_dir, dtype=None, keep_open=False)
         self.sources = mcore_sources(family, args, rope_interleave)
         self.dtype, self.shapes = dtype, shapes
@@ -151,7 +149,7 @@ class _Sources:
         return self._tensor
 
 
-def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, flags: list[str], family: str,
+def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, args, family: str,
                 rope_interleave: bool, dtype, shapes: dict, itemsize: dict, progress) -> None:
     """Worker process: write ``chunks`` as one DCP part into ``directory``; reports bytes, then its VmHWM."""
     import torch.distributed.checkpoint as dcp
@@ -161,7 +159,7 @@ def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, fl
 
     torch.set_num_threads(1)
     parent = os.getppid()
-    sources = _Sources(hf_dir, flags, family, rope_interleave, dtype, shapes)
+    sources = _Sources(hf_dir, args, family, rope_interleave, dtype, shapes)
     _reset_peak()
     baseline = _vm_hwm_bytes()  # the interpreter, torch and megatron-core imported; no tensor read yet
     by_index = {(c.key, c.offset): c for c in chunks}
@@ -312,6 +310,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     directory = checkpoint_dir(staging, 0)
     os.makedirs(directory)
     # part 0: megatron-core itself writes the common state and the ShardedObjects, as its own save would
+    _in_process_results_queue()
     dist_checkpointing.save({"model": objects, "iteration": 0, "args": saved_args(args), MODEL_ONLY_KEY: True,
                              "model_flags": list(flags), "hf_layout": dict(hf_layout)}, directory)
     parts = _split(chunks, shapes, itemsize, max(1, workers))
@@ -321,7 +320,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
     ctx = mp.get_context("fork")  # the imports (most of the start-up time) are inherited, not repeated
     progress = ctx.Queue()
-    procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, flags, family, rope_interleave, dtype, shapes,
+    procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, args, family, rope_interleave, dtype, shapes,
                                                    itemsize, progress), daemon=True)
              for i, (d, p) in enumerate(zip(part_dirs, parts))]
     setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
@@ -345,6 +344,16 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
         json.dump(stats, f, indent=2)
     os.replace(staging, root)
     return stats
+
+
+def _in_process_results_queue() -> None:
+    """megatron-core's torch_dist save hands its write results over a queue that, by default, lives in a freshly
+    spawned ``multiprocessing`` Manager (a new interpreter: most of this converter's start-up, ~5-25 s measured).
+    This save is synchronous and in this process, so a plain fork-context queue carries them as well."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = mp.get_context("fork").Queue()
 
 
 def _remove_stale_staging(root: str) -> None:
