@@ -7,9 +7,10 @@ global shapes and chunk offsets of every parameter under TP1; the checkpoint's o
 stored dtype of each key. The way back is mapping.hf_groups (one layer's fused q/k/v, one fc1, one expert ...):
 run once on meta tensors it gives every HF tensor's name, shape and dtype, so each safetensors shard's header and
 every tensor's byte offset are known before any data is read. The shards are created at their full size with
-their headers; each worker then reads its groups one at a time with torch's ``FileSystemReader.read_data`` (only
-the requested model keys; ``create_read_items_for_chunk_list`` reshards from whatever TP/PP/EP layout wrote
-them), applies the transform, casts (``--dtype``; default: the stored dtype) and ``pwrite``s each HF tensor at
+their headers; each worker then reads its groups one at a time (only the requested model keys;
+``create_read_items_for_chunk_list`` reshards from whatever TP/PP/EP layout wrote them: a parameter stored as one
+whole item is ``torch.load``ed from its file slice directly, anything else assembled by torch's
+``FileSystemReader.read_data``), applies the transform, casts (``--dtype``; default: the stored dtype) and ``pwrite``s each HF tensor at
 its offset. The vocabulary rows are read without their padding.
 Safety: everything is written under ``<out>.partial.<pid>`` and renamed to ``<out>`` when complete; the finished
 marker ``<out>/conversion_complete.json`` exists only in a complete output. Workers stop when the parent dies.
@@ -97,6 +98,9 @@ class _Reader:
         from torch.distributed.checkpoint.planner import LoadPlan
         from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+        whole = self._stored_whole(local)
+        if whole is not None:
+            return whole
         tensor = torch.empty(self.shape(local), dtype=self.dtype(local))
         for c in self.chunks_of[local]:
             shape = (self.vocab_size, *c.shape[1:]) if _is_vocab_rows(local) else c.shape
@@ -108,6 +112,31 @@ class _Reader:
                 c.key, md, [ChunkStorageMetadata(offsets=torch.Size(c.offset), sizes=view.shape)])
             self.reader.read_data(LoadPlan(items), _Target(view)).wait()
         return tensor
+
+
+    def _stored_whole(self, local: str) -> torch.Tensor | None:
+        """The parameter as torch loads it, when it is one stored item as a whole (converter output and TP1 saves):
+        no destination tensor, no copy (a fresh destination's page faults were most of the read time). Else None:
+        ``read`` assembles it with ``read_data``."""
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+        (c, *more) = self.chunks_of[local]
+        shape = self.shape(local)
+        if more or c.storage_offset != 0 or c.shape[1:] != tuple(shape[1:]) or c.stride != torch.empty(
+                c.shape, device="meta").stride():
+            return None
+        sizes = torch.Size((1,) * c.prepend + (shape[0], *c.shape[1:]))
+        md = self.metadata.state_dict_metadata[c.key]
+        items = create_read_items_for_chunk_list(c.key, md, [ChunkStorageMetadata(torch.Size(c.offset), sizes)])
+        info = self.reader.storage_data[items[0].storage_index] if len(items) == 1 else None
+        if info is None or getattr(info, "transform_descriptors", None):
+            return None
+        with open(os.path.join(str(self.reader.path), info.relative_path), "rb") as f:
+            tensor = torch.load(self.reader._slice_file(f, info), map_location="cpu", weights_only=True)
+        tensor = narrow_tensor_by_index(tensor, items[0].storage_offsets, items[0].lengths)
+        return tensor.reshape(shape) if tuple(tensor.shape) == tuple(sizes) else None
 
 
 # ---- the safetensors layout ----------------------------------------------------------------------------------
