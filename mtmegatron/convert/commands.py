@@ -4,9 +4,10 @@ hf-to-mcore: HF config -> our flags (hf_config), the target layout validated wit
 the model built on one CPU rank, every tensor mapped (mapping), the vocabulary rows zero-padded to the model's
 ``padded_vocab_size`` (models/vocab.py) and shape-checked, written as a model-only
 distributed checkpoint plus ``model_flags.txt`` (the flags to pass to pretrain next to ``--load``).
-mcore-to-hf: the flags stored in the checkpoint (or given after ``--``) rebuild the model, the checkpoint is
-loaded (resharded from whatever layout wrote it), the vocabulary padding sliced off, and written as HF
-safetensors + config.json (RoPE row layout as recorded at conversion).
+mcore-to-hf: the flags stored in the checkpoint (its ``model_flags``, else its model fingerprint, else those given
+after ``--``) describe the model; convert/streaming_export.py streams the weights (resharded from whatever layout
+wrote them, the vocabulary padding left out) into HF safetensors + config.json (RoPE row layout as recorded at
+conversion); LLaVA builds and loads the model in memory.
 LLaVA (convert/llava.py) also writes ``hf_unused_vision.safetensors`` beside the checkpoint: the CLIP layers after
 HF's feature layer and ``post_layernorm``, which LLaVA never reads, kept so that the way back is bit-exact.
 May assume: run as a plain single process (it creates a one-rank gloo group).
@@ -153,11 +154,13 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
 
 
 def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool | None = None,
-                image_token_id: int | None = None) -> dict:
+                image_token_id: int | None = None, workers: int = 1, dtype: torch.dtype | None = None,
+                max_shard_bytes: int = 5 * 2**30) -> dict:
     """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config. The RoPE row
-    layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's. LLaVA: the
-    HF image token id and key layout recorded at conversion (``image_token_id`` overrides), the carried tower
-    layers when ``load`` has them (convert/llava.py)."""
+    layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's. Every family
+    but LLaVA streams (convert/streaming_export.py: ``workers`` processes, the stored dtype kept unless ``dtype``).
+    LLaVA: the model is built and loaded in memory; the HF image token id and key layout recorded at conversion
+    (``image_token_id`` overrides), the carried tower layers when ``load`` has them (convert/llava.py)."""
     from mtmegatron.convert.model import build_model, checkpoint_common, init_single_rank, load_model, parse_flags
 
     common = checkpoint_common(load)
@@ -174,20 +177,24 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
         raise ConversionError(f"--model {args.model}: no HF mapping")
     if image_token_id is not None and args.model != "llava":
         raise ConversionError("--image-token-id is only meaningful for --model llava")
+    if args.model != "llava":
+        from mtmegatron.convert.streaming_export import export
+
+        config = hf_config_from_args(args.model, args, rope_interleave=rope_interleave)
+        export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype,
+               max_shard_bytes=max_shard_bytes)
+        return config
     init_single_rank(args)
     model = build_model(args)
     load_model(model, load)
     state = slice_vocab({k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")},
                         args.vocab_size)
-    if args.model == "llava":
-        from mtmegatron.convert import llava
+    from mtmegatron.convert import llava
 
-        tensors, config = llava.export(args, state, common.get("hf_layout", {}).get("llava", {}), load,
-                                       image_token_id)
-    else:
-        config = hf_config_from_args(args.model, args, rope_interleave=rope_interleave)
-        tensors = to_hf(args.model, args, state, rope_interleave=rope_interleave)
-    write_checkpoint(out, tensors, config)
+    tensors, config = llava.export(args, state, common.get("hf_layout", {}).get("llava", {}), load, image_token_id)
+    if dtype is not None:
+        tensors = {name: t.to(dtype) for name, t in tensors.items()}
+    write_checkpoint(out, tensors, config, max_shard_bytes=max_shard_bytes)
     return config
 
 
@@ -210,6 +217,13 @@ def add_parser(sub) -> None:
     b = kinds.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF safetensors")
     b.add_argument("--load", required=True)
     b.add_argument("--out", required=True)
+    b.add_argument("--workers", type=int, default=1,
+                   help="worker processes that read, transform and write tensors in parallel (default 1)")
+    b.add_argument("--dtype", choices=list(_DTYPES), default=None,
+                   help="dtype of the written weights (default: each tensor's dtype in the checkpoint)")
+    b.add_argument("--max-shard-mb", type=int, default=5120,
+                   help="largest safetensors file to write, in MiB (default 5120, HF's 5 GB; one tensor larger "
+                        "than that gets a file of its own)")
     b.add_argument("--image-token-id", type=int, default=None,
                    help="llava: the HF image token id to write (default: the one recorded at conversion; required "
                         "for a checkpoint trained from scratch)")
@@ -218,7 +232,15 @@ def add_parser(sub) -> None:
     b.set_defaults(fn=_run_mcore_to_hf)
 
 
+def _skip_unused_imports() -> None:
+    """megatron-core imports wandb when present (inference contexts, timers: a few seconds of a conversion's
+    start-up); a converter never logs to it, so it is reported absent in this process (megatron-core handles that)."""
+    if "wandb" not in sys.modules:
+        sys.modules["wandb"] = None
+
+
 def _run_hf_to_mcore(args) -> int:
+    _skip_unused_imports()
     if args.workers < 1:
         raise ConversionError(f"--workers must be >= 1, not {args.workers}")
     flags = hf_to_mcore(args.hf_dir, args.out, args.model, *(getattr(args, k) for k in _LAYOUT),
@@ -229,8 +251,14 @@ def _run_hf_to_mcore(args) -> int:
 
 
 def _run_mcore_to_hf(args) -> int:
+    _skip_unused_imports()
+    if args.workers < 1:
+        raise ConversionError(f"--workers must be >= 1, not {args.workers}")
+    if args.max_shard_mb < 1:
+        raise ConversionError(f"--max-shard-mb must be >= 1, not {args.max_shard_mb}")
     flags = [f for f in args.model_flags if f != "--"] or None
-    mcore_to_hf(args.load, args.out, flags, image_token_id=args.image_token_id)
+    mcore_to_hf(args.load, args.out, flags, image_token_id=args.image_token_id, workers=args.workers,
+                dtype=_DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_mb * 2**20)
     print(f"mtmegatron convert: wrote {args.out} (HF safetensors + config.json)")
     return 0
 

@@ -178,41 +178,67 @@ def to_mcore(family: str, args, hf: Callable[[str], torch.Tensor], rope_interlea
             for name, (names, transform) in mcore_sources(family, args, rope_interleave).items()}
 
 
-def to_hf(family: str, args, mcore: dict, rope_interleave: bool = True) -> dict:
-    out = {"model.embed_tokens.weight": mcore["embedding.word_embeddings.weight"],
-           "model.norm.weight": mcore["decoder.final_layernorm.weight"]}
+def hf_groups(family: str, args, rope_interleave: bool = True) -> list[tuple[tuple[str, ...], Callable[..., dict]]]:
+    """The way back as bounded groups: ``[(mcore names, transform)]`` where ``transform(*mcore tensors)`` returns
+    ``{HF name: tensor}`` (one layer's fused q/k/v -> three tensors, fc1 -> gate and up, else one tensor). Lets a
+    streaming exporter hold one group at a time (convert/streaming_export.py); ``to_hf`` is their union."""
+    def one(hf_name: str, permute: tuple[int, int] | None = None):
+        def transform(tensor):
+            if permute is not None:
+                tensor = _permute_rope_rows(tensor, *permute, inverse=False)
+            return {hf_name: tensor}
+        return transform
+
+    def qkv(prefix: str, part: str):
+        def transform(tensor):
+            q, k, v = qkv_to_hf(tensor, args.num_attention_heads, args.num_query_groups)
+            return {f"{prefix}self_attn.{x}_proj.{part}": t for x, t in zip("qkv", (q, k, v))}
+        return transform
+
+    def gate_up(gate_name: str, up_name: str):
+        def transform(tensor):
+            gate_w, up_w = torch.chunk(tensor, 2, dim=0)
+            return {gate_name: gate_w, up_name: up_w}
+        return transform
+
+    def copy(hf_name: str):  # DeepSeek's release stores the MTP layer's (shared) embedding and head with it
+        return lambda tensor: {hf_name: tensor.clone()}
+
+    groups = [(("embedding.word_embeddings.weight",), one("model.embed_tokens.weight")),
+              (("decoder.final_layernorm.weight",), one("model.norm.weight"))]
+    head = "embedding.word_embeddings.weight"
     if args.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = mcore["output_layer.weight"]
+        head = "output_layer.weight"
+        groups.append(((head,), one("lm_head.weight")))
     rope_rows = _rope_rows(family, args, rope_interleave)
     for mc, hp, is_moe in _layers(args):
-        out[hp + "input_layernorm.weight"] = mcore[mc + "input_layernorm.weight"]
-        out[hp + "post_attention_layernorm.weight"] = mcore[mc + "pre_mlp_layernorm.weight"]
+        groups.append(((mc + "input_layernorm.weight",), one(hp + "input_layernorm.weight")))
+        groups.append(((mc + "pre_mlp_layernorm.weight",), one(hp + "post_attention_layernorm.weight")))
         if family != "deepseek-v3":
             for part in _qkv_parts(args):
-                q, k, v = qkv_to_hf(mcore[mc + f"self_attention.linear_qkv.{part}"], args.num_attention_heads,
-                                    args.num_query_groups)
-                out[hp + f"self_attn.q_proj.{part}"], out[hp + f"self_attn.k_proj.{part}"] = q, k
-                out[hp + f"self_attn.v_proj.{part}"] = v
+                groups.append(((mc + f"self_attention.linear_qkv.{part}",), qkv(hp, part)))
         for m_name, h_name in _attention_pairs(family, args):
-            tensor = mcore[mc + m_name]
-            if m_name in rope_rows:
-                tensor = _permute_rope_rows(tensor, *rope_rows[m_name], inverse=False)
-            out[hp + h_name] = tensor
+            groups.append(((mc + m_name,), one(hp + h_name, rope_rows.get(m_name))))
         for fc1, fc2, h_prefix, (gate, up, down) in _mlp_parts(family, is_moe, args):
-            gate_w, up_w = torch.chunk(mcore[mc + fc1], 2, dim=0)
-            out[f"{hp}{h_prefix}.{gate}.weight"], out[f"{hp}{h_prefix}.{up}.weight"] = gate_w, up_w
-            out[f"{hp}{h_prefix}.{down}.weight"] = mcore[mc + fc2]
+            groups.append(((mc + fc1,), gate_up(f"{hp}{h_prefix}.{gate}.weight", f"{hp}{h_prefix}.{up}.weight")))
+            groups.append(((mc + fc2,), one(f"{hp}{h_prefix}.{down}.weight")))
         if is_moe:
             for m_name, h_name in _router_pairs(family, args):
-                out[hp + h_name] = mcore[mc + m_name]
+                groups.append(((mc + m_name,), one(hp + h_name)))
     for k in range(args.mtp_num_layers or 0):
         hp = f"model.layers.{args.num_layers + k}."
         for m_name, h_name in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
                                ("final_layernorm", "shared_head.norm")):
-            out[f"{hp}{h_name}.weight"] = mcore[f"mtp.layers.{k}.{m_name}.weight"]
-        # DeepSeek's release stores the MTP layer's (shared) embedding and head with it
-        out[hp + "embed_tokens.weight"] = out["model.embed_tokens.weight"].clone()
-        out[hp + "shared_head.head.weight"] = out.get("lm_head.weight", out["model.embed_tokens.weight"]).clone()
+            groups.append(((f"mtp.layers.{k}.{m_name}.weight",), one(f"{hp}{h_name}.weight")))
+        groups.append((("embedding.word_embeddings.weight",), copy(hp + "embed_tokens.weight")))
+        groups.append(((head,), copy(hp + "shared_head.head.weight")))
+    return groups
+
+
+def to_hf(family: str, args, mcore: dict, rope_interleave: bool = True) -> dict:
+    out = {}
+    for names, transform in hf_groups(family, args, rope_interleave):
+        out.update(transform(*(mcore[n] for n in names)))
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 

@@ -16,7 +16,8 @@ Safety: everything is written under ``<out>.partial.<pid>`` and renamed to ``<ou
 marker ``<out>/conversion_complete.json`` exists only in a complete output. Workers stop when the parent dies.
 Memory per worker: the HF inputs of one output tensor, that tensor, and one chunk (<= 2 x the largest output
 tensor + the interpreter); the parent holds no tensor data.
-May assume: run as a plain process (it creates a one-rank gloo group for megatron-core's save).
+May assume: run as a plain process on Linux (it creates a one-rank gloo group for megatron-core's save; the
+workers are forked after the imports).
 """
 
 from __future__ import annotations
@@ -113,15 +114,22 @@ def _vm_hwm_bytes() -> int:
     return 0
 
 
+def _reset_peak() -> None:
+    """Start this process's VmHWM afresh (Linux >= 4.0), so a forked worker's peak is its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 class _Sources:
     """Output tensors computed from the HF checkpoint, one at a time (the last one cached for its chunks)."""
 
-    def __init__(self, hf_dir: str, flags: list[str], family: str, rope_interleave: bool, dtype, shapes: dict):
+    def __init__(self, hf_dir: str, args, family: str, rope_interleave: bool, dtype, shapes: dict):
         from mtmegatron.convert.hf_io import HFCheckpoint
         from mtmegatron.convert.mapping import mcore_sources
-        from mtmegatron.convert.model import parse_flags
 
-        args = parse_flags(flags)
         self.hf = HFCheckpoint(hf_dir, dtype=None, keep_open=False)
         self.sources = mcore_sources(family, args, rope_interleave)
         self.dtype, self.shapes = dtype, shapes
@@ -141,7 +149,7 @@ class _Sources:
         return self._tensor
 
 
-def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, flags: list[str], family: str,
+def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, args, family: str,
                 rope_interleave: bool, dtype, shapes: dict, itemsize: dict, progress) -> None:
     """Worker process: write ``chunks`` as one DCP part into ``directory``; reports bytes, then its VmHWM."""
     import torch.distributed.checkpoint as dcp
@@ -151,7 +159,8 @@ def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, fl
 
     torch.set_num_threads(1)
     parent = os.getppid()
-    sources = _Sources(hf_dir, flags, family, rope_interleave, dtype, shapes)
+    sources = _Sources(hf_dir, args, family, rope_interleave, dtype, shapes)
+    _reset_peak()
     baseline = _vm_hwm_bytes()  # the interpreter, torch and megatron-core imported; no tensor read yet
     by_index = {(c.key, c.offset): c for c in chunks}
 
@@ -301,6 +310,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     directory = checkpoint_dir(staging, 0)
     os.makedirs(directory)
     # part 0: megatron-core itself writes the common state and the ShardedObjects, as its own save would
+    _in_process_results_queue()
     dist_checkpointing.save({"model": objects, "iteration": 0, "args": saved_args(args), MODEL_ONLY_KEY: True,
                              "model_flags": list(flags), "hf_layout": dict(hf_layout)}, directory)
     parts = _split(chunks, shapes, itemsize, max(1, workers))
@@ -308,11 +318,12 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     # glibc's dynamic mmap threshold would keep freed multi-MB tensors on the heap, growing a worker's RSS with
     # the checkpoint size; a fixed 1 MiB threshold returns every tensor to the system when it is freed
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # the imports (most of the start-up time) are inherited, not repeated
     progress = ctx.Queue()
-    procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, flags, family, rope_interleave, dtype, shapes,
+    procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, args, family, rope_interleave, dtype, shapes,
                                                    itemsize, progress), daemon=True)
              for i, (d, p) in enumerate(zip(part_dirs, parts))]
+    setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
     for p in procs:
         p.start()
     hwm = _follow(progress, procs, total, quiet)
@@ -325,13 +336,24 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
         f.write(shlex.join(flags) + "\n")
     seconds = time.time() - start
     largest = max(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
-    stats = {"bytes": total, "seconds": seconds, "workers": len(parts), "worker_vm_hwm_bytes": [h for _, h in hwm],
+    stats = {"bytes": total, "seconds": seconds, "setup_seconds": setup_seconds, "workers": len(parts),
+             "worker_vm_hwm_bytes": [h for _, h in hwm],
              "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
              "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
     with open(os.path.join(staging, MARKER), "w") as f:
         json.dump(stats, f, indent=2)
     os.replace(staging, root)
     return stats
+
+
+def _in_process_results_queue() -> None:
+    """megatron-core's torch_dist save hands its write results over a queue that, by default, lives in a freshly
+    spawned ``multiprocessing`` Manager (a new interpreter: most of this converter's start-up, ~5-25 s measured).
+    This save is synchronous and in this process, so a plain fork-context queue carries them as well."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = mp.get_context("fork").Queue()
 
 
 def _remove_stale_staging(root: str) -> None:

@@ -8,6 +8,13 @@
   under TP1/TP2/EP2 and match HF's logits;
 * a conversion killed mid-write leaves no output and no finished marker; a rerun succeeds;
 * a converted tiny HF Llama loads into ``pretrain`` under TP2 x PP2 with the TP1 first-iteration loss.
+The way back (convert/streaming_export.py), on the same synthetic checkpoint:
+* ``mcore-to-hf --workers 2``: every worker's VmHWM grows by less than 2 x the largest tensor + 48 MB; the HF
+  shards (64 MiB limit -> several files + index) hold every original tensor bit-exactly, in bf16;
+* a killed ``mcore-to-hf`` leaves no output and no finished marker (the rerun's clean-up of the debris is shared
+  with hf-to-mcore and tested there);
+* the TP2 x PP2 pretrain checkpoint (distributed optimizer's state in it) converts back with no flags, equal to
+  megatron-core's own (in-memory, resharding) load of the same checkpoint.
 """
 
 from __future__ import annotations
@@ -99,8 +106,13 @@ def test_killed_conversion_leaves_nothing_finished_and_a_rerun_succeeds(syntheti
     assert (out / MARKER).is_file() and not list(tmp_path.glob("out.partial.*"))  # the rerun removed the debris
 
 
-def test_converted_llama_loads_under_tp2_pp2_with_the_tp1_loss(tmp_path):
+def test_converted_llama_loads_under_tp2_pp2_with_the_tp1_loss_and_its_checkpoint_streams_back(tmp_path):
+    """The TP2 x PP2 run also saves (with the distributed optimizer's state): ``mcore-to-hf`` of that training
+    checkpoint, with no flags, equals megatron-core's own resharding load of it into a TP1 model."""
     from helpers.pretrain_runner import run_pretrain
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from mtmegatron.convert.hf_io import HFCheckpoint
 
     save_reference("llama3", tmp_path / "hf")
     run_cli("convert", "hf-to-mcore", "--model", "llama3", "--hf-dir", str(tmp_path / "hf"), "--out",
@@ -108,10 +120,32 @@ def test_converted_llama_loads_under_tp2_pp2_with_the_tp1_loss(tmp_path):
     flags = shlex.split((tmp_path / "mcore" / "model_flags.txt").read_text()) + TRAIN + [
         "--load", str(tmp_path / "mcore")]
     _, single = run_pretrain(1, flags, tmp_path / "tp1")
-    _, layout = run_pretrain(4, flags + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
-                             tmp_path / "tp2pp2")
+    trained = tmp_path / "trained"
+    _, layout = run_pretrain(4, flags + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                         "--use-distributed-optimizer", "--save", str(trained)], tmp_path / "tp2pp2")
     print(f"\nfirst-iteration loss TP1 {single[0]['loss']:.7f}, TP2xPP2 {layout[0]['loss']:.7f}")
     assert abs(single[0]["loss"] - layout[0]["loss"]) <= 1e-5 * abs(single[0]["loss"])
+
+    iteration = int((trained / "latest_checkpointed_iteration.txt").read_text())
+    stored = FileSystemReader(str(trained / f"iter_{iteration:07d}")).read_metadata()
+    assert any("optimizer" in k for k in stored.state_dict_metadata)  # the distributed optimizer's state is there
+    run_cli("convert", "mcore-to-hf", "--load", str(trained), "--out", str(tmp_path / "back"), "--workers", "2")
+    code = ("import sys, torch; from mtmegatron.convert.model import *; from mtmegatron.convert.commands import "
+            "slice_vocab; from mtmegatron.convert.mapping import to_hf; "
+            "from mtmegatron.convert.recorded_flags import flags_from_fingerprint; "
+            "from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint; "
+            "args = parse_flags(flags_from_fingerprint(recorded_fingerprint(checkpoint_common(sys.argv[1])))); "
+            "init_single_rank(args); m = build_model(args); load_model(m, sys.argv[1]); "
+            "state = slice_vocab({k: v for k, v in m.state_dict().items() if not k.endswith('_extra_state')}, "
+            "args.vocab_size); torch.save(to_hf(args.model, args, state), sys.argv[2])")
+    proc = subprocess.run([sys.executable, "-c", code, str(trained), str(tmp_path / "ref.pt")],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference, returned = torch.load(tmp_path / "ref.pt"), HFCheckpoint(str(tmp_path / "back"), dtype=None)
+    assert sorted(reference) == returned.names
+    assert all(torch.equal(reference[n], returned[n]) for n in returned.names)
+    original = HFCheckpoint(str(tmp_path / "hf"))
+    assert not torch.equal(returned["model.norm.weight"].float(), original["model.norm.weight"])  # it trained
 
 
 def test_fp8_deepseek_streams_equal_to_its_bf16_dequantized_release(tmp_path):
@@ -139,3 +173,49 @@ def test_fp8_deepseek_streams_equal_to_its_bf16_dequantized_release(tmp_path):
     meta = FileSystemReader(str(tmp_path / "mcore-fp8" / "iter_0000000")).read_metadata()
     q_up = [md for key, md in meta.state_dict_metadata.items() if key.endswith("linear_q_up_proj.weight")]
     assert q_up and all(md.properties.dtype == torch.bfloat16 for md in q_up)  # FP8 -> bf16, not widened to fp32
+
+
+def _hwm_within_bound(stats: dict, what: str) -> None:
+    largest, total = stats["largest_tensor_bytes"], stats["bytes"]
+    assert total >= 8 * largest, stats
+    assert stats["workers"] == 2
+    for base, peak in zip(stats["worker_baseline_vm_hwm_bytes"], stats["worker_vm_hwm_bytes"]):
+        print(f"\n{what} worker VmHWM {peak / 2**20:.0f} MB (before reading {base / 2**20:.0f} MB); largest tensor "
+              f"{largest / 2**20:.0f} MB, checkpoint {total / 2**20:.0f} MB, {total / stats['seconds'] / 1e6:.1f} MB/s")
+        assert peak - base < 2 * largest + SLACK, (peak, base, largest)
+
+
+def test_mcore_to_hf_streams_in_bounded_memory_and_gives_every_tensor_back(synthetic):
+    from mtmegatron.convert.hf_io import HFCheckpoint
+
+    root, _ = synthetic
+    back = root / "back"
+    run_cli("convert", "mcore-to-hf", "--load", str(root / "mcore"), "--out", str(back), "--workers", "2",
+            "--max-shard-mb", "64")
+    _hwm_within_bound(json.loads((back / MARKER).read_text()), "mcore-to-hf")
+    assert len(list(back.glob("model-*-of-*.safetensors"))) >= 3 and (back / "model.safetensors.index.json").is_file()
+    original, returned = HFCheckpoint(str(root / "hf"), dtype=None), HFCheckpoint(str(back), dtype=None)
+    assert original.names == returned.names
+    for name in original.names:
+        ours = returned[name]
+        assert ours.dtype == torch.bfloat16 and torch.equal(original[name], ours), name
+    assert not list(root.glob("back.partial.*"))
+
+
+def test_killed_mcore_to_hf_leaves_nothing_finished(synthetic, tmp_path):
+    root, _ = synthetic
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "mtmegatron.cli", "convert", "mcore-to-hf", "--load", str(root / "mcore"), "--out",
+            str(out), "--workers", "1"]
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:  # kill once the shard exists (workers start writing)
+        if list(tmp_path.glob("out.partial.*/*.safetensors")):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the conversion finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(2)  # the worker notices its parent is gone
+    assert not out.exists() and not list(tmp_path.rglob(MARKER))
+    assert list(tmp_path.glob("out.partial.*"))  # the debris is only under the temporary name
