@@ -38,6 +38,7 @@ LAYOUTS = {
     "tp2_sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     "pp2_vpp2": (2, ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]),
     "ep2_dp2_distopt": (2, ["--expert-model-parallel-size", "2", "--use-distributed-optimizer", *MOE]),
+    "cp2": (2, ["--context-parallel-size", "2"]),
 }
 
 
