@@ -4,8 +4,8 @@
 token), which the KV-cache engine equals token for token in tests/generate. An answer is
 right when the generated text, up to the end-of-document token, equals exactly what the chat template renders
 for the reference assistant turn (its end-of-turn marks included).
-May assume: one model chunk, no pipeline or context parallelism (the caller checks); every rank calls
-(tensor-parallel ranks take part in each forward).
+May assume: one model chunk, no pipeline parallelism (the caller checks); every rank calls (tensor- and
+context-parallel ranks take part in each forward; under CP the recompute loop splits and gathers).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ def greedy_answer(model, prompt: list[int], max_new_tokens: int, eod: int, args)
 
 
 def can_decode(model) -> bool:
-    return (len(model) == 1 and parallel_state.get_pipeline_model_parallel_world_size() == 1
-            and parallel_state.get_context_parallel_world_size() == 1)
+    return len(model) == 1 and parallel_state.get_pipeline_model_parallel_world_size() == 1
 
 
 def exact_match(model, template, conversations: list[list[dict]], args) -> tuple[float, list[tuple[str, str, str]]]:

@@ -12,7 +12,8 @@ ranks, against padded rows split by megatron-core's CP layout). On one rank the 
 losses and gradient norms (per-token averaging over the whole global batch).
 Boundary: in one packed row, changing conversation A (its tokens and its length) leaves conversation B's
 logits unchanged, and B's logits equal those of B alone in a padded row; the same under CP2 (the logits
-gathered back from both CP ranks into row order).
+gathered back from both CP ranks into row order), where they also equal the one-rank logits of the same
+weights, and greedy decoding (the held-out scoring's loop) gives the same tokens as on one rank.
 """
 
 from __future__ import annotations
@@ -151,11 +152,25 @@ def _boundary_worker(rank, world_size, backend_name, cache: str):
     second = logits(packed_batch([[a_changed, b]], 64, 0))[0]
     alone = logits(padded_batch([[b]], 64, 0))[0]
     return {"b": first[20:45], "b_after_a_changed": second[13:38], "b_alone": alone[:25],
-            "a": first[:13], "a_changed": second[:13]}
+            "a": first[:13], "a_changed": second[:13], "greedy": _greedy(model, b[0][:21])}
 
 
-def test_attention_never_crosses_a_conversation_boundary(cache):
-    out = run_ranks(_boundary_worker, 1, "cpu", cache, timeout=300)[0]
+def _greedy(model, prompt):
+    """Greedy continuation of a 21-token prompt (not a multiple of 2 x CP: the CP path pads it)."""
+    from mtmegatron.generate.recompute import greedy_tokens
+
+    return greedy_tokens(model, [int(t) for t in prompt], 12, eod=0)
+
+
+@pytest.fixture(scope="module")
+def boundary(cache):
+    """Logits (and a greedy decode) of the same model on one rank and under CP2."""
+    return (run_ranks(_boundary_worker, 1, "cpu", cache, timeout=300)[0],
+            run_ranks(_boundary_cp_worker, 2, "cpu", cache, timeout=300)[0])
+
+
+def test_attention_never_crosses_a_conversation_boundary(boundary):
+    out = boundary[0]
     assert np.abs(out["a"] - out["a_changed"]).max() > 1e-2  # the change reaches A's own logits
     np.testing.assert_allclose(out["b_after_a_changed"], out["b"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(out["b_alone"], out["b"], rtol=0, atol=1e-5)
@@ -203,11 +218,21 @@ def _boundary_cp_worker(rank, world_size, backend_name, cache: str):
     second = logits(packed_batch([[a_changed, b]], 64, 0, multiple=4))[0]  # A: 13 -> 16, B starts at 16
     alone = logits(padded_batch([[b]], 64, 0))[0]
     return {"b": first[20:45], "b_after_a_changed": second[16:41], "b_alone": alone[:25],
-            "a": first[:13], "a_changed": second[:13]}
+            "a": first[:13], "a_changed": second[:13], "greedy": _greedy(model, b[0][:21])}
 
 
-def test_attention_never_crosses_a_conversation_boundary_under_cp(cache):
-    out = run_ranks(_boundary_cp_worker, 2, "cpu", cache, timeout=300)[0]
+def test_attention_never_crosses_a_conversation_boundary_under_cp(boundary):
+    one_rank, out = boundary
     assert np.abs(out["a"] - out["a_changed"]).max() > 1e-2
     np.testing.assert_allclose(out["b_after_a_changed"], out["b"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(out["b_alone"], out["b"], rtol=0, atol=1e-5)
+    # the same weights (same seed), so the CP2 packed logits equal the one-rank ones
+    np.testing.assert_allclose(out["b"], one_rank["b"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(out["a_changed"], one_rank["a_changed"], rtol=0, atol=1e-5)
+
+
+def test_greedy_decoding_under_cp_equals_one_rank(boundary):
+    """The held-out scoring's decode loop (generate/recompute.py) pads, splits and gathers under CP."""
+    one_rank, cp2 = boundary
+    assert len(one_rank["greedy"]) >= 4, one_rank["greedy"]  # else equal lists would prove little
+    assert cp2["greedy"] == one_rank["greedy"]
