@@ -11,9 +11,11 @@ memory-efficient on CPU, CUDA and, via torch_musa, MUSA) instead of materialisin
   range in megatron and does not change the result: the kernels compute the softmax in fp32);
 - THD packed sequences (``packed_seq_params.qkv_format == 'thd'``, ``cu_seqlens``): attention per sequence;
 - context parallelism (``config.context_parallel_size > 1``): ring (``p2p``) or ``all_gather`` attention
-  over megatron's CP group on the load-balanced chunks, see ring.py / all_gather.py.
+  over megatron's CP group on the load-balanced chunks, see ring.py / all_gather.py; THD under CP (each
+  sequence split into 2*CP chunks, ``cu_seqlens_q_padded``) always takes the all-gather path of thd_cp.py.
 Not supported (clear error at construction): sliding windows, softmax offsets ("off-by-one"/"learnable"),
-attention bias; CP with an explicit attention mask, THD or dropout.
+attention bias; CP with an explicit attention mask or dropout; THD under CP without ``cu_seqlens_q_padded``
+or with different query and key/value sequences.
 May assume: megatron-core 0.16.x; parallel state initialised; device agnostic (no device API calls).
 """
 
@@ -34,6 +36,7 @@ from megatron.core.utils import divide
 from mtmegatron.attention.all_gather import all_gather_attention
 from mtmegatron.attention.ring import ring_attention
 from mtmegatron.attention.sdpa import sdpa
+from mtmegatron.attention.thd_cp import thd_cp_attention
 
 from mtmegatron.attention.flags import CP_COMM_TYPES
 
@@ -98,6 +101,15 @@ class SDPADotProductAttention(MegatronModule):
             out[start_q: start_q + len_q] = self._attend(q, k, v, None, causal)[0].transpose(0, 1)
         return out.reshape(out.shape[0], -1)
 
+    def _packed_cp(self, query, key, value, params: PackedSeqParams, causal: bool):
+        """THD under CP: this rank's chunks of every sequence (see thd_cp.py) -> [t_local, np * hv]."""
+        cu = params.cu_seqlens_q_padded
+        if cu is None or params.cu_seqlens_kv_padded is None or not torch.equal(cu, params.cu_seqlens_kv_padded):
+            raise ValueError("packed (THD) sequences under context parallelism need cu_seqlens_q_padded (each "
+                             "sequence padded to a multiple of 2 x CP) equal for queries and keys")
+        out = thd_cp_attention(query, key, value, cu, causal, self.softmax_scale, self.cp_group)
+        return out.reshape(out.shape[0], -1)
+
     def forward(self, query, key, value, attention_mask, attn_mask_type: Optional[AttnMaskType] = None,
                 attention_bias=None, packed_seq_params: Optional[PackedSeqParams] = None):
         if attention_bias is not None:
@@ -106,7 +118,7 @@ class SDPADotProductAttention(MegatronModule):
         causal = mask_type == AttnMaskType.causal and attention_mask is None
         if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
             if self.cp_size > 1:
-                raise ValueError("packed (THD) sequences with context parallelism are not supported")
+                return self._packed_cp(query, key, value, packed_seq_params, mask_type == AttnMaskType.causal)
             return self._packed(query, key, value, packed_seq_params, causal or mask_type == AttnMaskType.causal)
         sq, b = query.shape[0], query.shape[1]
         # [s, b, h, d] -> [b, h, s, d] (views; the kernels take strided inputs)

@@ -1,11 +1,14 @@
 """Exact-match accuracy of greedy answers on held-out conversations, and the chat samples a run leaves.
 
-``greedy_answer`` is the one place that decodes: generate/recompute.py's greedy loop (whole context re-run per
-token), which the KV-cache engine equals token for token in tests/generate. An answer is
-right when the generated text, up to the end-of-document token, equals exactly what the chat template renders
-for the reference assistant turn (its end-of-turn marks included).
-May assume: one model chunk, no pipeline or context parallelism (the caller checks); every rank calls
-(tensor-parallel ranks take part in each forward).
+Decoding: without pipeline parallelism, generate/recompute.py's greedy loop (whole context re-run per token;
+under context parallelism it pads, splits over CP and gathers the logits back), which the KV-cache engine
+equals token for token in tests/generate; with pipeline parallelism (one model chunk per rank, no CP), the
+held-out prompts go together through megatron-core's static inference engine (generate/engine.py, greedy),
+which sends activations stage to stage. Either way an answer is the greedy tokens up to the end-of-document
+token, at most ``budget`` of them. An answer is right when its text equals exactly what the chat template
+renders for the reference assistant turn (its end-of-turn marks included).
+May assume: one model chunk, and no CP together with PP (``can_decode`` says so; the caller checks); every
+rank calls (tensor-, context- and pipeline-parallel ranks take part in each forward).
 """
 
 from __future__ import annotations
@@ -15,34 +18,57 @@ from megatron.core import parallel_state
 from mtmegatron.generate.recompute import greedy_tokens
 
 
+def _prompt_room(args, max_new_tokens: int) -> int:
+    """How much of a prompt's end is kept so that prompt and answer fit ``--seq-length``."""
+    return max(args.seq_length - max_new_tokens, 1)
+
+
 def greedy_answer(model, prompt: list[int], max_new_tokens: int, eod: int, args) -> list[int]:
     """The greedy answer to ``prompt`` (generate/recompute.py's loop, the reference the KV-cache engine is checked
     against), the prompt's start cut so prompt and answer fit ``--seq-length``."""
-    keep = max(args.seq_length - max_new_tokens, 1)
-    return greedy_tokens(model, prompt[-keep:], max_new_tokens, eod)
+    return greedy_tokens(model, prompt[-_prompt_room(args, max_new_tokens):], max_new_tokens, eod)
+
+
+def _pipeline_answers(model, tokenizer, prompts: list[list[int]], budgets: list[int], args) -> list[list[int]]:
+    """Greedy answers of all prompts on megatron-core's static engine (works under PP), each cut at its budget
+    and at the end-of-document token."""
+    from mtmegatron.generate.engine import Sampling, generate
+
+    longest = max(budgets)
+    kept = [p[-_prompt_room(args, longest):] for p in prompts]
+    results, _ = generate(model, tokenizer, [""] * len(kept), kept, Sampling(longest, seed=args.seed))
+    answers = []
+    for result, budget in zip(results, budgets):
+        tokens = list(result.tokens)[:budget]
+        answers.append(tokens[: tokens.index(tokenizer.eod)] if tokenizer.eod in tokens else tokens)
+    return answers
 
 
 def can_decode(model) -> bool:
-    return (len(model) == 1 and parallel_state.get_pipeline_model_parallel_world_size() == 1
-            and parallel_state.get_context_parallel_world_size() == 1)
+    return len(model) == 1 and (parallel_state.get_pipeline_model_parallel_world_size() == 1
+                                or parallel_state.get_context_parallel_world_size() == 1)
 
 
 def exact_match(model, template, conversations: list[list[dict]], args) -> tuple[float, list[tuple[str, str, str]]]:
     """(accuracy, [(prompt text, generated text, reference text)]) over conversations ending with an answer."""
     tokenizer = template.tokenizer
-    rows, right = [], 0
+    prompts_text, references = [], []
+    for messages in conversations:
+        prompt_text = template.render(messages[:-1], add_generation_prompt=True)
+        prompts_text.append(prompt_text)
+        references.append(template.render(messages)[len(prompt_text):])
+    prompts = [tokenizer.tokenize(p) for p in prompts_text]
+    budgets = [len(tokenizer.tokenize(r)) + 2 for r in references]
     model[0].eval()
     try:
-        for messages in conversations:
-            prompt_text = template.render(messages[:-1], add_generation_prompt=True)
-            reference = template.render(messages)[len(prompt_text):]
-            budget = len(tokenizer.tokenize(reference)) + 2
-            answer = tokenizer.detokenize(greedy_answer(model[0], tokenizer.tokenize(prompt_text), budget,
-                                                        tokenizer.eod, args))
-            right += answer == reference
-            rows.append((prompt_text, answer, reference))
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+            answers = _pipeline_answers(model[0], tokenizer, prompts, budgets, args)
+        else:
+            answers = [greedy_answer(model[0], p, b, tokenizer.eod, args) for p, b in zip(prompts, budgets)]
     finally:
         model[0].train()
+    rows = [(p, tokenizer.detokenize(a), r) for p, a, r in zip(prompts_text, answers, references)]
+    right = sum(answer == reference for _, answer, reference in rows)
     return right / max(len(conversations), 1), rows
 
 

@@ -4,7 +4,8 @@ data-parallel rank's micro-batches.
 ``prepare`` reads every record of every ``--data-path`` file up front and stops at the first bad one with one
 message naming the file and the (1-based) line. The tokenized conversations, their assistant masks and the
 packing plan are cached under ``<cache>/sft-<key>`` where the key hashes the files' contents, the tokenizer,
-the template, ``--seq-length`` and the seed: a second run (or another rank) loads them.
+the template, ``--seq-length``, the seed and the padding multiple of context parallelism (``2 x CP``, 1 without
+CP; see packing.py): a second run (or another rank) loads them.
 Conversations longer than ``--seq-length`` positions are cut on the right and counted.
 May assume: called on every rank before any process group (a file lock lets one rank build the cache).
 """
@@ -22,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from mtmegatron.sft.formats import RecordError, parse_line
-from mtmegatron.sft.packing import Plan, first_fit_decreasing, packed_batch, padded_batch
+from mtmegatron.sft.packing import Plan, first_fit_decreasing, packed_batch, padded_batch, round_up
 
 CACHE_VERSION = 1
 
@@ -92,13 +93,19 @@ def tokenize(conversations, template, seq_length: int, eod: int, progress: bool)
     return np.array(ids, np.int32), np.array(assistant, np.bool_), np.array(offsets, np.int64), truncated
 
 
+def padding_multiple(args: argparse.Namespace) -> int:
+    """Each conversation's length is rounded up to this in the plan and the packed rows (2 x CP under CP)."""
+    return 2 * args.context_parallel_size if args.context_parallel_size > 1 else 1
+
+
 def _cache_key(files: list[str], tokenizer, args: argparse.Namespace) -> str:
     h = hashlib.sha256()
     for path in files:
         with open(path, "rb") as f:
             h.update(hashlib.sha256(f.read()).digest())
     h.update(json.dumps([CACHE_VERSION, tokenizer.unique_identifiers, args.sft_tokenizer_prompt_format,
-                         args.seq_length, args.seed]).encode())
+                         args.seq_length, args.seed] + ([padding_multiple(args)] if padding_multiple(args) > 1
+                                                        else [])).encode())
     return h.hexdigest()[:16]
 
 
@@ -117,7 +124,7 @@ def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: st
                 template = ChatTemplate(tokenizer, args.sft_tokenizer_prompt_format)
                 ids, assistant, offsets, truncated = tokenize(conversations, template, args.seq_length,
                                                               tokenizer.eod, progress)
-                lengths = np.diff(offsets) - 1
+                lengths = round_up(np.diff(offsets) - 1, padding_multiple(args))
                 bins = first_fit_decreasing(lengths, args.seq_length, args.seed)
                 bin_of = np.concatenate([np.full(len(b), i) for i, b in enumerate(bins)])
                 order = np.concatenate([np.array(b) for b in bins])
@@ -145,7 +152,7 @@ def micro_batches(data: SFTData, args: argparse.Namespace, dp_rank: int, start_i
         for offset in range(0, per_rank, mbs):
             bins = [[data.sample(i) for i in data.plan.bin(first + offset + k)] for k in range(mbs)]
             if args.sft_packing:
-                yield packed_batch(bins, args.seq_length, pad_id)
+                yield packed_batch(bins, args.seq_length, pad_id, padding_multiple(args))
             else:
                 yield padded_batch(bins, args.seq_length, pad_id, args.sft_padded_rows)
         iteration += 1

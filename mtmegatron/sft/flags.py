@@ -6,6 +6,8 @@ Honoured Megatron-LM flags: ``--sft``, ``--sft-tokenizer-prompt-format`` (Megatr
 ``--reset-attention-mask`` and ``--eod-mask-loss`` belong to the pretraining data path (training/data.py);
 SFT packing always restarts positions and attention per conversation, and trains on the EOD token after an
 assistant turn.
+Packing works under ``--context-parallel-size`` too: each conversation is padded to a multiple of 2 x CP and
+split per conversation across the CP ranks (docs/sft.md).
 Under ``--sft`` the loss is averaged per token over the whole global batch (``calculate_per_token_loss`` is
 switched on), so packing and micro-batch boundaries do not change the gradient.
 May assume: nothing beyond argparse (imported before megatron-core).
@@ -46,9 +48,6 @@ def check_sft_args(args: argparse.Namespace, error: type[Exception]) -> None:
         raise error("--sft reads conversations; --mock-data has none")
     if args.model == "llava":
         raise error("--sft is for text models; --model llava trains on its own conversations already")
-    if args.sft_packing and args.context_parallel_size > 1:
-        raise error("--sft packing (THD) with --context-parallel-size > 1 is not supported yet; add "
-                    "--no-sft-packing (padded rows work with CP)")
     if args.sequence_parallel and args.seq_length % args.tensor_model_parallel_size:
         raise error(f"--sequence-parallel needs --seq-length {args.seq_length} divisible by "
                     f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")

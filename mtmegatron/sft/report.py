@@ -23,7 +23,7 @@ def held_out_accuracy(model, inputs, args, when: str, results: dict) -> None:
     if not can_decode(model):
         if when == "after":
             print_rank0(rank, "mtmegatron: sft: no held-out accuracy: greedy decoding is not supported with "
-                        "pipeline or context parallelism")
+                        "virtual pipeline stages, nor with pipeline and context parallelism together")
         return
     accuracy, rows = exact_match(model, inputs.template, inputs.held_out, args)
     results[when] = accuracy

@@ -1,7 +1,10 @@
 """The forward step and loss of SFT (and of any run with ``--calculate-per-token-loss``).
 
 A packed batch (it carries ``cu_seqlens``) goes to the model as THD with megatron-core's ``PackedSeqParams``:
-attention stays inside each sequence and RoPE restarts at every sequence start. The loss function returns
+attention stays inside each sequence and RoPE restarts at every sequence start. Under context parallelism the
+packed row carries ``cu_seqlens_padded`` (each conversation padded to a multiple of 2 x CP, packing.py) and
+is cut per sequence (cp_batch.py's THD split); ``PackedSeqParams`` gets the global real and padded
+``cu_seqlens`` as megatron-core's THD CP path expects. The loss function returns
 megatron-core's per-token triple ``(loss sum, loss-token count, report)``; with
 ``config.calculate_per_token_loss`` the schedule leaves the sum undivided, ``finalize_model_grads`` divides
 the gradients by the token count all-reduced over the pipeline's last stage and DP x CP, and the report's
@@ -28,9 +31,9 @@ SUM_AND_COUNT = "lm loss sum, tokens"
 def packed_seq_params(batch: dict) -> PackedSeqParams | None:
     if "cu_seqlens" not in batch:
         return None
-    cu, longest = batch["cu_seqlens"], int(batch["max_seqlen"])
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                           max_seqlen_kv=longest)
+    cu, longest, padded = batch["cu_seqlens"], int(batch["max_seqlen"]), batch.get("cu_seqlens_padded")
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=padded,
+                           cu_seqlens_kv_padded=padded, max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
 def per_token_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -44,10 +47,8 @@ def per_token_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator, model):
-    batch = to_compute_device(next(data_iterator))
+    batch = batch_on_this_cp_rank(to_compute_device(next(data_iterator)))
     params = packed_seq_params(batch)
-    if params is None:
-        batch = batch_on_this_cp_rank(batch)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], packed_seq_params=params)
     return output, partial(per_token_loss, batch["loss_mask"])
 

@@ -151,7 +151,7 @@ def test_packed_and_padded_batches_hold_the_same_positions():
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--context-parallel-size", "2"], "--no-sft-packing"),
+    (["--context-parallel-size", "2", "--seq-length", "66"], "not divisible by 2 x --context-parallel-size"),
     (["--mock-data"], "--mock-data has none"),
     (["--sft-tokenizer-prompt-format", "vicuna"], "is unknown"),
 ])
@@ -161,6 +161,14 @@ def test_sft_flag_mistakes_are_config_errors(extra, message):
 
     with pytest.raises(ConfigError, match=message):
         parse_args(["--model", "llama3", "--seq-length", "64", "--sft", *extra], world_size=2)
+
+
+def test_sft_packing_under_cp_is_accepted():
+    from mtmegatron.training.arguments import parse_args
+
+    args = parse_args(["--model", "llama3", "--seq-length", "64", "--sft", "--context-parallel-size", "2"],
+                      world_size=2)
+    assert args.sft_packing and args.context_parallel_size == 2
 
 
 def test_sft_switches_on_per_token_loss():
