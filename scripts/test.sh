@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec "${PYTHON:-python3}" -m pytest -q -m "not gpu" -p no:cacheprovider "$@"
+exec "${PYTHON:-python3}" -m pytest -q -m "not gpu" -p no:cacheprovider --durations=40 "$@"

@@ -29,8 +29,9 @@ FAMILIES = {"llama3:3.1-rope-scaling": "llama3", "qwen2.5": "qwen2.5", "qwen3": 
             "mistral": "mistral"}
 LAYOUTS = {"tp1": (1, []), "tp2": (2, ["--tensor-model-parallel-size", "2"]),
            "ep2": (2, ["--expert-model-parallel-size", "2"])}
-CASES = [("llama3:3.1-rope-scaling", "tp1"), ("llama3:3.1-rope-scaling", "tp2"), ("qwen2.5", "tp1"),
-         ("qwen2.5", "tp2"), ("qwen3", "tp1"), ("qwen3", "tp2"), ("qwen3-moe", "tp1"), ("qwen3-moe", "ep2"),
+# each family once, at the layout that adds its risk (sharded qkv bias, q/k norm under TP, experts under EP);
+# the bit-exact round trip and the first-loss test below cover every family at one rank as well
+CASES = [("llama3:3.1-rope-scaling", "tp1"), ("qwen2.5", "tp2"), ("qwen3", "tp2"), ("qwen3-moe", "ep2"),
          ("mistral", "tp1")]
 TRAIN = ["--backend", "cpu", "--mock-data", "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size",
          "4", "--train-iters", "2", "--lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "100"]
