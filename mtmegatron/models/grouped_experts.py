@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from megatron.core.transformer.mlp import MLPSubmodules
-from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP, TEGroupedMLP
+# megatron-core's modules are imported where used: the training parser imports this module, and its imports
+# must stay light (pretrain silences megatron-core's import-time notices only after parsing has begun)
 
 
 def add_grouped_experts_args(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +56,9 @@ def check_grouped_experts_args(args: argparse.Namespace, error: type[Exception])
 def expert_modules(layer_modules, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool):
     """(experts class, its submodules) for a layer whose modules are ``layer_modules`` (layer_spec.LayerModules):
     megatron-core's BackendSpecProvider.grouped_mlp_modules answer for our providers."""
+    from megatron.core.transformer.mlp import MLPSubmodules
+    from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP, TEGroupedMLP
+
     if not moe_use_grouped_gemm:
         return SequentialMLP, MLPSubmodules(linear_fc1=layer_modules.column, linear_fc2=layer_modules.row)
     if layer_modules.norm_column is not None and not moe_use_legacy_grouped_gemm:  # TransformerEngine layers
@@ -70,6 +73,8 @@ def describe(args: argparse.Namespace, layer_modules) -> str:
     """The experts part of the start-up line ('' for a dense model)."""
     if not args.num_experts:
         return ""
+    from megatron.core.transformer.moe.experts import GroupedMLP
+
     module, _ = expert_modules(layer_modules, args.moe_grouped_gemm, args.moe_use_legacy_grouped_gemm)
     if module is GroupedMLP:
         return " | experts GroupedMLP (grouped matmul: torch._grouped_mm where the device has it, else per expert)"
