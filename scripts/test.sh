@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The test suite as CI runs it: install, then every CPU test (GPU-marked tests are run by
 # scripts/gpu_conformance.sh on a machine with a GPU).
+# Two pytest-xdist workers by default (MTMEGATRON_TEST_WORKERS=N to change, 0 for one process): most tests are one
+# subprocess or one rank, so a single pytest process leaves a core idle. A file's tests stay on one worker
+# (tests/conftest.py groups them), so module and directory fixtures still run once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec "${PYTHON:-python3}" -m pytest -q -m "not gpu" -p no:cacheprovider --durations=40 "$@"
+WORKERS=${MTMEGATRON_TEST_WORKERS:-2}
+XDIST=()
+if [[ "$WORKERS" != 0 ]]; then XDIST=(-n "$WORKERS" --dist loadgroup); fi
+exec "${PYTHON:-python3}" -m pytest -q -m "not gpu" -p no:cacheprovider --durations=40 "${XDIST[@]}" "$@"

@@ -200,6 +200,22 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    _group_for_xdist(items)
+
+
+# Directories whose conftest holds a session fixture (one expensive run shared by several files): their tests must
+# share one pytest-xdist worker, or each worker would repeat the run.
+_SESSION_FIXTURE_DIRS = ("optimizer", "tokenizers", "multimodal_data")
+
+
+def _group_for_xdist(items) -> None:
+    """Under ``-n N --dist loadgroup`` (scripts/test.sh) a file's tests stay on one worker, so module fixtures run
+    once; the directories above stay together as a whole. Without xdist the mark is inert."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        relative = os.path.relpath(str(item.path), root)
+        top = relative.split(os.sep)[0]
+        item.add_marker(pytest.mark.xdist_group(top if top in _SESSION_FIXTURE_DIRS else relative))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
