@@ -3,11 +3,16 @@
 # scripts/gpu_conformance.sh on a machine with a GPU).
 # Two pytest-xdist workers by default (MTMEGATRON_TEST_WORKERS=N to change, 0 for one process): most tests are one
 # subprocess or one rank, so a single pytest process leaves a core idle. A file's tests stay on one worker
-# (tests/conftest.py groups them), so module and directory fixtures still run once.
+# (tests/conftest.py groups the tests that share a fixture), so module and directory fixtures still run once. With workers, torch runs one
+# OpenMP thread per process unless OMP_NUM_THREADS is set: two workers, each with multi-rank runs of
+# spinning OpenMP pools, on two cores were ~3x slower per test than one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 WORKERS=${MTMEGATRON_TEST_WORKERS:-2}
 XDIST=()
-if [[ "$WORKERS" != 0 ]]; then XDIST=(-n "$WORKERS" --dist loadgroup); fi
+if [[ "$WORKERS" != 0 ]]; then
+  XDIST=(-n "$WORKERS" --dist loadgroup)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+fi
 exec "${PYTHON:-python3}" -m pytest -q -m "not gpu" -p no:cacheprovider --durations=40 "${XDIST[@]}" "$@"

@@ -208,14 +208,28 @@ def pytest_collection_modifyitems(config, items):
 _SESSION_FIXTURE_DIRS = ("optimizer", "tokenizers", "multimodal_data")
 
 
+def _shares_a_fixture(item) -> bool:
+    """Whether the test uses a fixture that outlives it (module/class/package/session scope)."""
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in (info.name2fixturedefs.values() if info is not None else ()):
+        if any(str(getattr(d, "scope", "function")).lower().split(".")[-1] != "function" for d in definitions):
+            return True
+    return False
+
+
 def _group_for_xdist(items) -> None:
-    """Under ``-n N --dist loadgroup`` (scripts/test.sh) a file's tests stay on one worker, so module fixtures run
-    once; the directories above stay together as a whole. Without xdist the mark is inert."""
+    """Under ``-n N --dist loadgroup`` (scripts/test.sh) the tests of a file that share a module fixture stay on
+    one worker, so the fixture runs once; the directories above stay together as a whole; every other test is
+    handed out on its own (a file of independent multi-rank tests spreads over both workers). Without xdist the
+    mark is inert."""
     root = os.path.dirname(os.path.abspath(__file__))
     for item in items:
         relative = os.path.relpath(str(item.path), root)
         top = relative.split(os.sep)[0]
-        item.add_marker(pytest.mark.xdist_group(top if top in _SESSION_FIXTURE_DIRS else relative))
+        if top in _SESSION_FIXTURE_DIRS:
+            item.add_marker(pytest.mark.xdist_group(top))
+        elif _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(relative))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

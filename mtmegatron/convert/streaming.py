@@ -349,11 +349,15 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
 def _in_process_results_queue() -> None:
     """megatron-core's torch_dist save hands its write results over a queue that, by default, lives in a freshly
     spawned ``multiprocessing`` Manager (a new interpreter: most of this converter's start-up, ~5-25 s measured).
-    This save is synchronous and in this process, so a plain fork-context queue carries them as well."""
+    This save is synchronous and in this process, so an in-process queue carries them as well. Not a
+    ``multiprocessing`` queue: its ``put`` returns before a feeder thread delivers the item, and megatron-core reads
+    it with ``get_nowait`` right after, which fails under load ("results_queue should not be empty")."""
+    import queue
+
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if getattr(filesystem_async, "_results_queue", "absent") is None:
-        filesystem_async._results_queue = mp.get_context("fork").Queue()
+        filesystem_async._results_queue = queue.Queue()
 
 
 def _remove_stale_staging(root: str) -> None:
