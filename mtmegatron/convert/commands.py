@@ -1,13 +1,13 @@
 """``mtmegatron convert hf-to-mcore`` and ``mtmegatron convert mcore-to-hf``.
 
-hf-to-mcore: HF config -> our flags (hf_config), the target layout validated with the pretrain flag checks,
-the model built on one CPU rank, every tensor mapped (mapping), the vocabulary rows zero-padded to the model's
-``padded_vocab_size`` (models/vocab.py) and shape-checked, written as a model-only
-distributed checkpoint plus ``model_flags.txt`` (the flags to pass to pretrain next to ``--load``).
+hf-to-mcore: HF config -> our flags (hf_config, or convert/llava.py for LLaVA), the target layout validated with
+the pretrain flag checks, then convert/streaming.py streams every tensor (mapping.mcore_sources; the model only
+on the meta device) into a model-only distributed checkpoint plus ``model_flags.txt`` (the flags to pass to
+pretrain next to ``--load``).
 mcore-to-hf: the flags stored in the checkpoint (its ``model_flags``, else its model fingerprint, else those given
 after ``--``) describe the model; convert/streaming_export.py streams the weights (resharded from whatever layout
 wrote them, the vocabulary padding left out) into HF safetensors + config.json (RoPE row layout as recorded at
-conversion); LLaVA builds and loads the model in memory.
+conversion).
 LLaVA (convert/llava.py) also writes ``hf_unused_vision.safetensors`` beside the checkpoint: the CLIP layers after
 HF's feature layer and ``post_layernorm``, which LLaVA never reads, kept so that the way back is bit-exact.
 May assume: run as a plain single process (it creates a one-rank gloo group).
@@ -22,19 +22,12 @@ import sys
 import torch
 
 from mtmegatron.convert.hf_config import HF_ARCH, ConversionError, family_of, flags_from_hf, hf_config_from_args
-from mtmegatron.convert.hf_io import HFCheckpoint, write_checkpoint
-from mtmegatron.convert.mapping import mtp_in_checkpoint, to_hf, to_mcore
+from mtmegatron.convert.hf_io import HFCheckpoint
+from mtmegatron.convert.mapping import mtp_in_checkpoint
 
-FLAGS_FILE = "model_flags.txt"
 _VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
-
-
-def _progress(total: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="tensor", disable=total < 50 or not sys.stderr.isatty())
 
 
 def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
@@ -55,101 +48,36 @@ def _is_vocab_rows(name: str) -> bool:
     return any(name == rows or name.endswith("." + rows) for rows in _VOCAB_ROWS)  # LLaVA: under language_model.
 
 
-def pad_vocab(tensors: dict, padded_vocab_size: int) -> dict:
-    """Zero rows appended to the embedding/output weights up to the model's padded vocabulary (models/vocab.py:
-    the padded ids' logits are masked, so the rows never matter; they are sliced off again by ``slice_vocab``)."""
-    for name in [n for n in tensors if _is_vocab_rows(n)]:
-        if tensors[name].shape[0] < padded_vocab_size:
-            weight = tensors[name]
-            tensors[name] = torch.cat([weight, weight.new_zeros(padded_vocab_size - weight.shape[0], *weight.shape[1:])])
-    return tensors
-
-
 def slice_vocab(state: dict, vocab_size: int) -> dict:
     return {name: (t[:vocab_size] if _is_vocab_rows(name) else t) for name, t in state.items()}
 
 
-def _check_complete(model, tensors: dict, hf: HFCheckpoint, family: str, config: dict,
-                    duplicates: set | None = None) -> None:
-    expected = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    for name, param in expected.items():
-        if name not in tensors:
-            raise ConversionError(f"no HF tensor maps to {name}")
-        if tuple(tensors[name].shape) != tuple(param.shape):
-            raise ConversionError(f"{name}: the checkpoint gives shape {tuple(tensors[name].shape)}, the model built "
-                                  f"from config.json has {tuple(param.shape)} (config and weights disagree)")
-    duplicates = set(duplicates or ())
-    if family != "llava" and config.get("tie_word_embeddings") and "lm_head.weight" in hf.names:  # some releases store the tied head
-        if not torch.equal(hf["lm_head.weight"], hf["model.embed_tokens.weight"]):
-            raise ConversionError("tie_word_embeddings is true but lm_head.weight differs from the embedding")
-        duplicates.add("lm_head.weight")
-    if family == "deepseek-v3":  # the MTP layer's copies of the shared embedding and output head
-        mtp = config["num_hidden_layers"]
-        duplicates = {n for n in hf.names if n.startswith(f"model.layers.{mtp}.")
-                      and (n.endswith("embed_tokens.weight") or n.endswith("shared_head.head.weight"))}
-    unused = [n for n in hf.names if n not in hf.used and n not in duplicates and "rotary_emb" not in n]
-    if unused:
-        raise ConversionError(f"{len(unused)} checkpoint tensors have no place in the model built from config.json "
-                              f"(first: {unused[:3]})")
-
-
 def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1, ep: int = 1, workers: int = 1,
                 dtype: torch.dtype | None = None) -> list[str]:
-    """Convert; returns the model flags a pretrain run needs next to ``--load out``. Every family but LLaVA
-    streams (convert/streaming.py: ``workers`` processes, the source dtype kept unless ``dtype``)."""
-    from mtmegatron.convert.model import build_model, init_single_rank, parse_flags, save_model_only
-
-    from mtmegatron.convert import llava
-
-    hf = HFCheckpoint(hf_dir)
+    """Convert; returns the model flags a pretrain run needs next to ``--load out``. Streams (convert/streaming.py:
+    ``workers`` processes, the source dtype kept unless ``dtype``); LLaVA's carried tower tensors are written
+    beside the checkpoint before it is marked complete (convert/llava.py)."""
+    hf = HFCheckpoint(hf_dir)  # names and config only here (LLaVA's stored tied head: compared, then dropped)
     config = hf.config()
     family = family_of(config, model_name)
-    plan = None
+    rope_interleave = config.get("rope_interleave", True)
+    hf_layout, extra = {"rope_interleave": rope_interleave}, {}
     if family == "llava":
+        from mtmegatron.convert import llava
+
         flags, plan = llava.flags_from_hf(config, hf.names)
+        hf_layout["llava"] = llava.dumps_record(plan)
+        extra = {"unmapped": llava.unmapped_names(hf, plan),
+                 "before_marker": lambda staging: llava.write_carried(staging, hf_dir, plan)}
     else:
         with_mtp = family == "deepseek-v3" and mtp_in_checkpoint(hf.names, config["num_hidden_layers"])
         if family == "deepseek-v3" and config.get("num_nextn_predict_layers") and not with_mtp:
             print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP", file=sys.stderr)
         flags = flags_from_hf(family, config, with_mtp)
     validate_layout(flags, tp, pp, ep)
-    if plan is None:
-        from mtmegatron.convert import streaming
+    from mtmegatron.convert import streaming
 
-        streaming.convert(hf_dir, out, family, flags, config.get("rope_interleave", True),
-                          {"rope_interleave": config.get("rope_interleave", True)}, workers=workers, dtype=dtype)
-        return flags
-    args = parse_flags(flags)
-    init_single_rank(args)
-    model = build_model(args)
-    bar = _progress(len(hf.names), "reading HF tensors")
-
-    def get(name: str) -> torch.Tensor:
-        bar.update()
-        return hf[name]
-
-    rope_interleave = config.get("rope_interleave", True)
-    hf_layout, duplicates, carried = {"rope_interleave": rope_interleave}, set(), {}
-    if plan is not None:  # LLaVA: the tower's tensors LLaVA never reads are carried beside the checkpoint
-        tensors, duplicates = llava.to_mcore(args, get, plan, hf.names)
-        carried = {name: get(name) for name in llava.carried_names(hf.names, plan)}
-        hf_layout["llava"] = llava.dumps_record(plan)
-    else:
-        tensors = to_mcore(family, args, get, rope_interleave=rope_interleave)
-    tensors = pad_vocab(tensors, args.padded_vocab_size)
-    bar.close()
-    _check_complete(model, tensors, hf, family, config, duplicates)
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
-    save_model_only(model, args, out, model_flags=flags, hf_layout=hf_layout)
-    if plan is not None:
-        llava.write_carried(out, carried, plan)
-    with open(f"{out}/{FLAGS_FILE}", "w") as f:
-        f.write(shlex.join(flags) + "\n")
-    from mtmegatron.convert.streaming import MARKER
-
-    with open(f"{out}/{MARKER}", "w") as f:  # written last: the launchers' finished marker
-        f.write("{}\n")
+    streaming.convert(hf_dir, out, family, flags, rope_interleave, hf_layout, workers=workers, dtype=dtype, **extra)
     return flags
 
 
@@ -157,11 +85,11 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
                 image_token_id: int | None = None, workers: int = 1, dtype: torch.dtype | None = None,
                 max_shard_bytes: int = 5 * 2**30) -> dict:
     """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config. The RoPE row
-    layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's. Every family
-    but LLaVA streams (convert/streaming_export.py: ``workers`` processes, the stored dtype kept unless ``dtype``).
-    LLaVA: the model is built and loaded in memory; the HF image token id and key layout recorded at conversion
-    (``image_token_id`` overrides), the carried tower layers when ``load`` has them (convert/llava.py)."""
-    from mtmegatron.convert.model import build_model, checkpoint_common, init_single_rank, load_model, parse_flags
+    layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's. Streams
+    (convert/streaming_export.py: ``workers`` processes, the stored dtype kept unless ``dtype``). LLaVA: the HF
+    image token id and key layout recorded at conversion (``image_token_id`` overrides), the carried tower layers
+    when ``load`` has them (convert/llava.py)."""
+    from mtmegatron.convert.model import checkpoint_common, parse_flags
 
     common = checkpoint_common(load)
     if rope_interleave is None:
@@ -177,24 +105,17 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
         raise ConversionError(f"--model {args.model}: no HF mapping")
     if image_token_id is not None and args.model != "llava":
         raise ConversionError("--image-token-id is only meaningful for --model llava")
-    if args.model != "llava":
-        from mtmegatron.convert.streaming_export import export
+    from mtmegatron.convert.streaming_export import export
 
-        config = hf_config_from_args(args.model, args, rope_interleave=rope_interleave)
-        export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype,
-               max_shard_bytes=max_shard_bytes)
-        return config
-    init_single_rank(args)
-    model = build_model(args)
-    load_model(model, load)
-    state = slice_vocab({k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")},
-                        args.vocab_size)
-    from mtmegatron.convert import llava
+    if args.model == "llava":
+        from mtmegatron.convert import llava
 
-    tensors, config = llava.export(args, state, common.get("hf_layout", {}).get("llava", {}), load, image_token_id)
-    if dtype is not None:
-        tensors = {name: t.to(dtype) for name, t in tensors.items()}
-    write_checkpoint(out, tensors, config, max_shard_bytes=max_shard_bytes)
+        config, hf_layout = llava.export_layout(args, common.get("hf_layout", {}).get("llava", {}), load,
+                                                image_token_id)
+    else:
+        config, hf_layout = hf_config_from_args(args.model, args, rope_interleave=rope_interleave), None
+    export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype,
+           max_shard_bytes=max_shard_bytes, hf_layout=hf_layout)
     return config
 
 

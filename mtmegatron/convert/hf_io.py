@@ -1,4 +1,4 @@
-"""Reading and writing HF safetensors checkpoints: one file or shards with ``model.safetensors.index.json``;
+"""Reading HF safetensors checkpoints: one file or shards with ``model.safetensors.index.json``;
 DeepSeek FP8 weights (float8 with a ``<name>_scale_inv`` per 128x128 block) are dequantized on read.
 
 May assume: the ``safetensors`` package (a dependency of transformers).
@@ -12,7 +12,6 @@ import os
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 INDEX = "model.safetensors.index.json"
 FP8_BLOCK = 128
@@ -77,29 +76,3 @@ class HFCheckpoint:
     def config(self) -> dict:
         with open(os.path.join(self.directory, "config.json")) as f:
             return json.load(f)
-
-
-def write_checkpoint(directory: str, tensors: dict, config: dict, max_shard_bytes: int = 5 * 2**30) -> list[str]:
-    """Write ``tensors`` as safetensors shards of at most ``max_shard_bytes`` (one ``model.safetensors`` when
-    it fits, else ``model-0000i-of-0000n.safetensors`` + index) and ``config.json``; returns the files."""
-    os.makedirs(directory, exist_ok=True)
-    shards, current, size = [], {}, 0
-    for name in sorted(tensors):
-        nbytes = tensors[name].numel() * tensors[name].element_size()
-        if current and size + nbytes > max_shard_bytes:
-            shards.append(current)
-            current, size = {}, 0
-        current[name], size = tensors[name], size + nbytes
-    shards.append(current)
-    files = ["model.safetensors"] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    for file, shard in zip(files, shards):
-        save_file(shard, os.path.join(directory, file), metadata={"format": "pt"})
-    if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
-                 "weight_map": {name: file for file, shard in zip(files, shards) for name in shard}}
-        with open(os.path.join(directory, INDEX), "w") as f:
-            json.dump(index, f, indent=2)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    return files

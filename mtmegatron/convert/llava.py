@@ -26,19 +26,28 @@ Key layouts: transformers >= 4.52 keeps ``model.vision_tower.*``, ``model.multi_
 Tokens: our data puts one ``-200`` per image in ``input_ids`` and LLaVAModel expands it to the image embeddings;
 HF's ``image_token_index`` (repeated ``image_seq_length`` times by its processor) stays an ordinary row of our
 vocabulary, recorded so the way back writes it again (a checkpoint without it needs ``--image-token-id``).
+Streaming: nothing here holds the model. ``mcore_sources`` / ``hf_groups`` are what mapping.py's functions of the
+same names return for LLaVA, so convert/streaming.py and convert/streaming_export.py plan (meta-device model) and
+write this family tensor by tensor like every other; the carried tensors are streamed one at a time too.
 May assume: config.json as a plain dict; args from training/arguments.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-from typing import Callable
 
 import torch
 
 from mtmegatron.convert.hf_config import ConversionError, _llama_like, hf_config_from_args
-from mtmegatron.convert.mapping import qkv_to_hf, qkv_to_mcore, to_hf as llama_to_hf, to_mcore as llama_to_mcore
+from mtmegatron.convert.mapping import hf_groups as llama_groups
+from mtmegatron.convert.mapping import mcore_sources as llama_sources
+from mtmegatron.convert.mapping import qkv_to_hf, qkv_to_mcore
+
+_ST_TORCH = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+             "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "I8": torch.int8, "BOOL": torch.bool}
+_ST_ITEMSIZE = {name: torch.empty((), dtype=dt).element_size() for name, dt in _ST_TORCH.items()}
 
 CARRIED_FILE = "hf_unused_vision.safetensors"
 
@@ -190,29 +199,36 @@ def _language_name(prefixes: dict, llama_name: str) -> str:
     return prefixes["language"] + llama_name[len("model."):]
 
 
-def to_mcore(args, hf: Callable[[str], torch.Tensor], plan: LlavaPlan, names) -> tuple[dict, set]:
-    """({mcore name: tensor}, HF names that duplicate a mapped tensor: a tied head stored anyway)."""
-    pre = plan.prefixes
-    duplicates = set()
-    if plan.tied and pre["head"] in names:
-        if not torch.equal(hf(pre["head"]), hf(pre["language"] + "embed_tokens.weight")):
-            _fail("text_config.tie_word_embeddings is true but the stored lm_head differs from the embedding")
-        duplicates.add(pre["head"])
-    out = {"language_model." + k: v for k, v in llama_to_mcore("llama3", args, lambda n: hf(_language_name(pre, n))).items()}
+def _same(tensor):
+    return tensor
+
+
+def _qkv_to_mcore(heads: int, bias: bool):
+    def transform(q, k, v):
+        if bias:
+            return qkv_to_mcore(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), heads, heads).squeeze(1)
+        return qkv_to_mcore(q, k, v, heads, heads)
+    return transform
+
+
+def mcore_sources(args, record: dict) -> dict:
+    """``{mcore name: (HF names, transform)}`` of the whole LLaVA model (mapping.mcore_sources' contract): the
+    Llama mapping under the recorded language prefixes, the CLIP tower's used layers and the projector."""
+    pre = record["prefixes"]
+    out = {"language_model." + name: (tuple(_language_name(pre, n) for n in names), transform)
+           for name, (names, transform) in llama_sources("llama3", args).items()}
     vp, heads = pre["vision"], args.vision_num_attention_heads
-    out["vision_model.class_token"] = hf(vp + "embeddings.class_embedding").reshape(1, 1, -1)
+    out["vision_model.class_token"] = ((vp + "embeddings.class_embedding",), lambda t: t.reshape(1, 1, -1))
     for m_name, h_name in _vision_pairs(args.vision_num_layers):
-        out["vision_model." + m_name] = hf(vp + h_name)
+        out["vision_model." + m_name] = ((vp + h_name,), _same)
     for i in range(args.vision_num_layers):
         h = f"{vp}encoder.layers.{i}.self_attn."
-        m = f"vision_model.decoder.layers.{i}.self_attention.linear_qkv."
-        out[m + "weight"] = qkv_to_mcore(hf(h + "q_proj.weight"), hf(h + "k_proj.weight"), hf(h + "v_proj.weight"),
-                                         heads, heads)
-        biases = [hf(h + f"{x}_proj.bias").unsqueeze(1) for x in "qkv"]
-        out[m + "bias"] = qkv_to_mcore(*biases, heads, heads).squeeze(1)
+        for kind in ("weight", "bias"):
+            out[f"vision_model.decoder.layers.{i}.self_attention.linear_qkv.{kind}"] = (
+                tuple(f"{h}{x}_proj.{kind}" for x in "qkv"), _qkv_to_mcore(heads, kind == "bias"))
     for m_name, h_name in _PROJECTOR_PAIRS:
-        out[m_name] = hf(pre["projector"] + h_name)
-    return out, duplicates
+        out[m_name] = ((pre["projector"] + h_name,), _same)
+    return out
 
 
 def carried_names(names, plan: LlavaPlan) -> list[str]:
@@ -231,56 +247,124 @@ def carried_names(names, plan: LlavaPlan) -> list[str]:
     return carried
 
 
-def write_carried(directory: str, tensors: dict, plan: LlavaPlan) -> None:
-    """``tensors`` (full HF names) into ``directory/CARRIED_FILE``, named relative to the tower."""
-    from safetensors.torch import save_file
+def unmapped_names(hf, plan: LlavaPlan) -> set[str]:
+    """HF names that have no place in the mcore checkpoint and are accounted for: the carried tower tensors, and
+    a tied head stored anyway (refused unless it equals the embedding; two tensors read, then dropped)."""
+    pre = plan.prefixes
+    names = set(carried_names(hf.names, plan))
+    if plan.tied and pre["head"] in hf.names:
+        if not torch.equal(hf[pre["head"]], hf[pre["language"] + "embed_tokens.weight"]):
+            _fail("text_config.tie_word_embeddings is true but the stored lm_head differs from the embedding")
+        names.add(pre["head"])
+    return names
 
+
+def write_carried(directory: str, hf_dir: str, plan: LlavaPlan) -> None:
+    """The carried tower tensors of the HF checkpoint at ``hf_dir`` into ``directory/CARRIED_FILE`` (names
+    relative to the tower, stored dtype and bytes unchanged), streamed: the header from the source headers, then
+    one tensor at a time appended (memory: the largest carried tensor)."""
+    from safetensors import safe_open
+
+    from mtmegatron.convert.hf_io import HFCheckpoint
+
+    hf = HFCheckpoint(hf_dir, dtype=None, keep_open=False)
     vp = plan.prefixes["vision"]
-    save_file({k[len(vp):]: v.contiguous() for k, v in tensors.items()}, os.path.join(directory, CARRIED_FILE),
-              metadata={"num_hidden_layers": str(plan.num_hf_layers), "vision_feature_layer": str(plan.feature_layer)})
+    names = carried_names(hf.names, plan)
+    header = {"__metadata__": {"num_hidden_layers": str(plan.num_hf_layers),
+                               "vision_feature_layer": str(plan.feature_layer)}}
+    begin = 0
+    for name in names:
+        with safe_open(hf._file_of[name], "pt") as f:
+            piece = f.get_slice(name)
+            shape, dtype = piece.get_shape(), piece.get_dtype()
+        nbytes = torch.Size(shape).numel() * _ST_ITEMSIZE[dtype]
+        header[name[len(vp):]] = {"dtype": dtype, "shape": list(shape), "data_offsets": [begin, begin + nbytes]}
+        begin += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(directory, CARRIED_FILE), "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for name in names:
+            tensor = hf[name].contiguous()
+            f.write(memoryview(tensor.view(-1).view(torch.uint8).numpy()))
+            del tensor
 
 
-def read_carried(path: str, used: int) -> tuple[dict, int, int] | None:
-    """(tensors relative to the tower, tower layers, feature layer) from the carried file, or None if absent;
-    a file that does not fit this checkpoint's encoder is refused."""
+def read_carried_layout(path: str, used: int) -> tuple[list[str], int, int] | None:
+    """(tensor names relative to the tower, tower layers, feature layer) of the carried file (its header only),
+    or None if absent; a file that does not fit this checkpoint's encoder is refused."""
     if not os.path.isfile(path):
         return None
     from safetensors import safe_open
 
     with safe_open(path, "pt") as f:
         meta = f.metadata() or {}
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
+        names = list(f.keys())
     num_layers, feature_layer = int(meta["num_hidden_layers"]), int(meta["vision_feature_layer"])
-    layers = {int(n.split(".")[2]) for n in tensors if n.startswith("encoder.layers.")}
+    layers = {int(n.split(".")[2]) for n in names if n.startswith("encoder.layers.")}
     if used_vision_layers(feature_layer, num_layers) != used or layers != set(range(used, num_layers)):
         _fail(f"{path} holds tower layers {sorted(layers)} of {num_layers} (feature layer {feature_layer}), which do "
               f"not continue this checkpoint's {used}-layer encoder; remove it to write the tower without them")
-    return tensors, num_layers, feature_layer
+    return names, num_layers, feature_layer
 
 
-def to_hf(args, mcore: dict, prefixes: dict, carried: dict | None) -> dict:
-    """HF tensors (the layout of ``prefixes``) from our LLaVA state dict, plus the carried tower tensors (or the
-    identity ``post_layernorm`` stand-in when there are none)."""
-    language = {k[len("language_model."):]: v for k, v in mcore.items() if k.startswith("language_model.")}
-    out = {_language_name(prefixes, k): v for k, v in llama_to_hf("llama3", args, language).items()}
-    vp, heads = prefixes["vision"], args.vision_num_attention_heads
-    out[vp + "embeddings.class_embedding"] = mcore["vision_model.class_token"].reshape(-1)
+# the tower's ln_pre weight is the input of the groups that write no parameter of ours: its meta tensor tells
+# the exporter's planning call (shapes and dtypes from meta tensors) from the real one, and gives the stand-in
+# post_layernorm the tower's dtype
+_ANCHOR = "vision_model.ln_pre.weight"
+
+
+def _carried_group(path: str, name: str, hf_name: str):
+    def transform(anchor):
+        from safetensors import safe_open
+
+        with safe_open(path, "pt") as f:
+            if anchor.is_meta:
+                piece = f.get_slice(name)
+                return {hf_name: torch.empty(piece.get_shape(), dtype=_ST_TORCH[piece.get_dtype()], device="meta")}
+            return {hf_name: f.get_tensor(name)}
+    return (_ANCHOR,), transform
+
+
+def hf_groups(args, layout: dict) -> list:
+    """The way back as bounded groups (mapping.hf_groups' contract): ``layout`` has the HF key ``prefixes`` and
+    the ``carried`` file's path (None: the identity ``post_layernorm`` stand-in is written instead)."""
+    pre = layout["prefixes"]
+
+    def renamed(transform):
+        return lambda *tensors: {_language_name(pre, k): v for k, v in transform(*tensors).items()}
+
+    def one(hf_name: str):
+        return lambda tensor: {hf_name: tensor}
+
+    def qkv(h: str, kind: str):
+        def transform(tensor):
+            if kind == "bias":
+                parts = qkv_to_hf(tensor.unsqueeze(1), heads, heads)
+                return {f"{h}{x}_proj.bias": t.squeeze(1) for x, t in zip("qkv", parts)}
+            return {f"{h}{x}_proj.weight": t for x, t in zip("qkv", qkv_to_hf(tensor, heads, heads))}
+        return transform
+
+    groups = [(tuple("language_model." + n for n in names), renamed(transform))
+              for names, transform in llama_groups("llama3", args)]
+    vp, heads = pre["vision"], args.vision_num_attention_heads
+    groups.append((("vision_model.class_token",), lambda t: {vp + "embeddings.class_embedding": t.reshape(-1)}))
     for m_name, h_name in _vision_pairs(args.vision_num_layers):
-        out[vp + h_name] = mcore["vision_model." + m_name]
+        groups.append((("vision_model." + m_name,), one(vp + h_name)))
     for i in range(args.vision_num_layers):
-        h = f"{vp}encoder.layers.{i}.self_attn."
-        m = f"vision_model.decoder.layers.{i}.self_attention.linear_qkv."
-        for x, w in zip("qkv", qkv_to_hf(mcore[m + "weight"], heads, heads)):
-            out[h + f"{x}_proj.weight"] = w
-        for x, b in zip("qkv", qkv_to_hf(mcore[m + "bias"].unsqueeze(1), heads, heads)):
-            out[h + f"{x}_proj.bias"] = b.squeeze(1)
+        for kind in ("weight", "bias"):
+            groups.append(((f"vision_model.decoder.layers.{i}.self_attention.linear_qkv.{kind}",),
+                           qkv(f"{vp}encoder.layers.{i}.self_attn.", kind)))
     for m_name, h_name in _PROJECTOR_PAIRS:
-        out[prefixes["projector"] + h_name] = mcore[m_name]
-    if carried is None:
-        hidden = args.vision_hidden_size
-        carried = {"post_layernorm.weight": torch.ones(hidden), "post_layernorm.bias": torch.zeros(hidden)}
-    out.update({vp + name: tensor for name, tensor in carried.items()})
-    return {name: tensor.contiguous() for name, tensor in out.items()}
+        groups.append(((m_name,), one(pre["projector"] + h_name)))
+    carried = layout.get("carried")
+    if carried is None:  # the identity post_layernorm of the equivalent tower
+        groups.append(((_ANCHOR,), lambda t: {vp + "post_layernorm.weight": torch.ones_like(t),
+                                              vp + "post_layernorm.bias": torch.zeros_like(t)}))
+    else:
+        path, names = carried
+        groups += [_carried_group(path, name, vp + name) for name in names]
+    return groups
 
 
 def hf_config(args, record: dict, num_hf_layers: int, feature_layer: int) -> dict:
@@ -309,9 +393,9 @@ def hf_config(args, record: dict, num_hf_layers: int, feature_layer: int) -> dic
     }
 
 
-def export(args, state: dict, record: dict, load: str, image_token_id: int | None) -> tuple[dict, dict]:
-    """(HF tensors, config.json) for our LLaVA ``state`` (vocabulary padding already sliced off); ``record`` is
-    what hf-to-mcore stored ({} for a checkpoint trained from scratch)."""
+def export_layout(args, record: dict, load: str, image_token_id: int | None) -> tuple[dict, dict]:
+    """(config.json, the ``hf_layout`` for mapping.hf_groups) of the LLaVA checkpoint under ``load``; ``record`` is
+    what hf-to-mcore stored ({} for a checkpoint trained from scratch). Reads no tensor."""
     record = dict(record)
     if image_token_id is not None:
         record["image_token_index"] = image_token_id
@@ -321,13 +405,14 @@ def export(args, state: dict, record: dict, load: str, image_token_id: int | Non
               f"that id's positions with image features; our data uses -200 placeholders instead)")
     if not 0 <= record["image_token_index"] < args.vocab_size:
         _fail(f"image token id {record['image_token_index']} is outside the vocabulary (0..{args.vocab_size - 1})")
-    carried = read_carried(os.path.join(load, CARRIED_FILE), args.vision_num_layers)
+    path = os.path.join(load, CARRIED_FILE)
+    carried = read_carried_layout(path, args.vision_num_layers)
     if carried is None:
-        tensors, num_hf_layers, feature_layer = None, args.vision_num_layers, -1
+        names, num_hf_layers, feature_layer = None, args.vision_num_layers, -1
     else:
-        tensors, num_hf_layers, feature_layer = carried
-    prefixes = record.get("prefixes", DEFAULT_PREFIXES)
-    return to_hf(args, state, prefixes, tensors), hf_config(args, record, num_hf_layers, feature_layer)
+        names, num_hf_layers, feature_layer = carried
+    layout = {"prefixes": record.get("prefixes", DEFAULT_PREFIXES), "carried": None if names is None else (path, names)}
+    return hf_config(args, record, num_hf_layers, feature_layer), {"llava": layout}
 
 
 def dumps_record(plan: LlavaPlan) -> dict:
@@ -335,5 +420,6 @@ def dumps_record(plan: LlavaPlan) -> dict:
     return {**plan.record, "prefixes": dict(plan.prefixes)}
 
 
-__all__ = ["CARRIED_FILE", "LlavaPlan", "flags_from_hf", "to_mcore", "to_hf", "hf_config", "carried_names",
-           "read_carried", "write_carried", "used_vision_layers", "dumps_record", "export"]
+__all__ = ["CARRIED_FILE", "LlavaPlan", "flags_from_hf", "mcore_sources", "hf_groups", "hf_config", "carried_names",
+           "unmapped_names", "read_carried_layout", "write_carried", "used_vision_layers", "dumps_record",
+           "export_layout"]

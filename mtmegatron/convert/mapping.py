@@ -1,7 +1,9 @@
 """Tensor names and layouts between HF transformers checkpoints and our (single-rank, TP1) megatron-core model.
 
-``to_mcore(family, args, hf)`` returns ``{mcore name: tensor}`` built from the HF tensors (``hf`` maps an HF
-name to a tensor, loaded lazily); ``to_hf(family, args, mcore)`` the way back. Layout facts:
+``mcore_sources(family, args)`` gives, per mcore tensor, the HF tensors it is computed from and how (the
+streaming hf-to-mcore reads one at a time); ``hf_groups(family, args)`` the way back in bounded groups, and
+``to_hf(family, args, mcore)`` their union. LLaVA's tower, projector and key prefixes come from convert/llava.py
+through the same two functions. Layout facts:
 - ``linear_qkv`` rows are grouped per query group: that group's query heads, then its key, then its value (its
   bias, Qwen2's, likewise); Qwen3's ``q_norm``/``k_norm`` -> ``q_layernorm``/``k_layernorm``.
 - Qwen3-MoE: ``mlp.experts.<e>.{gate,up,down}_proj``, router ``mlp.gate`` (DeepSeek's names without a shared expert).
@@ -130,9 +132,14 @@ def _rope_rows(family: str, args, rope_interleave: bool) -> dict[str, tuple[int,
 
 
 # ---- the two directions ---------------------------------------------------------------------------------------
-def mcore_sources(family: str, args, rope_interleave: bool = True) -> dict:
+def mcore_sources(family: str, args, rope_interleave: bool = True, hf_layout: dict | None = None) -> dict:
     """``{mcore name: (HF names, transform)}``: the tensor is ``transform(*HF tensors)``. Lets a streaming
-    converter read only what one output needs (convert/streaming.py)."""
+    converter read only what one output needs (convert/streaming.py). LLaVA: convert/llava.py's, for the key
+    layout recorded in ``hf_layout["llava"]``."""
+    if family == "llava":
+        from mtmegatron.convert import llava
+
+        return llava.mcore_sources(args, hf_layout["llava"])
     def same(tensor):
         return tensor
 
@@ -173,15 +180,16 @@ def mcore_sources(family: str, args, rope_interleave: bool = True) -> dict:
     return out
 
 
-def to_mcore(family: str, args, hf: Callable[[str], torch.Tensor], rope_interleave: bool = True) -> dict:
-    return {name: transform(*(hf(n) for n in names))
-            for name, (names, transform) in mcore_sources(family, args, rope_interleave).items()}
-
-
-def hf_groups(family: str, args, rope_interleave: bool = True) -> list[tuple[tuple[str, ...], Callable[..., dict]]]:
+def hf_groups(family: str, args, rope_interleave: bool = True,
+              hf_layout: dict | None = None) -> list[tuple[tuple[str, ...], Callable[..., dict]]]:
     """The way back as bounded groups: ``[(mcore names, transform)]`` where ``transform(*mcore tensors)`` returns
     ``{HF name: tensor}`` (one layer's fused q/k/v -> three tensors, fc1 -> gate and up, else one tensor). Lets a
-    streaming exporter hold one group at a time (convert/streaming_export.py); ``to_hf`` is their union."""
+    streaming exporter hold one group at a time (convert/streaming_export.py); ``to_hf`` is their union. LLaVA:
+    convert/llava.py's, for the key layout and carried tower file in ``hf_layout["llava"]``."""
+    if family == "llava":
+        from mtmegatron.convert import llava
+
+        return llava.hf_groups(args, hf_layout["llava"])
     def one(hf_name: str, permute: tuple[int, int] | None = None):
         def transform(tensor):
             if permute is not None:

@@ -126,12 +126,13 @@ def _reset_peak() -> None:
 class _Sources:
     """Output tensors computed from the HF checkpoint, one at a time (the last one cached for its chunks)."""
 
-    def __init__(self, hf_dir: str, args, family: str, rope_interleave: bool, dtype, shapes: dict):
+    def __init__(self, hf_dir: str, args, family: str, rope_interleave: bool, dtype, shapes: dict,
+                 hf_layout: dict | None = None):
         from mtmegatron.convert.hf_io import HFCheckpoint
         from mtmegatron.convert.mapping import mcore_sources
 
         self.hf = HFCheckpoint(hf_dir, dtype=None, keep_open=False)
-        self.sources = mcore_sources(family, args, rope_interleave)
+        self.sources = mcore_sources(family, args, rope_interleave, hf_layout)
         self.dtype, self.shapes = dtype, shapes
         self._name, self._tensor = None, None
 
@@ -150,7 +151,8 @@ class _Sources:
 
 
 def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, args, family: str,
-                rope_interleave: bool, dtype, shapes: dict, itemsize: dict, progress) -> None:
+                rope_interleave: bool, dtype, shapes: dict, itemsize: dict, progress,
+                hf_layout: dict | None = None) -> None:
     """Worker process: write ``chunks`` as one DCP part into ``directory``; reports bytes, then its VmHWM."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_global_save_plan
@@ -159,7 +161,7 @@ def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, ar
 
     torch.set_num_threads(1)
     parent = os.getppid()
-    sources = _Sources(hf_dir, args, family, rope_interleave, dtype, shapes)
+    sources = _Sources(hf_dir, args, family, rope_interleave, dtype, shapes, hf_layout)
     _reset_peak()
     baseline = _vm_hwm_bytes()  # the interpreter, torch and megatron-core imported; no tensor read yet
     by_index = {(c.key, c.offset): c for c in chunks}
@@ -242,7 +244,7 @@ def _merge_metadata(parts: list[str], out_dir: str) -> None:
         pickle.dump(merged, f)
 
 
-def _check_sources(hf, family: str, config: dict, sources: dict, shapes: dict) -> None:
+def _check_sources(hf, family: str, config: dict, sources: dict, shapes: dict, unmapped=()) -> None:
     for local in shapes:
         if local not in sources:
             raise ConversionError(f"no HF tensor maps to {local}")
@@ -250,7 +252,7 @@ def _check_sources(hf, family: str, config: dict, sources: dict, shapes: dict) -
     missing = sorted(n for n in used if n not in hf)
     if missing:
         raise ConversionError(f"{len(missing)} tensors the model needs are not in the checkpoint (first: {missing[:3]})")
-    ignorable = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
+    ignorable = ({"lm_head.weight"} if config.get("tie_word_embeddings") else set()) | set(unmapped)
     if family == "deepseek-v3":
         mtp = config["num_hidden_layers"]
         ignorable |= {n for n in hf.names if n.startswith(f"model.layers.{mtp}.")
@@ -278,8 +280,11 @@ def _check_shapes(hf, sources: dict, shapes: dict) -> None:
 
 
 def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleave: bool, hf_layout: dict,
-            workers: int = 1, dtype: torch.dtype | None = None, quiet: bool = False) -> dict:
-    """Write the converted checkpoint to ``out`` (atomically); returns stats incl. every worker's VmHWM."""
+            workers: int = 1, dtype: torch.dtype | None = None, quiet: bool = False, unmapped=(),
+            before_marker=None) -> dict:
+    """Write the converted checkpoint to ``out`` (atomically); returns stats incl. every worker's VmHWM.
+    ``unmapped``: HF names the caller accounts for outside the checkpoint (LLaVA's carried tower tensors);
+    ``before_marker(staging)`` writes the caller's extra files into the output before it is marked complete."""
     from megatron.core import dist_checkpointing
 
     from mtmegatron.convert.hf_io import HFCheckpoint
@@ -296,8 +301,8 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     config = hf.config()
     model = _meta_model(args)
     chunks, shapes, objects = plan_chunks(model)
-    sources = mcore_sources(family, args, rope_interleave)
-    _check_sources(hf, family, config, sources, shapes)
+    sources = mcore_sources(family, args, rope_interleave, hf_layout)
+    _check_sources(hf, family, config, sources, shapes, unmapped)
     _check_shapes(hf, sources, shapes)
     dtypes = _source_dtypes(hf, sources, dtype)
     itemsize = {name: torch.empty((), dtype=dt).element_size() for name, dt in dtypes.items()}
@@ -321,7 +326,8 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     ctx = mp.get_context("fork")  # the imports (most of the start-up time) are inherited, not repeated
     progress = ctx.Queue()
     procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, args, family, rope_interleave, dtype, shapes,
-                                                   itemsize, progress), daemon=True)
+                                                   itemsize, progress), kwargs={"hf_layout": hf_layout},
+                         daemon=True)
              for i, (d, p) in enumerate(zip(part_dirs, parts))]
     setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
     for p in procs:
@@ -334,6 +340,8 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
         import shlex
 
         f.write(shlex.join(flags) + "\n")
+    if before_marker is not None:
+        before_marker(staging)
     seconds = time.time() - start
     largest = max(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
     stats = {"bytes": total, "seconds": seconds, "setup_seconds": setup_seconds, "workers": len(parts),

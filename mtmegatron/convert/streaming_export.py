@@ -232,9 +232,9 @@ def _export_part(index: int, reader: _Reader, groups: list, mine: list[int], sta
 # ---- the parent ---------------------------------------------------------------------------------------------
 def export(load: str, out: str, family: str, flags: list[str], config: dict, rope_interleave: bool,
            workers: int = 1, dtype: torch.dtype | None = None, quiet: bool = False,
-           max_shard_bytes: int = 5 * 2**30) -> dict:
+           max_shard_bytes: int = 5 * 2**30, hf_layout: dict | None = None) -> dict:
     """Write the checkpoint under ``load`` as HF safetensors + ``config`` in ``out`` (atomically); returns stats
-    incl. every worker's VmHWM."""
+    incl. every worker's VmHWM. ``hf_layout``: what mapping.hf_groups needs beyond the flags (LLaVA's)."""
     from mtmegatron.convert.hf_io import INDEX
     from mtmegatron.convert.mapping import hf_groups
     from mtmegatron.convert.model import init_single_rank, parse_flags
@@ -255,7 +255,7 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
         chunks_of.setdefault(c.local, []).append(c)
     reader = _Reader(checkpoint_dir(load, iteration), chunks_of, shapes, args.vocab_size)
     reader.check()
-    groups = hf_groups(family, args, rope_interleave)
+    groups = hf_groups(family, args, rope_interleave, hf_layout)
     missing = sorted({n for names, _ in groups for n in names} - set(shapes))
     if missing:
         raise ConversionError(f"the model has no parameter {missing[0]} the HF mapping needs")

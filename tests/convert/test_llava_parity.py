@@ -11,6 +11,8 @@
   used, gives our logits (the stand-in tower: no extra layer, feature layer -1, identity ``post_layernorm``) and
   converts back to the same mcore tensors bit-exactly.
 * Refusals: each unsupported HF setting gives its one message and exit status 2 from the CLI.
+* Streaming: a synthetic bf16 LLaVA converts both ways with 2 workers, each in memory bounded by the largest
+  tensor (the model is never built), and comes back bit-exactly.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import hf_llava  # noqa: E402
 MAX_ABS = 1e-4
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
 HELPER = str(Path(__file__).with_name("hf_llava.py"))
+MARKER = "conversion_complete.json"
 
 
 def run(*command: str) -> subprocess.CompletedProcess:
@@ -227,7 +230,7 @@ def test_unsupported_llava_is_refused(converted, tmp_path, capsys, case):
     # in-process: every refusal comes before any torch compute (config.json and tensor names only)
     status = main(["convert", "hf-to-mcore", "--model", "llava", "--hf-dir", str(hf_dir), "--out",
                    str(tmp_path / "out")]) if case != "config-vs-weights" else None
-    if case == "config-vs-weights":  # found by the shape check after the model is built: in a subprocess
+    if case == "config-vs-weights":  # found by the streaming shape check (meta model): in a subprocess
         proc = subprocess.run([sys.executable, "-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llava",
                                "--hf-dir", str(hf_dir), "--out", str(tmp_path / "out")], capture_output=True,
                               text=True, env=ENV, timeout=300)
@@ -331,3 +334,30 @@ def test_partial_config_gets_hf_defaults():
     assert float(value["norm_epsilon"]) == expected["norm_epsilon"]
     assert "--disable-vision-class-token" in flags
     assert plan.num_hf_layers == 24 and plan.num_used_layers == 23 and plan.record["image_token_index"] == 32000
+
+
+# ---- streaming: the model is never built ------------------------------------------------------------------
+def test_llava_streams_both_ways_in_bounded_memory(tmp_path):
+    """A synthetic bf16 LLaVA (a 96 MB Llama, CLIP tower, projector; total >= 8x its largest tensor) converts
+    with 2 workers each way: every worker's VmHWM grows by less than 2 x the largest tensor + 48 MB over its
+    VmHWM before it read any tensor (the in-memory converter had no workers and built the model), and
+    HF -> mcore -> HF gives back every tensor bit-exactly in bf16 (the carried tower layer and post_layernorm
+    included)."""
+    from test_streaming import _hwm_within_bound
+
+    from mtmegatron.convert.hf_io import HFCheckpoint
+
+    hf_dir, mc_dir, back = tmp_path / "hf", tmp_path / "mcore", tmp_path / "back"
+    run("-c", "import sys; from mtmegatron.convert.synthetic import llama_shape_for, write_llava; "
+              "write_llava(sys.argv[1], llama_shape_for(96 * 2**20, hidden=512))", str(hf_dir))
+    run("-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llava", "--hf-dir", str(hf_dir), "--out",
+        str(mc_dir), "--workers", "2")
+    run("-m", "mtmegatron.cli", "convert", "mcore-to-hf", "--load", str(mc_dir), "--out", str(back), "--workers", "2")
+    for what, stats in (("llava hf-to-mcore", json.loads((mc_dir / MARKER).read_text())),
+                        ("llava mcore-to-hf", json.loads((back / MARKER).read_text()))):
+        _hwm_within_bound(stats, what)
+    original, returned = HFCheckpoint(str(hf_dir), dtype=None), HFCheckpoint(str(back), dtype=None)
+    assert original.names == returned.names and "vision_tower.vision_model.encoder.layers.2.mlp.fc1.weight" in returned
+    for name in original.names:
+        ours = returned[name]
+        assert ours.dtype == torch.bfloat16 and torch.equal(original[name], ours), name
