@@ -2,10 +2,13 @@
 
 Each fusion is on by Megatron-LM's default (its ``--no-...`` flag turns it off) wherever a kernel for it exists
 on the active backend, and off otherwise, named in the start-up line with the reason:
-- megatron-core's jit fusions (bias-dropout-add, bias-SwiGLU/GeLU) are TorchDynamo-compiled functions: they run
+- megatron-core's jit fusions (bias-dropout-add, bias-SwiGLU/GeLU) are ``torch.compile``d functions: they run
   where TorchDynamo runs them on the device (CUDA; MUSA with ``MTMEGATRON_MUSA_DYNAMO=1``). On the cpu backend
-  they are off: megatron's ``jit_fuser`` compiles through the device bridge, which the cpu bridge does not offer
-  to inductor.
+  inductor compiles them to C++ with the host's compiler (g++ here), but they stay off unless
+  ``MTMEGATRON_CPU_JIT_FUSIONS=1``: the keep-on rule for cpu is "on only where measured faster or equal"
+  (``benchmarks/step.py --fusion-ab``, docs/flags.md) and no measurement shows them faster: each compiled
+  function costs a compile at start-up (outside the cpu bridge, on the loaded shared 2-core box, the first one
+  had not finished after 10 minutes), and their unfused forms are two element-wise ops.
 - RoPE: TransformerEngine's fused RoPE, or ours with ``--transformer-impl mtmegatron``.
 - masked softmax, persistent layer norm, gradient-accumulation fusion: apex / TransformerEngine CUDA kernels.
 - cross-entropy (``--cross-entropy-loss-fusion``, off by default as in Megatron-LM): mtmegatron's fused
@@ -18,6 +21,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+
+
+CPU_JIT_ENV = "MTMEGATRON_CPU_JIT_FUSIONS"
+CPU_JIT_WHY = ("megatron-core's jit fusions are off on cpu: not measured faster there (compile cost at start-up; "
+               "docs/flags.md)")
 
 
 def _backend_type() -> str:
@@ -39,6 +47,10 @@ def _jit_runs() -> tuple[bool, str]:
         if os.environ.get("MTMEGATRON_MUSA_DYNAMO") == "1":
             return True, ""
         return False, "TorchDynamo is off on MUSA (MTMEGATRON_MUSA_DYNAMO=1 turns it on)"
+    if kind == "cpu" and os.environ.get(CPU_JIT_ENV) == "1":
+        return True, ""
+    if kind == "cpu":
+        return False, f"{CPU_JIT_WHY} ({CPU_JIT_ENV}=1 turns them on)"
     return False, f"megatron-core's jit fusions are not compiled on the {kind} backend"
 
 
