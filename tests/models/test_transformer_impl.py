@@ -127,7 +127,11 @@ def test_one_te_decision_read_by_every_consumer():
         args = parse_args(moe[:-2], world_size=1)
     assert not args.transformer_engine_layers
     musa.set_device = lambda rank: None
+
+    def missing(name, backend):  # TE's executor would import; scaled_mm does not run on this (faked) device
+        return "faked: no scaled_mm" if name == "scaled_mm" else None
+
     with mock.patch("mtmegatron.active_backend", return_value=musa), \
-            mock.patch("mtmegatron.fp8.executors.executor_missing",
-                       side_effect=lambda name, backend: None if name != "scaled_mm" else "faked: no scaled_mm"):
-        assert fp8_spec.resolve_executor(args, local_rank=0) == "emulated"
+            mock.patch("mtmegatron.fp8.executors.executor_missing", side_effect=missing), \
+            mock.patch.object(fp8_spec, "executor_missing", side_effect=missing):
+        assert fp8_spec.resolve_executor(args, local_rank=0) == "emulated"  # before: TE's executor, local layers
