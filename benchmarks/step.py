@@ -22,6 +22,7 @@ import argparse
 import importlib.util
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -78,11 +79,17 @@ def available_impls() -> list[str]:
     return impls
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_ours(flags: list[str], iters: int, warmup: int, threads: int, env_extra: dict | None = None) -> dict:
     """One pretrain process; its median step time after warmup and its fusions/layers start-up lines."""
     with tempfile.TemporaryDirectory() as log_dir:
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env.update(OMP_NUM_THREADS=str(threads), **(env_extra or {}))
+        env.update(OMP_NUM_THREADS=str(threads), MASTER_PORT=str(_free_port()), **(env_extra or {}))
         cmd = [sys.executable, "-m", "mtmegatron.pretrain", *flags, "--train-iters", str(warmup + iters),
                "--log-dir", log_dir]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -101,14 +108,19 @@ def fusion_ab(base: list[str], a) -> None:
     """Each fusion on vs off: ``--repeats`` pairs of processes run interleaved (on, off, on, off, ...) so other
     load on the machine hits both alike; medians of the per-process step times, their spread (min-max), and
     whether "on" is faster or equal (the rule models/fusions.py applies on this backend)."""
-    env = {"MTMEGATRON_CPU_JIT_FUSIONS": "1"} if a.backend == "cpu" else {}  # megatron-core's jit fusions measured too
-    print(f"fusions on vs off, {a.repeats} interleaved pairs of processes per fusion, dense model"
-          f"{' (MTMEGATRON_CPU_JIT_FUSIONS=1)' if env else ''}", flush=True)
+    print(f"fusions on vs off, {a.repeats} interleaved pairs of processes per fusion, dense model; megatron-core's "
+          f"jit rows run with MTMEGATRON_CPU_JIT_FUSIONS=1, the rope row with MTMEGATRON_CPU_ROPE_FUSION=1 on cpu",
+          flush=True)
     header = (f"{'fusion':<50} {'on ms':>8} {'(min-max)':>15} {'off ms':>8} {'(min-max)':>15} {'on/off':>7} "
               f"{'warmup on/off s':>16}  verdict")
     print(header)
     print("-" * len(header))
     for name, on_flags, off_flags in FUSION_AB:
+        env = {}  # on cpu, what models/fusions.py keeps off there runs only when asked for (the other rows: default)
+        if a.backend == "cpu" and "jit" in name:
+            env["MTMEGATRON_CPU_JIT_FUSIONS"] = "1"
+        if a.backend == "cpu" and name.startswith("rope"):
+            env["MTMEGATRON_CPU_ROPE_FUSION"] = "1"
         on, off = [], []
         for _ in range(a.repeats):
             on.append(run_ours(base + on_flags, a.iters, a.warmup, a.threads, env))

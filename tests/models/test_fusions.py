@@ -1,6 +1,6 @@
 """``models/fusions.py`` on the cpu backend: the start-up line names the fusions that run and why the others do not;
-megatron-core's jit fusions stay off on cpu (not measured faster there) unless MTMEGATRON_CPU_JIT_FUSIONS=1, and
-then reach the TransformerConfig fields. Parse only: no model is built, nothing is compiled."""
+megatron-core's jit fusions stay off on cpu (not measured faster there) unless MTMEGATRON_CPU_JIT_FUSIONS=1, our
+RoPE (measured slower there) unless MTMEGATRON_CPU_ROPE_FUSION=1, and what runs reaches the TransformerConfig. Parse only: no model is built, nothing is compiled."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ TINY = ["--model", "llama3", "--model-size", "tiny", "--mock-data", "--backend",
 
 def test_cpu_line_names_what_runs_and_why_the_others_do_not(monkeypatch):
     monkeypatch.delenv(fusions.CPU_JIT_ENV, raising=False)
+    monkeypatch.delenv(fusions.CPU_ROPE_ENV, raising=False)
     args = parse_args(TINY + ["--transformer-impl", "mtmegatron", "--cross-entropy-loss-fusion"], world_size=1)
+    line = fusions.describe(args)
+    assert line.startswith("mtmegatron: fusions: running cross-entropy | off: "), line
+    assert f"rope ({fusions.CPU_ROPE_WHY}; {fusions.CPU_ROPE_ENV}=1 turns it on)" in line
+    assert not fusions.config_fields(args)["apply_rope_fusion"]
+    monkeypatch.setenv(fusions.CPU_ROPE_ENV, "1")
     line = fusions.describe(args)
     assert line.startswith("mtmegatron: fusions: running rope, cross-entropy | off: "), line
     assert (f"bias-dropout-add ({fusions.CPU_JIT_WHY} ({fusions.CPU_JIT_ENV}=1 turns them on))") in line
