@@ -10,7 +10,9 @@ TFLOP/s (Megatron-LM's FLOP formula, training/throughput.py), MFU where the devi
 to the plain loop and to the bound of the same model, and which fusions the run's start-up line says ran.
 Models: on CPU a small Llama-3 (dense) and Mixtral (MoE) of the same layer shapes, fp32; on a GPU
 (``--backend cuda|musa``) a Llama-3-8B-shaped model with ``--num-layers`` layers, bf16, and Mixtral-8x7B's layer.
-Usage: python benchmarks/step.py [--backend cpu] [--iters 6] [--threads 1] [--quick]
+``--fusion-ab``: only the fusions table: each fusion the backend can run on vs off, processes interleaved (on, off,
+on, off, ...) ``--repeats`` times, medians, spread, and the faster-or-equal verdict models/fusions.py applies.
+Usage: python benchmarks/step.py [--backend cpu] [--iters 6] [--threads 1] [--quick] [--fusion-ab --repeats 5]
 May assume: mtmegatron installed; torch >= 2.6; no launcher variables needed.
 """
 
@@ -20,6 +22,7 @@ import argparse
 import importlib.util
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +55,21 @@ FUSION_OFF_FLAG = {"bias-dropout-add": "--no-bias-dropout-fusion", "bias-activat
                    "persist-layer-norm": "--no-persist-layer-norm",
                    "gradient-accumulation": "--no-gradient-accumulation-fusion", "cross-entropy": None}
 FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+# --fusion-ab: (fusion, its "on" flags, its "off" flags), everything else equal, dense model. mtmegatron's RMSNorm
+# and SwiGLU come with --transformer-impl mtmegatron (no flag each): that row holds RoPE and the loss equal.
+FUSION_AB = [
+    ("rope (ours, --transformer-impl mtmegatron)", ["--transformer-impl", "mtmegatron"],
+     ["--transformer-impl", "mtmegatron", "--no-rope-fusion"]),
+    ("cross-entropy (ours, --cross-entropy-loss-fusion)", ["--transformer-impl", "local", "--cross-entropy-loss-fusion"],
+     ["--transformer-impl", "local"]),
+    ("RMSNorm + SwiGLU (ours: mtmegatron vs local)",
+     ["--transformer-impl", "mtmegatron", "--no-rope-fusion"],
+     ["--transformer-impl", "local", "--cross-entropy-loss-fusion"]),
+    ("bias-dropout-add (megatron-core jit)", ["--transformer-impl", "local", "--no-bias-swiglu-fusion"],
+     ["--transformer-impl", "local", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"]),
+    ("bias-SwiGLU (megatron-core jit)", ["--transformer-impl", "local", "--no-bias-dropout-fusion"],
+     ["--transformer-impl", "local", "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion"]),
+]
 
 
 def available_impls() -> list[str]:
@@ -61,11 +79,17 @@ def available_impls() -> list[str]:
     return impls
 
 
-def run_ours(flags: list[str], iters: int, warmup: int, threads: int) -> dict:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ours(flags: list[str], iters: int, warmup: int, threads: int, env_extra: dict | None = None) -> dict:
     """One pretrain process; its median step time after warmup and its fusions/layers start-up lines."""
     with tempfile.TemporaryDirectory() as log_dir:
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env["OMP_NUM_THREADS"] = str(threads)
+        env.update(OMP_NUM_THREADS=str(threads), MASTER_PORT=str(_free_port()), **(env_extra or {}))
         cmd = [sys.executable, "-m", "mtmegatron.pretrain", *flags, "--train-iters", str(warmup + iters),
                "--log-dir", log_dir]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -75,7 +99,44 @@ def run_ours(flags: list[str], iters: int, warmup: int, threads: int) -> dict:
             rows = [json.loads(line) for line in f]
     fusions = next((l for l in done.stdout.splitlines() if "mtmegatron: fusions:" in l), "")
     running = fusions.split("running ", 1)[-1].split(" |", 1)[0] if fusions else "?"
-    return {"ms": statistics.median(r["step_time_ms"] for r in rows[warmup:]), "fusions": running}
+    startup = sum(r["step_time_ms"] for r in rows[:warmup])  # compilation (jit fusions) lands here
+    return {"ms": statistics.median(r["step_time_ms"] for r in rows[warmup:]), "fusions": running,
+            "warmup_ms": startup}
+
+
+def fusion_ab(base: list[str], a) -> None:
+    """Each fusion on vs off: ``--repeats`` pairs of processes run interleaved (on, off, on, off, ...) so other
+    load on the machine hits both alike; medians of the per-process step times, their spread (min-max), and
+    whether "on" is faster or equal (the rule models/fusions.py applies on this backend)."""
+    print(f"fusions on vs off, {a.repeats} interleaved pairs of processes per fusion, dense model; megatron-core's "
+          f"jit rows run with MTMEGATRON_CPU_JIT_FUSIONS=1, the rope row with MTMEGATRON_CPU_ROPE_FUSION=1 on cpu",
+          flush=True)
+    header = (f"{'fusion':<50} {'on ms':>8} {'(min-max)':>15} {'off ms':>8} {'(min-max)':>15} {'on/off':>7} "
+              f"{'warmup on/off s':>16}  verdict")
+    print(header)
+    print("-" * len(header))
+    for name, on_flags, off_flags in FUSION_AB:
+        env = {}  # on cpu, what models/fusions.py keeps off there runs only when asked for (the other rows: default)
+        if a.backend == "cpu" and "jit" in name:
+            env["MTMEGATRON_CPU_JIT_FUSIONS"] = "1"
+        if a.backend == "cpu" and name.startswith("rope"):
+            env["MTMEGATRON_CPU_ROPE_FUSION"] = "1"
+        on, off = [], []
+        for _ in range(a.repeats):
+            on.append(run_ours(base + on_flags, a.iters, a.warmup, a.threads, env))
+            off.append(run_ours(base + off_flags, a.iters, a.warmup, a.threads, env))
+        failed = next((r for r in on + off if "error" in r), None)
+        if failed:
+            print(f"{name:<50} failed: {failed['error']}", flush=True)
+            continue
+        ms_on, ms_off = [r["ms"] for r in on], [r["ms"] for r in off]
+        m_on, m_off = statistics.median(ms_on), statistics.median(ms_off)
+        w_on = statistics.median(r["warmup_ms"] for r in on) / 1000
+        w_off = statistics.median(r["warmup_ms"] for r in off) / 1000
+        verdict = "on: faster or equal" if m_on <= m_off else "off: on is slower"
+        print(f"{name:<50} {m_on:8.1f} {f'({min(ms_on):.0f}-{max(ms_on):.0f})':>15} {m_off:8.1f} "
+              f"{f'({min(ms_off):.0f}-{max(ms_off):.0f})':>15} {m_on / m_off:7.3f} {f'{w_on:.1f}/{w_off:.1f}':>16}  "
+              f"{verdict}   [on runs: {on[0]['fusions']}]", flush=True)
 
 
 def parse(flags: list[str]):
@@ -135,11 +196,19 @@ def main() -> None:
                    help="processes per row; the row shows the fastest (other load on the machine only slows)")
     p.add_argument("--num-layers", type=int, default=2, help="layers of the GPU models")
     p.add_argument("--quick", action="store_true", help="the first impl only, no per-fusion rows")
+    p.add_argument("--fusion-ab", action="store_true",
+                   help="only the fusions table: each fusion on vs off, --repeats interleaved pairs of processes, "
+                        "medians and spread (the measurement behind models/fusions.py's cpu decisions)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     models = CPU_MODELS if a.backend == "cpu" else {k: v + ["--num-layers", str(a.num_layers)]
                                                    for k, v in GPU_MODELS.items()}
     base = {k: ["--backend", a.backend, *COMMON, *v] for k, v in models.items()}
+    if a.fusion_ab:
+        print(f"backend {a.backend}, {a.iters} timed iterations after {a.warmup}, OMP_NUM_THREADS={a.threads}; "
+              f"model: {' '.join(models['dense'])}", flush=True)
+        fusion_ab(base["dense"], a)
+        return
     device = torch.device(a.backend)
     peak = peak_tflops(a.backend)
 

@@ -108,8 +108,9 @@ def executor_missing(name: str, backend) -> str | None:
     return f"unknown FP8 executor '{name}' (known: {', '.join(EXECUTORS)})"
 
 
-def select_executor(backend, requested: str = "auto") -> str:
-    """``requested`` if this backend offers it and it runs, else (``auto``) the first one that runs."""
+def select_executor(backend, requested: str = "auto", skip: tuple[str, ...] = ()) -> str:
+    """``requested`` if this backend offers it and it runs, else (``auto``) the first one not in ``skip`` that
+    runs."""
     if requested != "auto":
         if requested not in backend.fp8_executors:
             raise ValueError(f"--fp8-executor {requested} is not offered by backend {backend.name} "
@@ -119,6 +120,6 @@ def select_executor(backend, requested: str = "auto") -> str:
             raise ValueError(f"--fp8-executor {requested}: {reason}")
         return requested
     for name in backend.fp8_executors:
-        if executor_missing(name, backend) is None:
+        if name not in skip and executor_missing(name, backend) is None:
             return name
     raise ValueError(f"no FP8 executor runs on backend {backend.name}")

@@ -38,7 +38,10 @@ def resolve_executor(args, local_rank: int | None = None) -> str | None:
         backend = mtmegatron.active_backend()
         if local_rank is not None:
             backend.set_device(local_rank)
-        executor = select_executor(backend, args.fp8_executor)
+        if args.transformer_engine_layers:  # parse time chose TE's layers, so TE's executor (or its refusal)
+            executor = select_executor(backend, "transformer_engine")
+        else:
+            executor = select_executor(backend, args.fp8_executor, skip=("transformer_engine",))
         args.fp8_executor_note = None
         if executor == "emulated" and args.fp8_executor == "auto" and "scaled_mm" in backend.fp8_executors:
             args.fp8_executor_note = f"scaled_mm does not run here: {executor_missing('scaled_mm', backend)}"
@@ -73,12 +76,9 @@ def te_config_fields(args) -> dict:
 
 
 def uses_transformer_engine(args) -> bool:
-    """Whether this run's layers are TransformerEngine's: with FP8, when the executor is ``transformer_engine``;
-    without, when ``--transformer-impl transformer_engine`` survived ``models/transformer_impl`` (TE serves the
-    backend)."""
-    if recipe_from_args(args) is not None:
-        return resolve_executor(args) == "transformer_engine"
-    return args.transformer_impl == "transformer_engine"
+    """Whether this run's layers are TransformerEngine's: decided once at parse time
+    (``models/transformer_impl.resolve_transformer_impl`` sets ``args.transformer_engine_layers``)."""
+    return args.transformer_engine_layers
 
 
 def fp8_linears(args):

@@ -2,11 +2,16 @@
 
 Each fusion is on by Megatron-LM's default (its ``--no-...`` flag turns it off) wherever a kernel for it exists
 on the active backend, and off otherwise, named in the start-up line with the reason:
-- megatron-core's jit fusions (bias-dropout-add, bias-SwiGLU/GeLU) are TorchDynamo-compiled functions: they run
+- megatron-core's jit fusions (bias-dropout-add, bias-SwiGLU/GeLU) are ``torch.compile``d functions: they run
   where TorchDynamo runs them on the device (CUDA; MUSA with ``MTMEGATRON_MUSA_DYNAMO=1``). On the cpu backend
-  they are off: megatron's ``jit_fuser`` compiles through the device bridge, which the cpu bridge does not offer
-  to inductor.
-- RoPE: TransformerEngine's fused RoPE, or ours with ``--transformer-impl mtmegatron``.
+  inductor compiles them to C++ with the host's compiler (g++ here), but they stay off unless
+  ``MTMEGATRON_CPU_JIT_FUSIONS=1``: the keep-on rule for cpu is "on only where measured faster or equal"
+  (``benchmarks/step.py --fusion-ab``, docs/flags.md) and no measurement shows them faster: each compiled
+  function costs a compile at start-up (measured outside mtmegatron on the loaded shared 2-core box: 505 s for
+  bias-dropout-add, 63 s for bias-SwiGLU), and their unfused forms are a few element-wise ops.
+- RoPE: TransformerEngine's fused RoPE, or ours with ``--transformer-impl mtmegatron``, except on the cpu backend:
+  there ours was measured slower than megatron-core's unfused RoPE (step time 203.6 vs 198.3 ms, medians of 3
+  interleaved pairs, docs/flags.md), so it runs on cpu only with ``MTMEGATRON_CPU_ROPE_FUSION=1``.
 - masked softmax, persistent layer norm, gradient-accumulation fusion: apex / TransformerEngine CUDA kernels.
 - cross-entropy (``--cross-entropy-loss-fusion``, off by default as in Megatron-LM): mtmegatron's fused
   cross-entropy op (native on cpu, CUDA, MUSA), installed on the output layer (models/fused_spec.py).
@@ -18,6 +23,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+
+
+CPU_JIT_ENV = "MTMEGATRON_CPU_JIT_FUSIONS"
+CPU_JIT_WHY = ("megatron-core's jit fusions are off on cpu: not measured faster there (compile cost at start-up; "
+               "docs/flags.md)")
+
+
+CPU_ROPE_ENV = "MTMEGATRON_CPU_ROPE_FUSION"
+CPU_ROPE_WHY = "ours measured slower than unfused RoPE on cpu (docs/flags.md)"
 
 
 def _backend_type() -> str:
@@ -39,6 +53,10 @@ def _jit_runs() -> tuple[bool, str]:
         if os.environ.get("MTMEGATRON_MUSA_DYNAMO") == "1":
             return True, ""
         return False, "TorchDynamo is off on MUSA (MTMEGATRON_MUSA_DYNAMO=1 turns it on)"
+    if kind == "cpu" and os.environ.get(CPU_JIT_ENV) == "1":
+        return True, ""
+    if kind == "cpu":
+        return False, f"{CPU_JIT_WHY} ({CPU_JIT_ENV}=1 turns them on)"
     return False, f"megatron-core's jit fusions are not compiled on the {kind} backend"
 
 
@@ -48,11 +66,16 @@ def decide(args: argparse.Namespace) -> dict[str, tuple[bool, str]]:
     te = _have("transformer_engine") and _backend_type() in ("cuda", "musa")
     apex = _have("apex") and _backend_type() == "cuda"
     ours = args.transformer_impl == "mtmegatron"
+    rope_why = "needs TransformerEngine's kernel or --transformer-impl mtmegatron"
+    if ours and not te and _backend_type() == "cpu" and os.environ.get(CPU_ROPE_ENV) != "1":
+        ours_rope, rope_why = False, f"{CPU_ROPE_WHY}; {CPU_ROPE_ENV}=1 turns it on"
+    else:
+        ours_rope = ours
     wanted = {
         "bias-dropout-add": (args.bias_dropout_fusion, jit, jit_why),
         "bias-activation": (args.bias_swiglu_fusion if args.swiglu else args.bias_gelu_fusion, jit, jit_why),
         "rope": (args.apply_rope_fusion and args.position_embedding_type == "rope" and not args.multi_latent_attention,
-                 te or ours, "needs TransformerEngine's kernel or --transformer-impl mtmegatron"),
+                 te or ours_rope, rope_why),
         "masked-softmax": (args.masked_softmax_fusion, te or apex, "needs apex/TransformerEngine CUDA kernels"),
         "persist-layer-norm": (not args.no_persist_layer_norm, apex, "needs apex's persistent layer norm"),
         "gradient-accumulation": (args.gradient_accumulation_fusion, te or apex,

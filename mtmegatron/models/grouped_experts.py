@@ -15,7 +15,6 @@ May assume: validated flags; megatron-core 0.16.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 
 # megatron-core's modules are imported where used: the training parser imports this module, and its imports
 # must stay light (pretrain silences megatron-core's import-time notices only after parsing has begun)
@@ -30,17 +29,10 @@ def add_grouped_experts_args(parser: argparse.ArgumentParser) -> None:
                    help="with TransformerEngine layers, megatron-core's GroupedMLP instead of TEGroupedMLP")
 
 
-def _transformer_engine_layers(args: argparse.Namespace) -> bool:
-    """Whether this run will build TE layers (TE importable and asked for, by impl or by the FP8 executor)."""
-    if importlib.util.find_spec("transformer_engine") is None:
-        return False
-    return args.transformer_impl == "transformer_engine" or getattr(args, "fp8_executor", None) == "transformer_engine"
-
-
 def check_grouped_experts_args(args: argparse.Namespace, error: type[Exception]) -> None:
     if not args.moe_grouped_gemm or not args.num_experts:
         return
-    te = _transformer_engine_layers(args)
+    te = args.transformer_engine_layers  # decided once at parse time (models/transformer_impl.py)
     if getattr(args, "fp8_format", None) and not te:
         raise error("--moe-grouped-gemm with --fp8-format needs TransformerEngine's grouped linears; mtmegatron's "
                     "FP8 executors cover the sequential experts: drop --moe-grouped-gemm")

@@ -87,6 +87,7 @@ def vision_layer_spec(args: argparse.Namespace):
     vision = copy.copy(args)
     vision.normalization, vision.qk_layernorm, vision.multi_latent_attention = "LayerNorm", False, False
     vision.num_experts, vision.transformer_impl, vision.fp8_format = None, "local", None
+    vision.transformer_engine_layers = False  # the decision transformer_impl.py made is the language model's
     return build_layer_spec(vision, "dense", attn_mask_type=AttnMaskType.no_mask)
 
 

@@ -10,8 +10,12 @@ Where TE cannot serve the run, Megatron-LM's *implicit* default falls back to ``
 naming why (``args.impl_note``); a user who wrote ``--transformer-impl transformer_engine`` gets a one-line error.
 The same holds for an FP8 run whose ``--fp8-executor`` names one of mtmegatron's executors: TE's layers run FP8
 themselves, so such a run takes local layers (or is refused when TE was asked for by name).
-``models/layer_spec.py`` then picks TE's modules for ``transformer_impl == "transformer_engine"``
-(``fp8/spec.uses_transformer_engine``).
+The decision whether this run's layers are TransformerEngine's is made here once, in
+``args.transformer_engine_layers``: without FP8, the resolved impl is ``transformer_engine``; with FP8, the executor
+is TransformerEngine's (``--fp8-executor transformer_engine``, or ``auto`` on a backend whose first FP8 executor is
+TE's and whose TE serves it: the choice ``fp8/spec.resolve_executor`` then makes at start-up). Every consumer
+(``models/layer_spec.py`` through ``fp8/spec.uses_transformer_engine``, ``models/grouped_experts.py``, the FP8
+executor choice) reads that field.
 May assume: flags parsed (``args.backend`` may be None: auto-detect); importing mtmegatron.backends is cheap.
 """
 
@@ -43,24 +47,47 @@ def te_layers_missing(device_type: str) -> str | None:
     return f"TransformerEngine has no layers for the {device_type} backend"
 
 
-def _backend_device_type(args: argparse.Namespace) -> str | None:
-    """The device type of the backend this run will select (the same call pretrain makes next)."""
+def _backend(args: argparse.Namespace):
+    """The backend this run will select (the same call pretrain makes next); None when it is unavailable."""
     from mtmegatron.backends import BackendUnavailableError, select_backend
 
     try:
-        return select_backend(args.backend, warn=False).device_type
+        return select_backend(args.backend, warn=False)
     except BackendUnavailableError:
         return None  # pretrain reports it with its own message right after parsing
 
 
+def _backend_device_type(args: argparse.Namespace) -> str | None:
+    backend = _backend(args)
+    return backend.device_type if backend is not None else None
+
+
+def _te_fp8_executor(args: argparse.Namespace) -> bool:
+    """Whether an FP8 run's executor is TransformerEngine's: asked for by name (``select_executor`` refuses it at
+    start-up where the backend does not offer it), or ``auto`` where TE leads the backend's executors and serves
+    the backend (``select_executor`` takes the first executor that runs)."""
+    executor = getattr(args, "fp8_executor", "auto")
+    if executor != "auto":
+        return executor == "transformer_engine"
+    backend = _backend(args)
+    return (backend is not None and backend.fp8_executors[:1] == ("transformer_engine",)
+            and te_layers_missing(backend.device_type) is None)
+
+
 def resolve_transformer_impl(args: argparse.Namespace, given: dict, error) -> None:
     """Keep ``transformer_engine`` where TE serves it, else fall back to ``local`` (implicit default, one line in
-    ``args.impl_note``) or ``raise error(...)`` (asked for by name)."""
+    ``args.impl_note``) or ``raise error(...)`` (asked for by name); then record in
+    ``args.transformer_engine_layers`` whether the layers are TransformerEngine's (the one decision)."""
     args.impl_note = None
     if args.transformer_impl == "inference_optimized":
         raise error("--transformer-impl inference_optimized: inference only (mtmegatron.pretrain trains)")
-    if args.transformer_impl != "transformer_engine":
-        return
+    if args.transformer_impl == "transformer_engine":
+        _keep_or_fall_back(args, given, error)
+    args.transformer_engine_layers = (_te_fp8_executor(args) if getattr(args, "fp8_format", None)
+                                      else args.transformer_impl == "transformer_engine")
+
+
+def _keep_or_fall_back(args: argparse.Namespace, given: dict, error) -> None:
     device_type = _backend_device_type(args)
     why = (f"backend {args.backend} is not available" if device_type is None
            else te_layers_missing(device_type))

@@ -35,7 +35,7 @@ def _launch_fused(args: list[str], log_dir: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(ENTRY), *args, "--transformer-impl", "mtmegatron", "--log-dir", str(log_dir)]
     env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, "OMP_NUM_THREADS": "1",
-           "MTM_FUSED_CALLS_DIR": str(log_dir)}
+           "MTM_FUSED_CALLS_DIR": str(log_dir), "MTMEGATRON_CPU_ROPE_FUSION": "1"}  # off on cpu by default
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

@@ -16,7 +16,8 @@ TE = "megatron.core.extensions.transformer_engine"
 
 
 def make_args(*extra, impl="local", te_executor=False):
-    fp8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--bf16"] if te_executor else []
+    fp8 = (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--bf16", "--fp8-executor", "transformer_engine"]
+           if te_executor else [])
     args = parse_args(["--model", "mixtral", "--model-size", "tiny", "--mock-data", "--transformer-impl", impl,
                        *fp8, *extra], world_size=1)
     if te_executor:  # TE layers by structure: what resolve_executor stores; TE itself is never imported
@@ -45,7 +46,7 @@ def test_experts_module_per_flag_without_te(impl):
 
 def test_te_layers_get_te_grouped_linears_unless_legacy():
     args = make_args(te_executor=True)
-    args.moe_grouped_gemm = True  # parse refuses it with FP8 where TE is not installed (next test)
+    args.moe_grouped_gemm = True
     spec = experts(args)
     assert qualname(spec.module) == "megatron.core.transformer.moe.experts.TEGroupedMLP"
     assert qualname(spec.submodules.linear_fc1) == f"{TE}.TEColumnParallelGroupedLinear"

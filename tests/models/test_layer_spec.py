@@ -30,6 +30,8 @@ EXECUTORS, FAMILIES = (None, "emulated", "scaled_mm", "transformer_engine"), ("l
 
 def make_args(impl="local", backend="auto", executor=None, family="llama3", *extra):
     fp8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--bf16"] if executor else []
+    if executor == "transformer_engine":  # by name: TE's layers are decided at parse time (transformer_impl.py)
+        fp8 += ["--fp8-executor", "transformer_engine"]
     argv = ["--model", family, "--model-size", "tiny", "--mock-data", "--transformer-impl", impl,
             "--attention-backend", backend, *fp8, *extra]
     with mock.patch("mtmegatron.models.transformer_impl.te_layers_missing", return_value=None):  # TE serves it

@@ -95,3 +95,43 @@ def test_device_of_the_selected_backend_decides():
         args = parse_args(TINY + ["--backend", "cpu"], world_size=1)
     missing.assert_called_once_with("cpu")
     assert args.transformer_impl == "transformer_engine"  # the (faked) answer for the cpu backend is honoured
+
+
+def test_one_te_decision_read_by_every_consumer():
+    """``args.transformer_engine_layers`` is decided once; the layer spec, the grouped-experts checks and the FP8
+    executor read it. FP8 ``auto`` under ``--transformer-impl local`` on a backend whose first executor is TE's
+    (faked CUDA with TE): TE layers, so grouped GEMM is TE's grouped linears, not refused as 'needs TE'."""
+    from types import SimpleNamespace
+
+    from mtmegatron.fp8 import spec as fp8_spec
+    from mtmegatron.models.layer_spec import build_layer_spec
+
+    cuda = SimpleNamespace(name="cuda", device_type="cuda", fp8_executors=("transformer_engine", "scaled_mm", "emulated"))
+    moe = ["--model", "mixtral", "--model-size", "tiny", "--mock-data", "--transformer-impl", "local",
+           "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--bf16", "--moe-grouped-gemm",
+           "--disable-bias-linear"]
+    with mock.patch.object(transformer_impl, "_backend", return_value=cuda), \
+            mock.patch.object(transformer_impl, "te_layers_missing", return_value=None):
+        args = parse_args(moe, world_size=1)
+    assert args.transformer_engine_layers and fp8_spec.uses_transformer_engine(args)
+    args.fp8_executor_in_use = "transformer_engine"  # what resolve_executor stores; TE is never imported here
+    assert build_layer_spec(args, "moe").submodules.mlp.submodules.experts.module.__name__ == "TEGroupedMLP"
+    # MUSA with NVIDIA's TE installed: not TE's layers, and the executor choice then skips TE's executor too
+    musa = SimpleNamespace(name="musa", device_type="musa", fp8_executors=cuda.fp8_executors)
+    with mock.patch.object(transformer_impl, "_backend", return_value=musa), \
+            mock.patch.object(transformer_impl, "te_layers_missing", return_value="NVIDIA's build"), \
+            pytest.raises(ConfigError, match="needs TransformerEngine's grouped linears"):
+        parse_args(moe, world_size=1)
+    with mock.patch.object(transformer_impl, "_backend", return_value=musa), \
+            mock.patch.object(transformer_impl, "te_layers_missing", return_value="NVIDIA's build"):
+        args = parse_args(moe[:-2], world_size=1)
+    assert not args.transformer_engine_layers
+    musa.set_device = lambda rank: None
+
+    def missing(name, backend):  # TE's executor would import; scaled_mm does not run on this (faked) device
+        return "faked: no scaled_mm" if name == "scaled_mm" else None
+
+    with mock.patch("mtmegatron.active_backend", return_value=musa), \
+            mock.patch("mtmegatron.fp8.executors.executor_missing", side_effect=missing), \
+            mock.patch.object(fp8_spec, "executor_missing", side_effect=missing):
+        assert fp8_spec.resolve_executor(args, local_rank=0) == "emulated"  # before: TE's executor, local layers
