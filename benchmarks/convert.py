@@ -11,6 +11,8 @@ layer) is written, then for each direction
 * where the time goes: ``import`` = process start + imports (wall time before the converter starts), ``setup`` =
   flags, meta model, checks and the output layout (``setup_seconds`` in the finished marker), the rest is the
   workers reading, transforming and writing;
+* ``% bound`` counts the whole wall time (process start and ~6 s of torch + megatron-core imports, which dominate
+  the small sizes); ``workers % bound`` the workers' time alone (what the issue's >= 50% with 2 workers is about);
 * peak RSS of every process from /proc: each worker's and the converter's VmHWM (``conversion_complete.json``).
 mcore-to-hf reads the checkpoint hf-to-mcore wrote with 2 workers. Prints one table. The files sit in the page
 cache for both the bound and the conversions (written just before), so both measure the same path.
@@ -74,13 +76,14 @@ def row(direction: str, nbytes: int, layers: int, workers: int, stats: dict, bou
     rate = stats["bytes"] / stats["wall_seconds"] / 1e9
     work = stats["seconds"] - stats["setup_seconds"]
     return (direction, nbytes / 1e9, layers, workers, stats["wall_seconds"], stats["wall_seconds"] - stats["seconds"],
-            stats["setup_seconds"], work, rate, stats["bytes"] / work / 1e9, bounds[0], 100 * rate / bounds[0], bounds[1],
+            stats["setup_seconds"], work, rate, stats["bytes"] / work / 1e9, bounds[0], 100 * rate / bounds[0],
+            100 * stats["bytes"] / work / 1e9 / bounds[0], bounds[1],
             max(stats["worker_vm_hwm_bytes"]) / 2**20, stats["parent_vm_hwm_bytes"] / 2**20,
             stats["largest_tensor_bytes"] / 2**20)
 
 
 HEADER = ("direction", "GB", "layers", "workers", "wall s", "import s", "setup s", "workers s", "GB/s",
-          "workers GB/s", "bound GB/s", "% bound", "bound+fsync GB/s", "worker peak MiB", "converter peak MiB",
+          "workers GB/s", "bound GB/s", "% bound", "workers % bound", "bound+fsync GB/s", "worker peak MiB", "converter peak MiB",
           "largest MiB")
 
 
@@ -128,8 +131,8 @@ def main() -> None:
     print("|" + "---|" * len(HEADER))
     for r in rows:
         print(f"| {r[0]} | {r[1]:.2f} | {r[2]} | {r[3]} | {r[4]:.1f} | {r[5]:.1f} | {r[6]:.1f} | {r[7]:.1f} | "
-              f"{r[8]:.3f} | {r[9]:.3f} | {r[10]:.3f} | {r[11]:.0f} | {r[12]:.3f} | {r[13]:.0f} | {r[14]:.0f} | "
-              f"{r[15]:.0f} |")
+              f"{r[8]:.3f} | {r[9]:.3f} | {r[10]:.3f} | {r[11]:.0f} | {r[12]:.0f} | {r[13]:.3f} | {r[14]:.0f} | "
+              f"{r[15]:.0f} | {r[16]:.0f} |")
 
 
 if __name__ == "__main__":

@@ -148,6 +148,7 @@ def mcore_sources(family: str, args, rope_interleave: bool = True, hf_layout: di
 
     def fused(gate, up):
         return torch.cat([gate, up])
+    fused.concatenates_rows = True  # a chunk that is exactly one input's rows is that input (convert/streaming.py)
 
     def interleaved(head_rows: int, rope: int):
         return lambda tensor: _permute_rope_rows(tensor, head_rows, rope, inverse=True)

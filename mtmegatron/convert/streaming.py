@@ -6,16 +6,18 @@ How: the model is built on the *meta* device (no storage, no initialisation) onl
 chunk offsets that ``dist_checkpointing`` writes and reshards from on load (so the output loads under any
 TP/PP/EP/VPP layout, like the in-memory converter's). ShardedTensorFactories (SwiGLU's fc1 split into gate and up
 chunks) are applied to the meta tensor; each resulting chunk is remembered as a strided view (offset, shape,
-stride) of its local parameter. Each worker then writes its share of the chunks with torch's own
-``torch.distributed.checkpoint`` FileSystemWriter and a planner whose ``resolve_data`` reads the HF tensors one
-output at a time (mapping.mcore_sources: QKV interleave, gate/up fusion, MLA RoPE rows; FP8 blocks dequantized
-by hf_io) and hands the chunk over; the writer writes it and drops it. The megatron-core ShardedObjects (the
+stride) of its local parameter. Each worker then writes its share of the chunks with ``torch.distributed.checkpoint``
+(its planner, metadata and FileSystemWriter, whose ``write_data`` is replaced by one that writes item by item:
+torch's own keeps every written tensor of a file until the file ends) and a planner whose ``resolve_data`` reads
+the HF tensors one output at a time (mapping.mcore_sources: QKV interleave, MLA RoPE rows; FP8 blocks dequantized
+by hf_io) and hands the chunk over; the writer writes it and drops it before resolving the next. A chunk that is
+one input's rows of a row concatenation (SwiGLU fc1's gate and up chunks) is read from that input alone. The megatron-core ShardedObjects (the
 linears' empty ``_extra_state``) and the common state are written by megatron-core's own ``dist_checkpointing.save``
 as part 0; the parts' DCP metadata are merged into one ``.metadata``.
 Safety: everything is written under ``<out>.partial.<pid>`` and renamed to ``<out>`` when complete; the finished
 marker ``<out>/conversion_complete.json`` exists only in a complete output. Workers stop when the parent dies.
-Memory per worker: the HF inputs of one output tensor, that tensor, and one chunk (<= 2 x the largest output
-tensor + the interpreter); the parent holds no tensor data.
+Memory per worker: the HF inputs of one output tensor and that tensor, or one chunk and its input (measured:
+1.03-1.21 x the largest output tensor above the interpreter); the parent holds no tensor data.
 May assume: run as a plain process on Linux (it creates a one-rank gloo group for megatron-core's save; the
 workers are forked after the imports).
 """
@@ -124,7 +126,9 @@ def _reset_peak() -> None:
 
 
 class _Sources:
-    """Output tensors computed from the HF checkpoint, one at a time (the last one cached for its chunks)."""
+    """Output chunks computed from the HF checkpoint, one output tensor at a time (the last one cached for its
+    chunks). A chunk that is exactly one input's rows of a row concatenation (SwiGLU fc1's gate or up) is read
+    from that input alone: the fused tensor is never built."""
 
     def __init__(self, hf_dir: str, args, family: str, rope_interleave: bool, dtype, shapes: dict,
                  hf_layout: dict | None = None):
@@ -136,18 +140,88 @@ class _Sources:
         self.dtype, self.shapes = dtype, shapes
         self._name, self._tensor = None, None
 
+    def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.dtype is None else tensor.to(self.dtype)
+
     def tensor(self, local: str) -> torch.Tensor:
         if local != self._name:
             self._name, self._tensor = None, None  # drop the previous output before reading the next
             names, transform = self.sources[local]
-            tensor = transform(*(self.hf[n] for n in names))
-            if self.dtype is not None:
-                tensor = tensor.to(self.dtype)
+            tensor = self._cast(transform(*(self.hf[n] for n in names)))
             rows = self.shapes[local][0]
             if any(local.endswith(v) for v in _VOCAB_ROWS) and tensor.shape[0] < rows:  # models/vocab.py padding
                 tensor = torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
             self._name, self._tensor = local, tensor.contiguous()
         return self._tensor
+
+    def _whole_input(self, c: Chunk) -> str | None:
+        """The HF name whose rows are exactly chunk ``c`` of a row concatenation, else None."""
+        names, transform = self.sources[c.local]
+        shape = self.shapes[c.local]
+        if not getattr(transform, "concatenates_rows", False) or c.stride != _contiguous_stride(c.shape):
+            return None
+        row = torch.Size(shape[1:]).numel()
+        if c.shape[1:] != tuple(shape[1:]) or c.storage_offset % row:
+            return None
+        start = c.storage_offset // row
+        for name in names:
+            rows = self._rows(name)
+            if start == 0 and rows == c.shape[0]:
+                return name
+            start -= rows
+        return None
+
+    def _rows(self, name: str) -> int:
+        from safetensors import safe_open
+
+        with safe_open(self.hf._file_of[name], "pt") as f:
+            return f.get_slice(name).get_shape()[0]
+
+    def chunk(self, c: Chunk) -> torch.Tensor:
+        """Chunk ``c`` as a contiguous tensor of shape ``c.shape``."""
+        name = self._whole_input(c)
+        if name is not None:
+            self._name, self._tensor = None, None  # the previous output is not needed any more
+            data = self._cast(self.hf[name])
+        else:
+            data = self.tensor(c.local).as_strided(c.shape, c.stride, c.storage_offset)
+        return data.contiguous()
+
+
+def _contiguous_stride(shape: tuple) -> tuple:
+    return tuple(torch.empty(shape, device="meta").stride())
+
+
+def _item_by_item_writer(directory: str):
+    """The DCP storage writer of a worker: torch's ``FileSystemWriter`` (its planning, metadata and ``finish``)
+    with ``write_data`` replaced so that each item is resolved, written with ``torch.save`` (the format torch's
+    ``FileSystemReader`` reads) and dropped before the next one is resolved. torch's own loop keeps every tensor of
+    a file referenced until the file is complete, and the previous item while it resolves the next."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+
+    class ItemByItemWriter(FileSystemWriter):
+        def write_data(self, plan, planner):
+            name = f"{plan.storage_data.prefix}0.distcp"
+            results = []
+            with open(os.path.join(str(self.path), name), "wb") as stream:
+                for item in plan.items:
+                    data = planner.resolve_data(item)
+                    if data.untyped_storage().nbytes() != data.nbytes:  # torch.save writes whole storages
+                        data = data.clone()
+                    offset = stream.tell()
+                    torch.save(data, stream)
+                    del data
+                    length = stream.tell() - offset
+                    results.append(WriteResult(index=item.index, size_in_bytes=length,
+                                               storage_data=_StorageInfo(name, offset, length)))
+            done = Future()
+            done.set_result(results)
+            return done
+
+    return ItemByItemWriter(directory, single_file_per_rank=True, thread_count=1, sync_files=False)
 
 
 def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, args, family: str,
@@ -189,13 +263,11 @@ def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, ar
             if os.getppid() != parent:  # the converter was killed: stop instead of writing on as an orphan
                 os._exit(3)
             c = by_index[(write_item.index.fqn, tuple(write_item.index.offset))]
-            data = sources.tensor(c.local).as_strided(c.shape, c.stride, c.storage_offset)
-            data = data.contiguous().view((1,) * c.prepend + c.shape)
+            data = sources.chunk(c).view((1,) * c.prepend + c.shape)
             progress.put(("bytes", data.numel() * data.element_size()))
             return data
 
-    writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, thread_count=1, sync_files=False)
-    dcp.save({}, storage_writer=writer, planner=LazyPlanner(), no_dist=True)
+    dcp.save({}, storage_writer=_item_by_item_writer(directory), planner=LazyPlanner(), no_dist=True)
     progress.put(("done", index, (baseline, _vm_hwm_bytes())))
 
 

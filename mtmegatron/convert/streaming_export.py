@@ -9,7 +9,7 @@ run once on meta tensors it gives every HF tensor's name, shape and dtype, so ea
 every tensor's byte offset are known before any data is read. The shards are created at their full size with
 their headers; each worker then reads its groups one at a time (only the requested model keys;
 ``create_read_items_for_chunk_list`` reshards from whatever TP/PP/EP layout wrote them: a parameter stored as one
-whole item is ``torch.load``ed from its file slice directly, anything else assembled by torch's
+whole item is memory-mapped where it lies in its file (convert/stored_tensor.py), anything else assembled by torch's
 ``FileSystemReader.read_data``), applies the transform, casts (``--dtype``; default: the stored dtype) and ``pwrite``s each HF tensor at
 its offset. The vocabulary rows are read without their padding.
 Safety: everything is written under ``<out>.partial.<pid>`` and renamed to ``<out>`` when complete; the finished
@@ -115,12 +115,15 @@ class _Reader:
 
 
     def _stored_whole(self, local: str) -> torch.Tensor | None:
-        """The parameter as torch loads it, when it is one stored item as a whole (converter output and TP1 saves):
-        no destination tensor, no copy (a fresh destination's page faults were most of the read time). Else None:
-        ``read`` assembles it with ``read_data``."""
+        """The parameter as stored, when it is one stored item as a whole (converter output and TP1 saves): a view of
+        the item's bytes memory-mapped from its file (convert/stored_tensor.py), so no copy is made before the
+        write and the page cache pages are written out directly. Else None: ``read`` assembles it with
+        ``read_data``."""
         from torch.distributed._shard._utils import narrow_tensor_by_index
         from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
         from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+        from mtmegatron.convert.stored_tensor import map_saved_tensor
 
         (c, *more) = self.chunks_of[local]
         shape = self.shape(local)
@@ -133,8 +136,9 @@ class _Reader:
         info = self.reader.storage_data[items[0].storage_index] if len(items) == 1 else None
         if info is None or getattr(info, "transform_descriptors", None):
             return None
-        with open(os.path.join(str(self.reader.path), info.relative_path), "rb") as f:
-            tensor = torch.load(self.reader._slice_file(f, info), map_location="cpu", weights_only=True)
+        tensor = map_saved_tensor(os.path.join(str(self.reader.path), info.relative_path), info.offset, info.length)
+        if tensor is None:
+            return None
         tensor = narrow_tensor_by_index(tensor, items[0].storage_offsets, items[0].lengths)
         return tensor.reshape(shape) if tuple(tensor.shape) == tuple(sizes) else None
 
