@@ -58,6 +58,18 @@ def test_every_patch_targets_installed_megatron_and_reverts_exactly():
             assert after_apply is not _MISSING, f"{patch.name} binds nothing at {patch.target}"
 
 
+@pytest.fixture(autouse=True)
+def _no_backend_around_the_test():
+    """These tests apply and revert patches by hand: start from no active backend and leave none, so a later test's
+    ``mtmegatron.activate`` installs its patches again (it is a no-op while a backend counts as active)."""
+    import mtmegatron
+
+    mtmegatron.deactivate()
+    yield
+    patches.revert_all()
+    mtmegatron.deactivate()
+
+
 def test_apply_all_and_revert_all_roundtrip():
     targets = {p.target: _current(*patch_base.resolve(p.target)) for p in patches.all_patches()}
     try:

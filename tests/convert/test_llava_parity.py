@@ -355,7 +355,7 @@ def test_llava_streams_both_ways_in_bounded_memory(tmp_path):
     run("-m", "mtmegatron.cli", "convert", "mcore-to-hf", "--load", str(mc_dir), "--out", str(back), "--workers", "2")
     for what, stats in (("llava hf-to-mcore", json.loads((mc_dir / MARKER).read_text())),
                         ("llava mcore-to-hf", json.loads((back / MARKER).read_text()))):
-        _hwm_within_bound(stats, what)
+        _hwm_within_bound(stats, what, bites=False)  # 8 MB tensors: the bound shows the model is never built (>= 96 MB)
     original, returned = HFCheckpoint(str(hf_dir), dtype=None), HFCheckpoint(str(back), dtype=None)
     assert original.names == returned.names and "vision_tower.vision_model.encoder.layers.2.mlp.fc1.weight" in returned
     for name in original.names:

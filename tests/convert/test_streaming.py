@@ -59,10 +59,13 @@ def synthetic(tmp_path_factory):
     return root, config
 
 
-def _hwm_within_bound(stats: dict, what: str) -> None:
+def _hwm_within_bound(stats: dict, what: str, bites: bool = True) -> None:
+    """Every worker's VmHWM growth below 2 x the largest tensor + SLACK; ``bites``: the largest tensor is large
+    enough that a writer peaking at 3.5 x it fails (the checkpoint of this file's tests)."""
     largest, total = stats["largest_tensor_bytes"], stats["bytes"]
     assert total >= 8 * largest, stats
-    assert 3.5 * largest > 2 * largest + SLACK, stats  # large enough that a 3.5x-peak writer fails the bound
+    if bites:
+        assert 3.5 * largest > 2 * largest + SLACK, stats
     assert stats["workers"] == 2
     for base, peak in zip(stats["worker_baseline_vm_hwm_bytes"], stats["worker_vm_hwm_bytes"]):
         print(f"\n{what} worker VmHWM {peak / 2**20:.0f} MB (before reading {base / 2**20:.0f} MB); largest tensor "

@@ -18,6 +18,18 @@ if getattr(moe_utils, "HAVE_TE", False) or rope_utils.fused_apply_rotary_pos_emb
     pytest.skip("TransformerEngine is installed: these patches are no-ops", allow_module_level=True)
 
 
+@pytest.fixture(autouse=True)
+def _no_backend_around_the_test():
+    """These tests apply and revert patches by hand: start from no active backend and leave none, so a later test's
+    ``mtmegatron.activate`` installs its patches again (it is a no-op while a backend counts as active)."""
+    import mtmegatron
+
+    mtmegatron.deactivate()
+    yield
+    patches.revert_all()
+    mtmegatron.deactivate()
+
+
 @pytest.fixture
 def patched():
     patches.apply_all(CPU)
