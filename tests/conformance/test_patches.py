@@ -8,6 +8,7 @@ import types
 import pytest
 
 from mtmegatron import patches
+from helpers.patch_state import no_backend_around_the_test  # noqa: F401 (autouse)
 from mtmegatron.backends.cpu import CPU
 from mtmegatron.patches import base as patch_base
 
@@ -56,18 +57,6 @@ def test_every_patch_targets_installed_megatron_and_reverts_exactly():
         assert _current(owner, attr) is before, f"{patch.name}: revert did not restore {patch.target}"
         if before is _MISSING:
             assert after_apply is not _MISSING, f"{patch.name} binds nothing at {patch.target}"
-
-
-@pytest.fixture(autouse=True)
-def _no_backend_around_the_test():
-    """These tests apply and revert patches by hand: start from no active backend and leave none, so a later test's
-    ``mtmegatron.activate`` installs its patches again (it is a no-op while a backend counts as active)."""
-    import mtmegatron
-
-    mtmegatron.deactivate()
-    yield
-    patches.revert_all()
-    mtmegatron.deactivate()
 
 
 def test_apply_all_and_revert_all_roundtrip():

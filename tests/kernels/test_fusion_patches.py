@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mtmegatron import patches
+from helpers.patch_state import no_backend_around_the_test  # noqa: F401 (autouse)
 from mtmegatron.backends.cpu import CPU
 
 from kutil import randn
@@ -16,18 +17,6 @@ moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils")
 rope_utils = pytest.importorskip("megatron.core.models.common.embeddings.rope_utils")
 if getattr(moe_utils, "HAVE_TE", False) or rope_utils.fused_apply_rotary_pos_emb is not None:
     pytest.skip("TransformerEngine is installed: these patches are no-ops", allow_module_level=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_backend_around_the_test():
-    """These tests apply and revert patches by hand: start from no active backend and leave none, so a later test's
-    ``mtmegatron.activate`` installs its patches again (it is a no-op while a backend counts as active)."""
-    import mtmegatron
-
-    mtmegatron.deactivate()
-    yield
-    patches.revert_all()
-    mtmegatron.deactivate()
 
 
 @pytest.fixture
