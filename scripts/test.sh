@@ -4,8 +4,8 @@
 # Two pytest-xdist workers by default (MTMEGATRON_TEST_WORKERS=N to change, 0 for one process): most tests are one
 # subprocess or one rank, so a single pytest process leaves a core idle. A file's tests stay on one worker
 # (tests/conftest.py groups the tests that share a fixture), so module and directory fixtures still run once.
-# With workers, torch runs one OpenMP thread per process unless OMP_NUM_THREADS is set: two workers, each with
-# multi-rank runs of # OpenMP pools, share two cores (the packed-SFT module fixture: 51 s on one worker, 165 s on two without this,
+# With workers, torch runs one OpenMP thread per process unless OMP_NUM_THREADS is set: two workers with
+# multi-rank runs share two cores (the packed-SFT module fixture: 51 s on one worker, 165 s on two without this,
 # under 45 s with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
