@@ -49,11 +49,28 @@ def sim_env(extra: dict | None = None) -> dict:
     return env
 
 
+# Appended to every snippet that ran to its end: run the atexit handlers (the simulator's stats file, the stand-in
+# MCCL's teardown), flush, and leave without finalizing the interpreter. A backward pass on a PrivateUse1 device
+# starts autograd's per-device threads; at interpreter finalization one of them may still be re-taking the GIL
+# (pybind11's noexcept gil_scoped_release destructor), Python ends it with pthread_exit and the forced unwind
+# through the noexcept frame aborts: "terminate called without an active exception" (exit -6; seen once in one
+# CI run, 0 in 100 local reruns of that snippet). That is torch's exit race (pytorch#47776, #50893), not the
+# simulator's.
+_EXIT_WITHOUT_FINALIZING = """
+import atexit as _atexit, os as _os, sys as _sys
+_atexit._run_exitfuncs()
+_sys.stdout.flush()
+_sys.stderr.flush()
+_os._exit(0)
+"""
+
+
 def run_python_in_sim(code: str, env: dict | None = None, timeout: float = 120.0,
                       check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``python -c code`` on the simulated device; with ``check`` a non-zero exit fails with its output."""
-    done = subprocess.run([sys.executable, "-c", code], env=env or sim_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    """Run ``python -c code`` on the simulated device; with ``check`` a non-zero exit fails with its output.
+    A snippet that raises exits non-zero as usual; one that ends leaves through ``_EXIT_WITHOUT_FINALIZING``."""
+    done = subprocess.run([sys.executable, "-c", code + "\n" + _EXIT_WITHOUT_FINALIZING], env=env or sim_env(),
+                          capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
         raise AssertionError(f"simulated-MUSA subprocess failed ({done.returncode}):\n"
                              f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-6000:]}")
