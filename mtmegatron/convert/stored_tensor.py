@@ -22,7 +22,10 @@ import torch
 
 
 class _Slice(io.RawIOBase):
-    """Bytes ``[offset, offset + length)`` of an open file as a seekable read-only file (what ``zipfile`` needs)."""
+    """Bytes ``[offset, offset + length)`` of an open file as a seekable read-only file (what ``zipfile`` needs).
+    torch's own file view (``torch.distributed.checkpoint.utils._create_file_view``, what ``FileSystemReader``
+    hands ``torch.load``) does not do here: it counts ``SEEK_END`` offsets the other way round, and ``zipfile``
+    finds the archive's directory with ``seek(-n, SEEK_END)`` (tests/convert/test_stored_tensor.py)."""
 
     def __init__(self, file, offset: int, length: int):
         super().__init__()
