@@ -154,6 +154,10 @@ class _DeviceProperties:
     major: int = 0
     minor: int = 0
     multi_processor_count: int = os.cpu_count() or 1
+    # inductor's cache key (torch/_inductor/codecache.py: CacheBase.get_system) reads the "device" name from here
+    # as ``gcnArchName`` when torch.version.cuda is None (a HIP build, or this CPU stand-in); without it every
+    # torch.compile'd function (megatron-core's jit fusions) failed with an AttributeError
+    gcnArchName: str = "cpu"  # noqa: N815 - torch's attribute name
 
 
 def get_device_properties(device=None) -> _DeviceProperties:
