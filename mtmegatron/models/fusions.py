@@ -6,12 +6,12 @@ on the active backend, and off otherwise, named in the start-up line with the re
   where TorchDynamo runs them on the device (CUDA; MUSA with ``MTMEGATRON_MUSA_DYNAMO=1``). On the cpu backend
   inductor compiles them to C++ with the host's compiler (g++ here), but they stay off unless
   ``MTMEGATRON_CPU_JIT_FUSIONS=1``: the keep-on rule for cpu is "on only where measured faster or equal"
-  (``benchmarks/step.py --fusion-ab``, docs/flags.md) and no measurement shows them faster: each compiled
-  function costs a compile at start-up (measured outside mtmegatron on the loaded shared 2-core box: 505 s for
-  bias-dropout-add, 63 s for bias-SwiGLU), and their unfused forms are a few element-wise ops.
+  (``benchmarks/step.py --fusion-ab``, docs/flags.md): bias-dropout-add measured 1.18x slower per step,
+  bias-SwiGLU 0.98x (inside the run-to-run spread) plus a compile at start-up (~2 s warm cache, ~10 s cold)
+  that short cpu runs never repay.
 - RoPE: TransformerEngine's fused RoPE, or ours with ``--transformer-impl mtmegatron``, except on the cpu backend:
-  there ours was measured slower than megatron-core's unfused RoPE (step time 203.6 vs 198.3 ms, medians of 3
-  interleaved pairs, docs/flags.md), so it runs on cpu only with ``MTMEGATRON_CPU_ROPE_FUSION=1``.
+  there ours was not faster than megatron-core's unfused RoPE (on/off step time 1.027, 1.025, 0.995 in three
+  runs, docs/flags.md), so it runs on cpu only with ``MTMEGATRON_CPU_ROPE_FUSION=1``.
 - masked softmax, persistent layer norm, gradient-accumulation fusion: apex / TransformerEngine CUDA kernels.
 - cross-entropy (``--cross-entropy-loss-fusion``, off by default as in Megatron-LM): mtmegatron's fused
   cross-entropy op (native on cpu, CUDA, MUSA), installed on the output layer (models/fused_spec.py).
@@ -31,7 +31,7 @@ CPU_JIT_WHY = ("megatron-core's jit fusions are off on cpu: not measured faster 
 
 
 CPU_ROPE_ENV = "MTMEGATRON_CPU_ROPE_FUSION"
-CPU_ROPE_WHY = "ours measured slower than unfused RoPE on cpu (docs/flags.md)"
+CPU_ROPE_WHY = "ours measured no faster than unfused RoPE on cpu (docs/flags.md)"
 
 
 def _backend_type() -> str:

@@ -1,6 +1,6 @@
 """``models/fusions.py`` on the cpu backend: the start-up line names the fusions that run and why the others do not;
 megatron-core's jit fusions stay off on cpu (not measured faster there) unless MTMEGATRON_CPU_JIT_FUSIONS=1, our
-RoPE (measured slower there) unless MTMEGATRON_CPU_ROPE_FUSION=1, and what runs reaches the TransformerConfig. Parse only: no model is built, nothing is compiled."""
+RoPE (measured no faster there) unless MTMEGATRON_CPU_ROPE_FUSION=1, and what runs reaches the TransformerConfig. Parse only: no model is built, nothing is compiled."""
 
 from __future__ import annotations
 
