@@ -157,13 +157,16 @@ def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
     return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
 
 
-def _plan_shards(outputs: list, max_shard_bytes: int) -> tuple[list[str], dict, list[bytes], list[int]]:
+def _plan_shards(outputs: list, max_shard_bytes: int, breaks: frozenset = frozenset()
+                 ) -> tuple[list[str], dict, list[bytes], list[int]]:
     """(file names, {HF name: (file index, absolute byte offset)}, each file's header bytes, each file's size).
-    Tensors in model order, a new shard when the next one would pass ``max_shard_bytes``."""
+    Tensors in model order, a new shard when the next one would pass ``max_shard_bytes`` and where a group whose
+    index is in ``breaks`` begins (the first group of each worker but the first: ``_split``)."""
     shards, current, size = [], [], 0
-    for name, shape, dtype in (o for group in outputs for o in group):
+    for group, (name, shape, dtype) in ((g, o) for g, group in enumerate(outputs) for o in group):
         nbytes = _nbytes(shape, dtype)
-        if current and size + nbytes > max_shard_bytes:
+        starts_part = group in breaks and name == outputs[group][0][0]
+        if current and (size + nbytes > max_shard_bytes or starts_part):
             shards.append(current)
             current, size = [], 0
         current.append((name, shape, dtype, nbytes))
@@ -189,14 +192,21 @@ def _plan_shards(outputs: list, max_shard_bytes: int) -> tuple[list[str], dict, 
     return files, where, headers, sizes
 
 
-def _split(groups: list, nbytes: list[int], workers: int) -> list[list[int]]:
-    """Group indices per worker, balanced by bytes (largest first), each worker's in model order."""
-    load, parts = [0] * workers, [[] for _ in range(workers)]
-    for i in sorted(range(len(groups)), key=lambda i: -nbytes[i]):
-        w = load.index(min(load))
-        parts[w].append(i)
-        load[w] += nbytes[i]
-    return [sorted(p) for p in parts if p]
+def _split(nbytes: list[int], workers: int) -> list[list[int]]:
+    """Group indices per worker: contiguous runs in model order, balanced by bytes. Each run then begins a shard
+    of its own (``_plan_shards``' ``breaks``), so no two workers write into one file: buffered writes to one file
+    serialize on its inode lock (two processes writing one file measured 4.8 GB/s, two files 8.6 GB/s, page
+    cache, this box), which left a second worker almost idle below 5 GB (one shard)."""
+    total, parts, current, done = sum(nbytes), [], [], 0
+    for i, n in enumerate(nbytes):
+        target = total * (len(parts) + 1) / workers  # where the current run should end
+        if current and len(parts) < workers - 1 and done + n / 2 > target:
+            parts.append(current)
+            current = []
+        current.append(i)
+        done += n
+    parts.append(current)
+    return parts
 
 
 # ---- the worker ---------------------------------------------------------------------------------------------
@@ -264,7 +274,9 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
     if missing:
         raise ConversionError(f"the model has no parameter {missing[0]} the HF mapping needs")
     outputs = _outputs(groups, reader, dtype)
-    files, where, headers, sizes = _plan_shards(outputs, max_shard_bytes)
+    group_bytes = [sum(_nbytes(shape, dt) for _, shape, dt in o) for o in outputs]
+    parts = _split(group_bytes, max(1, workers))
+    files, where, headers, sizes = _plan_shards(outputs, max_shard_bytes, frozenset(p[0] for p in parts[1:]))
     total = sum(sizes) - sum(len(h) for h in headers)
 
     root = os.path.abspath(out.rstrip("/"))
@@ -275,8 +287,6 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
         with open(os.path.join(staging, file), "wb") as f:
             f.write(header)
             f.truncate(size)
-    group_bytes = [sum(_nbytes(shape, dt) for _, shape, dt in o) for o in outputs]
-    parts = _split(groups, group_bytes, max(1, workers))
     # glibc's dynamic mmap threshold would keep freed multi-MB tensors on the heap (see convert/streaming.py)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
     ctx = mp.get_context("fork")  # the imports, flags, meta model and checkpoint metadata are inherited
