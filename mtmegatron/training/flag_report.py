@@ -1,6 +1,7 @@
 """``mtmegatron flags [FLAG ...]``: how mtmegatron treats each Megatron-LM 0.16.1 flag.
 
-Without arguments it prints the counts per kind and every refused flag with its reason; with option strings
+Without arguments it prints the counts per kind, the honoured flags of which some values are refused, and every
+refused flag with its reason; with option strings
 (e.g. a launch script's flags pasted after it) only those, so a user sees before launching what will run,
 what is copied into megatron-core's configs, what is a no-op and what will be refused.
 May assume: nothing beyond the pretrain parser (no backend, no process group).
@@ -25,6 +26,8 @@ def add_parser(sub) -> None:
 def describe(row, hand) -> str:
     kind = megatron_flags.classify(row, hand)
     why = {"refused": megatron_flags.refusal_reason(row), "noop": megatron_flags.NOOP.get(row.dest, "")}.get(kind)
+    if kind == "honoured" and row.dest in megatron_flags.PARTLY_REFUSED:
+        why = "some values refused: " + megatron_flags.PARTLY_REFUSED[row.dest]
     return f"{row.flag}: {KINDS[kind]}" + (f" — {why}" if why else "")
 
 
@@ -41,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     kinds = {row.flag: megatron_flags.classify(row, hand) for row in rows.values()}
     for kind, text in KINDS.items():
         print(f"{sum(k == kind for k in kinds.values()):4d} {text}")
+    print("honoured, some values refused:")
+    for flag, kind in kinds.items():
+        if kind == "honoured" and rows[flag].dest in megatron_flags.PARTLY_REFUSED:
+            print("  " + describe(rows[flag], hand))
     print("refused:")
     for flag, kind in kinds.items():
         if kind == "refused":

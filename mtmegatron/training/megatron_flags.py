@@ -87,6 +87,17 @@ _OTHER_MODELS = "model type not supported here (GPT-style decoders and LLaVA onl
 _SERVICES = "integration with an NVIDIA service/library that mtmegatron does not ship"
 _NOT_YET = "not implemented in mtmegatron"
 
+# Flags a module reads ("honoured") of which training/arguments.py's validation refuses some values: dest -> which
+# (the flag report says so instead of a plain "honoured"; tests/flags check each refusal really happens)
+PARTLY_REFUSED = {
+    "moe_aux_loss_coeff": "several values (per-type load balancing) are refused; give one",
+    "moe_router_load_balancing_type": "several values (per-type load balancing) are refused; give one",
+    "cp_comm_type": "one value for all layers; per-layer lists need TransformerEngine",
+    "fp16": "refused with --use-distributed-optimizer and with FP8 (use --bf16)",
+    "add_position_embedding": "--no-position-embedding is refused unless --position-embedding-type rope "
+                              "(deprecated; Megatron-LM raises too)",
+}
+
 # dest -> reason, for dests where the reason is specific
 REFUSED = {
     "batch_size": "no longer valid in Megatron-LM: use --micro-batch-size",

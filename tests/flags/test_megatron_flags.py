@@ -90,6 +90,30 @@ def test_refused_flag_is_one_line_naming_it(flag, value, reason):
     assert str(e.value).startswith(f"{flag}: ") and reason in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("dest, extra, says", [
+    ("moe_aux_loss_coeff", ["--num-experts", "4", "--moe-aux-loss-coeff", "0.01", "0.02"], "several values"),
+    ("moe_router_load_balancing_type", ["--num-experts", "4", "--moe-router-load-balancing-type", "aux_loss",
+                                        "seq_aux_loss"], "several values"),
+    ("cp_comm_type", ["--cp-comm-type", "p2p", "all_gather"], "one value for all layers"),
+    ("fp16", ["--fp16", "--use-distributed-optimizer"], "fp16 with the distributed optimizer"),
+    ("fp16", ["--fp16", "--fp8-format", "hybrid"], "FP8 training needs --bf16"),
+    ("add_position_embedding", ["--no-position-embedding", "--position-embedding-type", "learned_absolute"],
+     "--no-position-embedding is deprecated"),
+])
+def test_partly_refused_flags_are_reported_and_really_refused(parser, dest, extra, says):
+    """``mtmegatron flags`` says "some values refused" for exactly what validation refuses (one line each)."""
+    from mtmegatron.training.flag_report import describe
+
+    assert set(megatron_flags.PARTLY_REFUSED) == {"moe_aux_loss_coeff", "moe_router_load_balancing_type",
+                                                 "cp_comm_type", "fp16", "add_position_embedding"}
+    row = next(r for r in megatron_flags.table() if r.dest == dest and r.action != "HelpAction")
+    assert megatron_flags.classify(row, parser.hand_registered) == "honoured"
+    assert "some values refused: " + megatron_flags.PARTLY_REFUSED[dest] in describe(row, parser.hand_registered)
+    with pytest.raises(ConfigError) as e:
+        parse_args(MEGATRON_GPT + extra, world_size=1)
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_refused_flag_at_its_default_is_accepted():
     args = parse_args(MEGATRON_GPT + ["--distributed-backend", "nccl", "--use-mcore-models"], world_size=1)
     assert args.num_layers == 4
