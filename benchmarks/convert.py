@@ -1,8 +1,9 @@
 """Throughput and peak memory of the streaming converter, both directions (convert/streaming.py: ``hf-to-mcore``,
 convert/streaming_export.py: ``mcore-to-hf``).
 
-For each size: a synthetic Llama-shaped bf16 HF checkpoint (convert/synthetic.py: random data, one shard per
-layer) is written, then for each direction
+For each family (``--families llama3 deepseek-v3``; the DeepSeek-V3 shape: MLA, one dense layer, then MoE layers of
+16 experts; the layers column says "DS") and size: a synthetic bf16 HF checkpoint (convert/synthetic.py: random
+data, one shard per layer) is written, then for each direction
 * the bound: the same bytes read from the source files and written to new files, plainly (64 MiB blocks), by as
   many processes as the conversion has workers (each an equal contiguous share of the bytes), measured in the
   same run on the same disk right before each conversion: without fsync (the converters do not fsync either:
@@ -25,7 +26,7 @@ the gigabytes the step before it left dirty (without that the bound, measured ri
 written, came out 2-3x below the conversions that followed it, and varied 5x between directions).
 
 Usage: python benchmarks/convert.py [--sizes-gb 0.5 1 2] [--hidden 2048] [--dir /tmp/...] [--workers 1 2]
-       [--repeats 2]
+       [--repeats 2] [--families llama3 deepseek-v3]
 May assume: mtmegatron installed; free disk for about 4x the largest size.
 """
 
@@ -111,7 +112,7 @@ def bound(src: str, scratch: str, suffix: str, copiers: int) -> tuple[float, flo
     return rates[0], rates[1]
 
 
-def row(direction: str, nbytes: int, layers: int, workers: int, stats: dict, bounds: tuple[float, float]) -> tuple:
+def row(direction: str, nbytes: int, layers: str, workers: int, stats: dict, bounds: tuple[float, float]) -> tuple:
     rate = stats["bytes"] / stats["wall_seconds"] / 1e9
     work = stats["seconds"] - stats["setup_seconds"]
     return (direction, nbytes / 1e9, layers, workers, stats["wall_seconds"], stats["wall_seconds"] - stats["seconds"],
@@ -130,17 +131,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.5, 1, 2])
     p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--families", nargs="+", default=["llama3"], choices=["llama3", "deepseek-v3"],
+                   help="deepseek-v3: MLA, 1 dense + MoE layers of 16 experts (convert/synthetic.py)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--dir", default=None, help="scratch directory (default: a new one under $TMPDIR)")
     p.add_argument("--repeats", type=int, default=2,
                    help="(bound, conversion) pairs per row, interleaved; the row shows the fastest of each")
     a = p.parse_args()
-    from mtmegatron.convert.synthetic import llama_shape_for, write_llama
+    from mtmegatron.convert.synthetic import deepseek_shape_for, llama_shape_for, write_from_config, write_llama
 
     scratch = a.dir or tempfile.mkdtemp(prefix="mtmegatron-convert-bench-")
     rows = []
 
-    def measure(direction: str, src: str, suffix: str, argv: list[str], out: str, nbytes: int, layers: int,
+    def measure(direction: str, src: str, suffix: str, argv: list[str], out: str, nbytes: int, layers: str,
                 workers: int) -> None:
         """``--repeats`` interleaved (bound, conversion) pairs; the row keeps the fastest of each."""
         tries = []
@@ -155,14 +158,19 @@ def main() -> None:
               file=sys.stderr, flush=True)
 
     try:
-        for size in a.sizes_gb:
+        for family, size in ((f, size) for f in a.families for size in a.sizes_gb):
             hf = os.path.join(scratch, f"hf-{size}")
-            config = llama_shape_for(int(size * 1e9), hidden=a.hidden)
-            nbytes, layers = write_llama(hf, config), config["num_hidden_layers"]
+            if family == "llama3":
+                config = llama_shape_for(int(size * 1e9), hidden=a.hidden)
+                nbytes = write_llama(hf, config)
+            else:
+                config = deepseek_shape_for(int(size * 1e9), hidden=a.hidden)
+                nbytes = write_from_config(hf, config)
+            layers = f"{config['num_hidden_layers']}{'' if family == 'llama3' else ' DS'}"
             for workers in sorted(a.workers):
                 out = os.path.join(scratch, f"mcore-{size}-{workers}")
                 measure("hf-to-mcore", hf, ".safetensors",
-                        ["hf-to-mcore", "--model", "llama3", "--hf-dir", hf, "--workers", str(workers)], out, nbytes,
+                        ["hf-to-mcore", "--model", family, "--hf-dir", hf, "--workers", str(workers)], out, nbytes,
                         layers, workers)
                 if workers != max(a.workers):
                     shutil.rmtree(out)

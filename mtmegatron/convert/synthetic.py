@@ -115,3 +115,80 @@ def write_llava(directory: str, text: dict, vision_hidden: int = 256, vision_lay
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     return total
+
+
+def deepseek_shape_for(total_bytes: int, hidden: int = 1024, experts: int = 16,
+                       dtype: torch.dtype = torch.bfloat16) -> dict:
+    """A DeepSeek-V3-shaped config (MLA, one dense layer then MoE layers of ``experts`` routed experts top-4 and
+    one shared expert, FFN sizes 3x hidden dense and hidden/2 per expert, vocab 8192, no MTP layer) with about
+    ``total_bytes`` of weights; the layer sizes come from transformers' own model built on the meta device."""
+    size = torch.empty((), dtype=dtype).element_size()
+    config = dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], hidden_size=hidden,
+                  intermediate_size=3 * hidden, moe_intermediate_size=hidden // 2, num_attention_heads=hidden // 128,
+                  num_key_value_heads=hidden // 128, n_routed_experts=experts, n_shared_experts=1,
+                  num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1,
+                  q_lora_rank=hidden // 2, kv_lora_rank=hidden // 4, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                  v_head_dim=128, routed_scaling_factor=2.5, vocab_size=8192, max_position_embeddings=4096,
+                  num_nextn_predict_layers=0, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  torch_dtype={torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype])
+    layer_bytes = {}
+    for name, shape in _hf_shapes(dict(config, num_hidden_layers=2)).items():
+        key = name.split(".")[2] if name.startswith("model.layers.") else "rest"
+        layer_bytes[key] = layer_bytes.get(key, 0) + torch.Size(shape).numel() * size
+    moe_layers = max(1, round((total_bytes - layer_bytes["rest"] - layer_bytes["0"]) / layer_bytes["1"]))
+    return dict(config, num_hidden_layers=1 + moe_layers)
+
+
+def _hf_shapes(config: dict) -> dict:
+    """HF tensor name -> shape of every tensor a checkpoint of ``config`` holds: transformers' model on meta, its
+    fused expert tensors (transformers >= 5 stacks them in memory) split back into the released per-expert names."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    out = {}
+    for name, t in model.state_dict().items():
+        stem, _, last = name.rpartition(".")
+        if stem.endswith("mlp.experts") and last == "gate_up_proj":        # [experts, 2 x ffn, hidden]
+            for e in range(t.shape[0]):
+                out[f"{stem}.{e}.gate_proj.weight"] = out[f"{stem}.{e}.up_proj.weight"] = (t.shape[1] // 2, t.shape[2])
+        elif stem.endswith("mlp.experts") and last == "down_proj":         # [experts, hidden, ffn]
+            for e in range(t.shape[0]):
+                out[f"{stem}.{e}.down_proj.weight"] = (t.shape[1], t.shape[2])
+        else:
+            out[name] = tuple(t.shape)
+    return out
+
+
+def write_from_config(directory: str, config: dict, seed: int = 0) -> int:
+    """Random weights for any ``config`` transformers knows (its model's state-dict names and shapes), one shard
+    per decoder layer plus one for the rest, written one shard at a time (memory: one layer); norms are ones,
+    DeepSeek's router correction biases fp32 zeros as released. Returns the bytes of weights written."""
+    os.makedirs(directory, exist_ok=True)
+    dtype = getattr(torch, config["torch_dtype"])
+    gen = torch.Generator().manual_seed(seed)
+    by_shard: dict[str, dict[str, tuple]] = {}
+    for name, shape in _hf_shapes(config).items():
+        key = name.split(".")[2] if name.startswith("model.layers.") else "rest"
+        by_shard.setdefault(key, {})[name] = shape
+    files = [k for k in by_shard if k == "rest"] + sorted((k for k in by_shard if k != "rest"), key=int)
+    weight_map, total = {}, 0
+    for n, key in enumerate(files):
+        tensors = {}
+        for name, shape in by_shard[key].items():
+            if name.endswith("e_score_correction_bias"):
+                tensors[name] = torch.zeros(shape, dtype=torch.float32)
+            elif "norm" in name:
+                tensors[name] = torch.ones(shape, dtype=dtype)
+            else:
+                tensors[name] = (torch.randn(*shape, generator=gen) * 0.02).to(dtype)
+        file = f"model-{n + 1:05d}-of-{len(files):05d}.safetensors"
+        save_file(tensors, os.path.join(directory, file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in tensors})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(os.path.join(directory, INDEX), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return total
