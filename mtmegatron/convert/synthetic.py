@@ -1,9 +1,11 @@
 """Synthetic HF checkpoints of a chosen size for the converter's benchmark and tests: a Llama-shaped
 ``config.json`` and random bf16 (or fp32) tensors, one safetensors shard per layer plus the index, written one
 shard at a time (memory: one layer); a LLaVA around such a Llama (``write_llava``: a small CLIP tower and the
-projector in one more shard). Not a model anyone trained: only the shapes and names are real.
+projector in one more shard); a DeepSeek-V3-shaped one (``deepseek_shape_for`` + ``write_from_config``: names and
+shapes from transformers' model of the config on the meta device, in the released per-expert layout). Not a model
+anyone trained: only the shapes and names are real.
 
-May assume: the ``safetensors`` package.
+May assume: the ``safetensors`` package; ``transformers`` (>= 5) for ``write_from_config``.
 """
 
 from __future__ import annotations
