@@ -74,6 +74,23 @@ class _TensorRecipe(pickle.Unpickler):
         return key, dtype
 
 
+def _data_start(f, offset: int, record: zipfile.ZipInfo) -> int:
+    """Absolute position in ``f`` of the bytes of ``record`` (a member of the archive at ``offset``)."""
+    f.seek(offset + record.header_offset)
+    header = f.read(30)
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    return offset + record.header_offset + 30 + name_len + extra_len
+
+
+def _stored_bytes(f, offset: int, record: zipfile.ZipInfo) -> bytes:
+    """The bytes of an uncompressed member, read where they lie: not through ``zipfile``, which checks the CRC-32
+    that the converter's workers do not compute (convert/streaming.py; torch.load does not check it either)."""
+    if record.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{record.filename} is compressed")
+    f.seek(_data_start(f, offset, record))
+    return f.read(record.file_size)
+
+
 def map_saved_tensor(path: str, offset: int, length: int) -> torch.Tensor | None:
     """The tensor saved at ``path[offset:offset + length]``, backed by a read-only private mapping of its bytes
     (None if the item is not a plain little-endian uncompressed tensor)."""
@@ -83,21 +100,18 @@ def map_saved_tensor(path: str, offset: int, length: int) -> torch.Tensor | None
             archive = zipfile.ZipFile(view)
             names = archive.namelist()
             pkl = next(n for n in names if n.endswith("/data.pkl"))
-            if any(n.endswith("/byteorder") for n in names) and archive.read(
-                    next(n for n in names if n.endswith("/byteorder"))) != b"little":
+            order = next((n for n in names if n.endswith("/byteorder")), None)
+            if order is not None and _stored_bytes(f, offset, archive.getinfo(order)) != b"little":
                 return None
-            recipe = _TensorRecipe(archive.open(pkl)).load()
+            recipe = _TensorRecipe(io.BytesIO(_stored_bytes(f, offset, archive.getinfo(pkl)))).load()
             if not (isinstance(recipe, tuple) and len(recipe) == 4 and isinstance(recipe[0], tuple)):
                 return None
             (key, dtype), storage_offset, size, stride = recipe
             record = archive.getinfo(next(n for n in names if n.endswith(f"/data/{key}")))
             if record.compress_type != zipfile.ZIP_STORED:
                 return None
-            f.seek(offset + record.header_offset)
-            header = f.read(30)
-            name_len, extra_len = struct.unpack("<HH", header[26:30])
-            start = offset + record.header_offset + 30 + name_len + extra_len
-        except (zipfile.BadZipFile, pickle.UnpicklingError, StopIteration, KeyError, ValueError):
+            start = _data_start(f, offset, record)
+        except (zipfile.BadZipFile, pickle.UnpicklingError, StopIteration, KeyError, ValueError, struct.error):
             return None
         nbytes = record.file_size
         if nbytes == 0:

@@ -15,9 +15,13 @@ from mtmegatron.convert.stored_tensor import _Slice, map_saved_tensor
 PAD_BEFORE, PAD_AFTER = b"\x01" * 4099, b"\x02" * 77   # the item starts off any page boundary, as in a .distcp
 
 
-def saved_bytes(obj) -> bytes:
+def saved_bytes(obj, crc: bool = True) -> bytes:
+    """``torch.save`` of ``obj``; ``crc=False`` as the converter's workers write (no CRC-32 computed)."""
+    from torch.utils.serialization import config
+
     buf = io.BytesIO()
-    torch.save(obj, buf)
+    with config.patch({"save.compute_crc32": crc}):
+        torch.save(obj, buf)
     return buf.getvalue()
 
 
@@ -40,15 +44,18 @@ def mapped(tmp_path, item: bytes):
     return map_saved_tensor(str(path), len(PAD_BEFORE), len(item))
 
 
+@pytest.mark.parametrize("crc", [True, False], ids=["crc", "no-crc"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64])
-def test_plain_items_map_with_their_values(tmp_path, dtype):
+def test_plain_items_map_with_their_values(tmp_path, dtype, crc):
     whole = torch.arange(6 * 7, dtype=torch.float64).reshape(6, 7).to(dtype)
-    got = mapped(tmp_path, saved_bytes(whole))
+    item = saved_bytes(whole, crc)
+    got = mapped(tmp_path, item)
     assert got is not None and got.dtype == dtype and torch.equal(got, whole)
+    assert torch.equal(torch.load(io.BytesIO(item)), whole)     # torch.load does not check the CRC either
     view = whole.t()[2:5]                                        # strides and a storage offset, not contiguous
-    got = mapped(tmp_path, saved_bytes(view))
+    got = mapped(tmp_path, saved_bytes(view, crc))
     assert got is not None and got.stride() == view.stride() and torch.equal(got, view)
-    empty = mapped(tmp_path, saved_bytes(torch.empty(0, 3, dtype=dtype)))
+    empty = mapped(tmp_path, saved_bytes(torch.empty(0, 3, dtype=dtype), crc))
     assert empty is not None and empty.shape == (0, 3)
 
 
