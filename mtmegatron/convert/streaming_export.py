@@ -163,10 +163,9 @@ def _plan_shards(outputs: list, max_shard_bytes: int, breaks: frozenset = frozen
     Tensors in model order, a new shard when the next one would pass ``max_shard_bytes`` and where a group whose
     index is in ``breaks`` begins (the first group of each worker but the first: ``_split``)."""
     shards, current, size = [], [], 0
-    for group, (name, shape, dtype) in ((g, o) for g, group in enumerate(outputs) for o in group):
+    for g, j, (name, shape, dtype) in ((g, j, o) for g, group in enumerate(outputs) for j, o in enumerate(group)):
         nbytes = _nbytes(shape, dtype)
-        starts_part = group in breaks and name == outputs[group][0][0]
-        if current and (size + nbytes > max_shard_bytes or starts_part):
+        if current and (size + nbytes > max_shard_bytes or (j == 0 and g in breaks)):
             shards.append(current)
             current, size = [], 0
         current.append((name, shape, dtype, nbytes))

@@ -64,11 +64,15 @@ def write_llama(directory: str, config: dict, seed: int = 0, prefix: str = "") -
         save_file(shards[0], os.path.join(directory, file), metadata={"format": "pt"})
         weight_map.update({name: file for name in shards[0]})
         total += sum(t.numel() * t.element_size() for t in shards[0].values())
+    _write_index_and_config(directory, weight_map, total, config)
+    return total
+
+
+def _write_index_and_config(directory: str, weight_map: dict, total: int, config: dict) -> None:
     with open(os.path.join(directory, INDEX), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    return total
 
 
 def write_llava(directory: str, text: dict, vision_hidden: int = 256, vision_layers: int = 3, seed: int = 0) -> int:
@@ -135,10 +139,15 @@ def deepseek_shape_for(total_bytes: int, hidden: int = 1024, experts: int = 16,
                   torch_dtype={torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype])
     layer_bytes = {}
     for name, shape in _hf_shapes(dict(config, num_hidden_layers=2)).items():
-        key = name.split(".")[2] if name.startswith("model.layers.") else "rest"
+        key = _layer_of(name)
         layer_bytes[key] = layer_bytes.get(key, 0) + torch.Size(shape).numel() * size
     moe_layers = max(1, round((total_bytes - layer_bytes["rest"] - layer_bytes["0"]) / layer_bytes["1"]))
     return dict(config, num_hidden_layers=1 + moe_layers)
+
+
+def _layer_of(name: str) -> str:
+    """The decoder layer index of an HF tensor name ("model.layers.3.mlp..." -> "3"), else "rest"."""
+    return name.split(".")[2] if name.startswith("model.layers.") else "rest"
 
 
 def _hf_shapes(config: dict) -> dict:
@@ -172,8 +181,7 @@ def write_from_config(directory: str, config: dict, seed: int = 0) -> int:
     gen = torch.Generator().manual_seed(seed)
     by_shard: dict[str, dict[str, tuple]] = {}
     for name, shape in _hf_shapes(config).items():
-        key = name.split(".")[2] if name.startswith("model.layers.") else "rest"
-        by_shard.setdefault(key, {})[name] = shape
+        by_shard.setdefault(_layer_of(name), {})[name] = shape
     files = [k for k in by_shard if k == "rest"] + sorted((k for k in by_shard if k != "rest"), key=int)
     weight_map, total = {}, 0
     for n, key in enumerate(files):
@@ -189,8 +197,5 @@ def write_from_config(directory: str, config: dict, seed: int = 0) -> int:
         save_file(tensors, os.path.join(directory, file), metadata={"format": "pt"})
         weight_map.update({name: file for name in tensors})
         total += sum(t.numel() * t.element_size() for t in tensors.values())
-    with open(os.path.join(directory, INDEX), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
+    _write_index_and_config(directory, weight_map, total, config)
     return total
