@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import queue as queue_module
 import runpy
-import socket
 import time
 import traceback
 
@@ -33,9 +32,9 @@ _RANK_RUN_NAME = "__mtmegatron_rank__"
 
 # ---- ports and ranks ------------------------------------------------------------------------------------
 def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from helpers.ports import free_port  # in the pytest process only (children get the port as an argument)
+
+    return free_port()
 
 
 def _to_plain(value):

@@ -37,16 +37,10 @@ def init_single_rank(args) -> None:
 
     backend = select_backend("cpu")
     mtmegatron.activate(backend)
-    if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "TORCHELASTIC_RUN_ID" not in os.environ:  # our own one-rank group: never reuse an inherited port
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-            os.environ.setdefault(key, value)
+    if not torch.distributed.is_initialized() and "TORCHELASTIC_RUN_ID" not in os.environ:
+        # our own one-rank group: never an inherited rank or port (a port the kernel picks at bind time)
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+            os.environ.pop(key, None)
     init_distributed(args, backend)
 
 

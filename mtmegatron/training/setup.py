@@ -30,12 +30,11 @@ def init_distributed(args, backend) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend.set_device(local_rank)
     if not torch.distributed.is_initialized():
+        timeout = datetime.timedelta(minutes=args.distributed_timeout_minutes)
         if "RANK" not in os.environ:  # a plain `python -m mtmegatron.pretrain`: one process
-            for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29517"), ("RANK", "0"),
-                               ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-                os.environ.setdefault(key, value)
-        torch.distributed.init_process_group(backend=backend.dist_backend,
-                                             timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
+            init_lone_process_group(backend.dist_backend, timeout)
+        else:
+            torch.distributed.init_process_group(backend=backend.dist_backend, timeout=timeout)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
@@ -45,6 +44,20 @@ def init_distributed(args, backend) -> None:
         distributed_timeout_minutes=args.distributed_timeout_minutes,
     )
     seed_everything(initialization.rank_seed(args))  # Megatron-LM's: --seed + 100 * pipeline rank
+
+
+def init_lone_process_group(dist_backend: str, timeout: datetime.timedelta) -> None:
+    """The one-rank default group of a process no launcher started. Its store listens on MASTER_PORT when the
+    user set one, else on a port the kernel picks at bind time: a fixed default would make two such runs on one
+    box collide, and a port probed free beforehand can be taken by another connection before the bind. The
+    launcher variables are set afterwards (the store's real port included) for code that reads them."""
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    store = torch.distributed.TCPStore(host, int(os.environ.get("MASTER_PORT", "0")), world_size=1, is_master=True,
+                                       timeout=timeout)
+    for key, value in (("MASTER_ADDR", host), ("MASTER_PORT", str(store.port)), ("RANK", "0"), ("WORLD_SIZE", "1"),
+                       ("LOCAL_RANK", "0")):
+        os.environ[key] = value
+    torch.distributed.init_process_group(backend=dist_backend, store=store, rank=0, world_size=1, timeout=timeout)
 
 
 def seed_everything(seed: int) -> None:

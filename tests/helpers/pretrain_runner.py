@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers.ports import free_port  # noqa: F401  (re-exported: tests import it from here)
 
 TINY = [
     "--backend", "cpu", "--model", "llama3", "--num-layers", "4", "--hidden-size", "64",
@@ -22,12 +23,6 @@ LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
                   "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300, expect_ok: bool = True,
                  env: dict | None = None):
     """Run pretrain on ``nproc`` ranks; returns (completed process, metrics rows)."""
@@ -38,7 +33,8 @@ def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300,
                f"--master_port={free_port()}", "-m", "mtmegatron.pretrain"]
     # a launcher's variables left in this process by other tests must not leak into the job
     inherited = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    env = {**inherited, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port()), **(env or {})}
+    # one rank: no MASTER_PORT, so its store binds a port the kernel picks (training/setup.py)
+    env = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd + args + ["--log-dir", str(log_dir)], capture_output=True, text=True,
                           timeout=timeout, env=env)
     if expect_ok and proc.returncode != 0:

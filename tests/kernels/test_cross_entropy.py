@@ -2,7 +2,6 @@
 the vocab-sharded statistics recombined as the TP wrapper does, and a real 2-rank gloo run of
 vocab_parallel_cross_entropy against the full-vocab loss."""
 import os
-import socket
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 from mtmegatron.ops import cross_entropy as ce
 from mtmegatron.ops.vocab_parallel import vocab_parallel_cross_entropy
 
+from helpers.ports import free_port
 from kutil import randn
 
 
@@ -58,12 +58,6 @@ def test_sharded_stats_recombine(gen):
     torch.testing.assert_close(mx + se.log() - tl, F.cross_entropy(logits, target, reduction="none"))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tp_worker(rank, world, port, logits, target, grad, expected_loss, expected_grad):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -85,4 +79,4 @@ def test_vocab_parallel_two_ranks(gen):
     ref_logits = logits.clone().requires_grad_()
     ref = F.cross_entropy(ref_logits.view(-1, v), target.view(-1), reduction="none").view(s, b)
     ref.backward(grad)
-    mp.spawn(_tp_worker, args=(2, _free_port(), logits, target, grad, ref.detach(), ref_logits.grad), nprocs=2)
+    mp.spawn(_tp_worker, args=(2, free_port(), logits, target, grad, ref.detach(), ref_logits.grad), nprocs=2)

@@ -2,7 +2,6 @@
 logits, fused loss and gradients match the local spec's (fp32, tolerance 1e-5 relative / 1e-5 absolute on
 logits and loss, 1e-4 on gradients). Single-rank gloo group in-process."""
 import os
-import socket
 
 import pytest
 import torch
@@ -10,12 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import mtmegatron
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers.ports import free_port
 
 
 @pytest.fixture
@@ -24,7 +18,7 @@ def megatron_cpu():
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     mtmegatron.activate("cpu")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(1234)

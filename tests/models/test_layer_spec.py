@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-import socket
 
 from unittest import mock
 
@@ -22,6 +21,8 @@ import torch.distributed as dist
 import mtmegatron
 from mtmegatron.models.layer_spec import build_layer_spec, describe_layer_spec
 from mtmegatron.training.arguments import parse_args
+
+from helpers.ports import free_port
 
 TE = "megatron.core.extensions.transformer_engine"
 IMPLS, BACKENDS = ("local", "mtmegatron", "transformer_engine"), ("auto", "local", "flash")
@@ -198,12 +199,6 @@ def test_te_bf16_description_names_te_layers():
     assert "FP8 executor" not in line
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_deepseek_fp8_model_has_mla_mtp_and_fp8_linears():
     """A built module tree (CPU, one rank): MLA with the fused softmax's head-dims variant, FP8 dense/expert
     linears, high-precision MLA projections, an MTP block."""
@@ -214,7 +209,7 @@ def test_deepseek_fp8_model_has_mla_mtp_and_fp8_linears():
 
     args = make_args("mtmegatron", "local", "emulated", "deepseek-v3")
     mtmegatron.activate("cpu")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel()

@@ -1,0 +1,40 @@
+"""A process no launcher started makes its own one-rank group: two at once on one box must not collide on a
+port, and a MASTER_PORT the user set is the one its store listens on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from helpers.ports import free_port
+
+SNIPPET = """
+import datetime, os, torch
+from mtmegatron.training.setup import init_lone_process_group
+init_lone_process_group("gloo", datetime.timedelta(seconds=60))
+t = torch.ones(1)
+torch.distributed.all_reduce(t)
+print(os.environ["MASTER_PORT"], torch.distributed.get_world_size(), os.environ["RANK"], float(t), flush=True)
+torch.distributed.destroy_process_group()
+"""
+
+
+def _start(extra: dict) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    return subprocess.Popen([sys.executable, "-c", SNIPPET], env={**env, **extra}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_lone_processes_get_their_own_ports_and_honour_master_port():
+    chosen = free_port()
+    procs = [_start({}), _start({}), _start({"MASTER_PORT": str(chosen)})]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-3000:]
+        port, world, rank, value = out.split()
+        assert (world, rank, value) == ("1", "0", "1.0")
+        results.append(int(port))
+    assert results[0] != results[1], "two lone runs shared a port"
+    assert results[2] == chosen
