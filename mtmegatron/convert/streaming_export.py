@@ -30,8 +30,8 @@ import time
 import torch
 
 from mtmegatron.convert.hf_config import ConversionError
-from mtmegatron.convert.streaming import (MARKER, _VOCAB_ROWS, _follow, _remove_stale_staging, _reset_peak,
-                                          _vm_hwm_bytes)
+from mtmegatron.convert.streaming import (MARKER, _VOCAB_ROWS, BytesReporter, _follow, _remove_stale_staging,
+                                          _reset_peak, _vm_hwm_bytes)
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
               torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
@@ -224,6 +224,7 @@ def _export_part(index: int, reader: _Reader, groups: list, mine: list[int], sta
     _reset_peak()
     baseline = _vm_hwm_bytes()
     fds = [os.open(os.path.join(staging, f), os.O_WRONLY) for f in files]
+    written = BytesReporter(progress)
     for i in mine:
         if os.getppid() != parent:  # the converter was killed: stop instead of writing on as an orphan
             os._exit(3)
@@ -234,11 +235,12 @@ def _export_part(index: int, reader: _Reader, groups: list, mine: list[int], sta
                 tensor = tensor.to(dtype)
             file, offset = where[name]
             _pwrite_all(fds[file], tensor, offset)
-            progress.put(("bytes", tensor.numel() * tensor.element_size()))
+            written.add(tensor.numel() * tensor.element_size())
             del tensor
         del inputs
     for fd in fds:
         os.close(fd)
+    written.flush()
     progress.put(("done", index, (baseline, _vm_hwm_bytes())))
 
 
