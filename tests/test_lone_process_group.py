@@ -1,5 +1,6 @@
 """A process no launcher started makes its own one-rank group: two at once on one box must not collide on a
-port, and a MASTER_PORT the user set is the one its store listens on."""
+port, a MASTER_PORT the user set is the one its store listens on, and a MASTER_ADDR left in the shell for a
+multi-node job (here an unroutable documentation address) does not send the rank to another host."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from helpers.ports import free_port
 SNIPPET = """
 import datetime, os, torch
 from mtmegatron.training.setup import init_lone_process_group
-init_lone_process_group("gloo", datetime.timedelta(seconds=60))
+init_lone_process_group("gloo", datetime.timedelta(seconds=30))
 t = torch.ones(1)
 torch.distributed.all_reduce(t)
 print(os.environ["MASTER_PORT"], torch.distributed.get_world_size(), os.environ["RANK"], float(t), flush=True)
@@ -28,7 +29,7 @@ def _start(extra: dict) -> subprocess.Popen:
 
 def test_lone_processes_get_their_own_ports_and_honour_master_port():
     chosen = free_port()
-    procs = [_start({}), _start({}), _start({"MASTER_PORT": str(chosen)})]
+    procs = [_start({}), _start({}), _start({"MASTER_PORT": str(chosen), "MASTER_ADDR": "192.0.2.1"})]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)

@@ -49,9 +49,10 @@ def init_distributed(args, backend) -> None:
 def init_lone_process_group(dist_backend: str, timeout: datetime.timedelta) -> None:
     """The one-rank default group of a process no launcher started. Its store listens on MASTER_PORT when the
     user set one, else on a port the kernel picks at bind time: a fixed default would make two such runs on one
-    box collide, and a port probed free beforehand can be taken by another connection before the bind. The
-    launcher variables are set afterwards (the store's real port included) for code that reads them."""
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    box collide, and a port probed free beforehand can be taken by another connection before the bind. The rank
+    talks to its own store on the loopback (a MASTER_ADDR left in the shell for a multi-node job may name another
+    host). The launcher variables are set afterwards (the store's real port included) for code that reads them."""
+    host = "127.0.0.1"
     store = torch.distributed.TCPStore(host, int(os.environ.get("MASTER_PORT", "0")), world_size=1, is_master=True,
                                        timeout=timeout)
     for key, value in (("MASTER_ADDR", host), ("MASTER_PORT", str(store.port)), ("RANK", "0"), ("WORLD_SIZE", "1"),
