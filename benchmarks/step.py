@@ -22,7 +22,6 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -79,17 +78,12 @@ def available_impls() -> list[str]:
     return impls
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ours(flags: list[str], iters: int, warmup: int, threads: int, env_extra: dict | None = None) -> dict:
     """One pretrain process; its median step time after warmup and its fusions/layers start-up lines."""
     with tempfile.TemporaryDirectory() as log_dir:
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env.update(OMP_NUM_THREADS=str(threads), MASTER_PORT=str(_free_port()), **(env_extra or {}))
+        # one rank, no launcher: its store binds a port the kernel picks (training/setup.py)
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+        env.update(OMP_NUM_THREADS=str(threads), **(env_extra or {}))
         cmd = [sys.executable, "-m", "mtmegatron.pretrain", *flags, "--train-iters", str(warmup + iters),
                "--log-dir", log_dir]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
