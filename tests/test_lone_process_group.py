@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from helpers.ports import free_port
+from helpers.pretrain_runner import LAUNCHER_VARS
 
 SNIPPET = """
 import datetime, os, torch
@@ -22,7 +23,7 @@ torch.distributed.destroy_process_group()
 
 
 def _start(extra: dict) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     return subprocess.Popen([sys.executable, "-c", SNIPPET], env={**env, **extra}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

@@ -45,7 +45,7 @@ class HFCheckpoint:
             for path in files:
                 with safe_open(path, "pt") as f:
                     self._file_of.update({name: path for name in f.keys()})
-        self._open = {}
+        self._open, self._headers = {}, {}
         self.names = sorted(n for n in self._file_of if not n.endswith("_scale_inv"))
         self.used: set[str] = set()
 
@@ -57,6 +57,15 @@ class HFCheckpoint:
         if path not in self._open:
             self._open[path] = safe_open(path, "pt")
         return self._open[path].get_tensor(name)
+
+    def stored(self, name: str) -> tuple[list[int], str]:
+        """(shape, safetensors dtype string such as "BF16") of ``name`` as stored, from its file's header (read
+        once per file, without mapping any tensor)."""
+        path = self._file_of[name]
+        if path not in self._headers:
+            with safe_open(path, "pt") as f:
+                self._headers[path] = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+        return self._headers[path][name]
 
     def __contains__(self, name: str) -> bool:
         return name in self._file_of

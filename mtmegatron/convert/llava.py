@@ -263,8 +263,6 @@ def write_carried(directory: str, hf_dir: str, plan: LlavaPlan) -> None:
     """The carried tower tensors of the HF checkpoint at ``hf_dir`` into ``directory/CARRIED_FILE`` (names
     relative to the tower, stored dtype and bytes unchanged), streamed: the header from the source headers, then
     one tensor at a time appended (memory: the largest carried tensor)."""
-    from safetensors import safe_open
-
     from mtmegatron.convert.hf_io import HFCheckpoint
 
     hf = HFCheckpoint(hf_dir, dtype=None, keep_open=False)
@@ -274,9 +272,7 @@ def write_carried(directory: str, hf_dir: str, plan: LlavaPlan) -> None:
                                "vision_feature_layer": str(plan.feature_layer)}}
     begin = 0
     for name in names:
-        with safe_open(hf._file_of[name], "pt") as f:
-            piece = f.get_slice(name)
-            shape, dtype = piece.get_shape(), piece.get_dtype()
+        shape, dtype = hf.stored(name)
         nbytes = torch.Size(shape).numel() * _ST_ITEMSIZE[dtype]
         header[name[len(vp):]] = {"dtype": dtype, "shape": list(shape), "data_offsets": [begin, begin + nbytes]}
         begin += nbytes

@@ -159,7 +159,6 @@ class _Sources:
         self.sources = mcore_sources(family, args, rope_interleave, hf_layout)
         self.dtype, self.shapes = dtype, shapes
         self._name, self._tensor = None, None
-        self._row_counts: dict[str, int] = {}
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.dtype is None else tensor.to(self.dtype)
@@ -186,19 +185,11 @@ class _Sources:
             return None
         start = c.storage_offset // row
         for name in names:
-            rows = self._rows(name)
+            rows = self.hf.stored(name)[0][0]
             if start == 0 and rows == c.shape[0]:
                 return name
             start -= rows
         return None
-
-    def _rows(self, name: str) -> int:
-        if name not in self._row_counts:  # opening the file is most of the cost: once per input
-            from safetensors import safe_open
-
-            with safe_open(self.hf._file_of[name], "pt") as f:
-                self._row_counts[name] = f.get_slice(name).get_shape()[0]
-        return self._row_counts[name]
 
     def chunk(self, c: Chunk) -> torch.Tensor:
         """Chunk ``c`` as a contiguous tensor of shape ``c.shape``."""
@@ -303,16 +294,12 @@ def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, ar
 # ---- the parent ---------------------------------------------------------------------------------------------
 def _source_dtypes(hf, sources: dict, dtype) -> dict:
     """{local name: stored dtype}: ``dtype`` if given, else the first HF input's (FP8 weights: bfloat16)."""
-    from safetensors import safe_open
-
     out = {}
     for local, (names, _) in sources.items():
         if dtype is not None:
             out[local] = dtype
             continue
-        path = hf._file_of[names[0]]
-        with safe_open(path, "pt") as f:
-            stored = f.get_slice(names[0]).get_dtype()
+        stored = hf.stored(names[0])[1]
         out[local] = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(stored, torch.bfloat16)
     return out
 
@@ -366,13 +353,8 @@ def _check_sources(hf, family: str, config: dict, sources: dict, shapes: dict, u
 
 def _check_shapes(hf, sources: dict, shapes: dict) -> None:
     """Output shapes from the HF headers alone (meta tensors through the same transforms)."""
-    from safetensors import safe_open
-
     for local, (names, transform) in sources.items():
-        metas = []
-        for n in names:
-            with safe_open(hf._file_of[n], "pt") as f:
-                metas.append(torch.empty(f.get_slice(n).get_shape(), device="meta"))
+        metas = [torch.empty(hf.stored(n)[0], device="meta") for n in names]
         got = tuple(transform(*metas).shape)
         want = shapes[local]
         if got != want and not (any(local.endswith(v) for v in _VOCAB_ROWS) and got[1:] == want[1:] and got[0] <= want[0]):
