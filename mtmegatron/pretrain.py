@@ -7,7 +7,6 @@ May assume: launched by torchrun (or as a single plain process).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import warnings
@@ -15,18 +14,11 @@ import warnings
 from mtmegatron.backends import BackendUnavailableError, select_backend
 from mtmegatron.training.arguments import parse_args
 from mtmegatron.training.errors import ConfigError, exit_with_user_error
-
-
-def _quiet_known_noise() -> None:
-    """Silence notices that repeat on every rank and say nothing actionable on a run that works."""
-    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed", category=UserWarning)
-    warnings.filterwarnings("ignore", message=r".*is deprecated. Please use `torch.distributed", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=r"full scope is deprecated", category=UserWarning)
-    logging.getLogger("megatron.core.datasets").setLevel(logging.ERROR)
+from mtmegatron.training.quiet import quiet_known_noise
 
 
 def main(argv=None) -> int:
-    _quiet_known_noise()
+    quiet_known_noise()
     try:
         args = parse_args(argv)
         backend = select_backend(args.backend)

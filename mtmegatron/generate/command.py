@@ -15,6 +15,7 @@ import os
 import sys
 
 from mtmegatron.generate.flags import GenerateError, read_prompts, sampling_from
+from mtmegatron.training.quiet import quiet_checkpoint_noise
 
 
 def _rank() -> int:
@@ -60,22 +61,10 @@ def prepare(args):
     return sampling, prompts, prompt_tokens, tokenizer, model_args_, common
 
 
-def _quiet_known_noise() -> None:
-    """pretrain's filters (notices that repeat on every rank and say nothing actionable) plus checkpoint-loading
-    deprecations of torch's own that megatron-core's reader triggers."""
-    import warnings
-
-    from mtmegatron.pretrain import _quiet_known_noise as quiet_pretrain_noise
-
-    quiet_pretrain_noise()
-    warnings.filterwarnings("ignore", message=r".*`load_state_dict` is deprecated", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=r".*deprecating ShardedTensor", category=FutureWarning)
-
-
 def run(args) -> int:
     from mtmegatron.backends import select_backend
 
-    _quiet_known_noise()
+    quiet_checkpoint_noise()
     sampling, prompts, prompt_tokens, tokenizer, margs, common = prepare(args)
     backend = select_backend(margs.backend)
     import torch
