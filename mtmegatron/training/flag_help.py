@@ -138,6 +138,15 @@ def unknown_flags_message(parser: argparse.ArgumentParser, extras: list[str]) ->
     parts, after_flag = [], False
     for extra in extras:
         flag = extra.split("=", 1)[0]
+        if flag.startswith("-") and flag.rstrip("\r") != flag:
+            parts.append(f"flag {flag!r} ends in a carriage return: the script has Windows line endings (CRLF); "
+                         "run dos2unix on it")
+            after_flag = True
+            continue
+        if flag.startswith("-") and len(extra.split()) > 1:
+            parts.append(f"{extra!r} is several flags in one argument: unquote it")
+            after_flag = True
+            continue
         if not flag.startswith("-"):
             if not after_flag:  # a value of the unknown flag before it is not worth a second complaint
                 parts.append(f"unexpected argument {extra!r}")
