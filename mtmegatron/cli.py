@@ -74,8 +74,19 @@ def cmd_patches(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are one line (no usage dump), exit status 2; its subcommands' parsers too."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="mtmegatron", description=__doc__.split("\n")[0])
+    from mtmegatron.training.quiet import quiet_checkpoint_noise
+
+    quiet_checkpoint_noise()  # before megatron-core is imported: a bad input is then the only line on stderr
+    parser = _Parser(prog="mtmegatron", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (("env", cmd_env, "show backends, versions, kernels"),
                            ("doctor", cmd_env, "same as env"),
@@ -101,15 +112,28 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["flags"]:  # its arguments are other programs' option strings
         return flag_report.run(argparse.Namespace(names=argv[1:]))
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        from mtmegatron.training.flag_help import unknown_flags_message
+
+        command = sub.choices[args.command]
+        if getattr(args, "direction", None):
+            command = command._subparsers._group_actions[0].choices[args.direction]
+        command.error(unknown_flags_message(command, extras).removesuffix(" (see --help)"))
     from mtmegatron.backends import BackendUnavailableError
     from mtmegatron.convert.hf_config import ConversionError
+    from mtmegatron.training.checkpoint_dirs import CheckpointError
+    from mtmegatron.training.errors import ConfigError, describe_os_error
 
+    # the one error boundary of env/patches/convert (preprocess and generate have their own, with their prefix):
+    # a bad input is one line naming the file or flag and why, exit status 2
     try:
         return args.fn(args)
-    except (BackendUnavailableError, ConversionError) as e:
-        print(f"mtmegatron: error: {e}", file=sys.stderr)
-        return 2
+    except (BackendUnavailableError, ConversionError, CheckpointError, ConfigError) as e:
+        print(f"mtmegatron: error: {e}", file=sys.stderr, flush=True)
+    except OSError as e:  # a file that cannot be read or written (a full disk, a missing directory)
+        print(f"mtmegatron: error: {describe_os_error(e)}", file=sys.stderr, flush=True)
+    return 2
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ May assume: run as a plain single process (it creates a one-rank gloo group).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -62,18 +63,28 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
     family = family_of(config, model_name)
     rope_interleave = config.get("rope_interleave", True)
     hf_layout, extra = {"rope_interleave": rope_interleave}, {}
-    if family == "llava":
-        from mtmegatron.convert import llava
+    try:
+        if family == "llava":
+            from mtmegatron.convert import llava
 
-        flags, plan = llava.flags_from_hf(config, hf.names)
-        hf_layout["llava"] = llava.dumps_record(plan)
-        extra = {"unmapped": llava.unmapped_names(hf, plan),
-                 "before_marker": lambda staging: llava.write_carried(staging, hf_dir, plan)}
-    else:
-        with_mtp = family == "deepseek-v3" and mtp_in_checkpoint(hf.names, config["num_hidden_layers"])
-        if family == "deepseek-v3" and config.get("num_nextn_predict_layers") and not with_mtp:
-            print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP", file=sys.stderr)
-        flags = flags_from_hf(family, config, with_mtp)
+            flags, plan = llava.flags_from_hf(config, hf.names)
+            hf_layout["llava"] = llava.dumps_record(plan)
+            extra = {"unmapped": llava.unmapped_names(hf, plan),
+                     "before_marker": lambda staging: llava.write_carried(staging, hf_dir, plan)}
+        else:
+            with_mtp = family == "deepseek-v3" and mtp_in_checkpoint(hf.names, config["num_hidden_layers"])
+            if family == "deepseek-v3" and config.get("num_nextn_predict_layers") and not with_mtp:
+                print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP",
+                      file=sys.stderr)
+            flags = flags_from_hf(family, config, with_mtp)
+    except KeyError as e:
+        raise ConversionError(f"{os.path.join(hf_dir, 'config.json')}: no field {e.args[0]!r}, which a "
+                              f"{config.get('model_type')} config has") from None
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConversionError):
+            raise
+        raise ConversionError(f"{os.path.join(hf_dir, 'config.json')}: a field of the wrong type or value "
+                              f"({e})") from None
     validate_layout(flags, tp, pp, ep)
     from mtmegatron.convert import streaming
 
@@ -160,6 +171,27 @@ def _skip_unused_imports() -> None:
         sys.modules["wandb"] = None
 
 
+def _disk_errors(run):
+    """A failure whose root is an OSError (a full disk, an unreadable file: megatron-core and torch DCP wrap it
+    in their own exceptions) is raised as that OSError, which ``mtmegatron``'s error boundary says in one line."""
+
+    def wrapped(args) -> int:
+        from mtmegatron.convert.streaming import os_error_within
+
+        try:
+            return run(args)
+        except (ConversionError, OSError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # torch DCP's CheckpointException is a BaseException
+            os_error = os_error_within(e)
+            if os_error is None:
+                raise
+            raise os_error from None
+
+    return wrapped
+
+
+@_disk_errors
 def _run_hf_to_mcore(args) -> int:
     _skip_unused_imports()
     if args.workers < 1:
@@ -171,6 +203,7 @@ def _run_hf_to_mcore(args) -> int:
     return 0
 
 
+@_disk_errors
 def _run_mcore_to_hf(args) -> int:
     _skip_unused_imports()
     if args.workers < 1:

@@ -11,6 +11,7 @@ May assume: called in a process that has not initialised torch.distributed (or d
 from __future__ import annotations
 
 import os
+import pickle
 
 import torch
 
@@ -87,13 +88,26 @@ def load_model(model, root: str) -> None:
     model.load_state_dict(loaded["model"])
 
 
-def checkpoint_common(root: str) -> dict:
-    """The non-tensor part of the latest checkpoint under ``root`` (args, iteration, model_flags...)."""
+def checkpoint_common(root: str, flag: str = "--load") -> dict:
+    """The non-tensor part of the latest complete checkpoint under ``root`` (args, iteration, model_flags...), its
+    directory under ``"directory"``; a CheckpointError line when there is none or it cannot be read."""
     from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.core import CheckpointingException
 
-    from mtmegatron.training.checkpointing import CheckpointError, checkpoint_dir, latest_iteration
+    from mtmegatron.training.checkpointing import TRACKER, CheckpointError, checkpoint_dir, latest_complete_iteration
 
-    iteration = latest_iteration(root)
+    if not os.path.isdir(root):
+        raise CheckpointError(f"{flag} {root}: no such directory")
+    iteration = latest_complete_iteration(root)
     if iteration is None:
-        raise CheckpointError(f"{root}: no complete checkpoint (no tracker file)")
-    return dist_checkpointing.load_common_state_dict(checkpoint_dir(root, iteration))
+        raise CheckpointError(f"{flag} {root}: no complete checkpoint there (no {TRACKER} naming a finished "
+                              f"iter_* directory)")
+    directory = checkpoint_dir(root, iteration)
+    try:
+        common = dist_checkpointing.load_common_state_dict(directory)
+    except (CheckpointingException, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{flag} {root}: {directory} is not a readable megatron-core checkpoint "
+                              f"({reason})") from None
+    common["directory"] = directory
+    return common

@@ -24,6 +24,8 @@ workers are forked after the imports).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import multiprocessing as mp
 import os
@@ -226,7 +228,12 @@ def _item_by_item_writer(directory: str):
                     if data.untyped_storage().nbytes() != data.nbytes:  # torch.save writes whole storages
                         data = data.clone()
                     offset = stream.tell()
-                    torch.save(data, stream)
+                    try:
+                        torch.save(data, stream)
+                    except RuntimeError:  # torch's zip writer says "unexpected pos" when the disk is full
+                        if os.statvfs(stream.name).f_bavail * os.statvfs(stream.name).f_frsize < data.nbytes:
+                            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), stream.name) from None
+                        raise
                     del data
                     length = stream.tell() - offset
                     results.append(WriteResult(index=item.index, size_in_bytes=length,
@@ -241,7 +248,18 @@ def _item_by_item_writer(directory: str):
 def _write_part(index: int, directory: str, chunks: list[Chunk], hf_dir: str, args, family: str,
                 rope_interleave: bool, dtype, shapes: dict, itemsize: dict, progress,
                 hf_layout: dict | None = None) -> None:
-    """Worker process: write ``chunks`` as one DCP part into ``directory``; reports bytes, then its VmHWM."""
+    """Worker process: write ``chunks`` as one DCP part into ``directory``; reports bytes, then its VmHWM, or one
+    line saying why it failed."""
+    exit_with_parent(os.getppid())
+    try:
+        _write_part_body(index, directory, chunks, hf_dir, args, family, rope_interleave, dtype, shapes, itemsize,
+                         progress, hf_layout)
+    except BaseException as e:
+        worker_failed(index, progress, e)
+
+
+def _write_part_body(index, directory, chunks, hf_dir, args, family, rope_interleave, dtype, shapes, itemsize,
+                     progress, hf_layout) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_global_save_plan
     from torch.utils.serialization import config as serialization_config
@@ -355,7 +373,12 @@ def _check_shapes(hf, sources: dict, shapes: dict) -> None:
     """Output shapes from the HF headers alone (meta tensors through the same transforms)."""
     for local, (names, transform) in sources.items():
         metas = [torch.empty(hf.stored(n)[0], device="meta") for n in names]
-        got = tuple(transform(*metas).shape)
+        try:
+            got = tuple(transform(*metas).shape)
+        except RuntimeError as e:  # a reshape or concatenation the stored shapes do not allow
+            stored = ", ".join(f"{n} {tuple(m.shape)}" for n, m in zip(names, metas))
+            raise ConversionError(f"{local}: the checkpoint's {stored} cannot make the model built from config.json "
+                                  f"(config and weights disagree: {str(e).splitlines()[0]})") from None
         want = shapes[local]
         if got != want and not (any(local.endswith(v) for v in _VOCAB_ROWS) and got[1:] == want[1:] and got[0] <= want[0]):
             raise ConversionError(f"{local}: the checkpoint gives shape {got}, the model built from config.json has "
@@ -393,47 +416,47 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     total = sum(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
 
     root = os.path.abspath(out.rstrip("/"))
-    _remove_stale_staging(root)
-    staging = f"{root}.partial.{os.getpid()}"
-    directory = checkpoint_dir(staging, 0)
-    os.makedirs(directory)
-    # part 0: megatron-core itself writes the common state and the ShardedObjects, as its own save would
-    _in_process_results_queue()
-    dist_checkpointing.save({"model": objects, "iteration": 0, "args": saved_args(args), MODEL_ONLY_KEY: True,
-                             "model_flags": list(flags), "hf_layout": dict(hf_layout)}, directory)
-    parts = _split(chunks, shapes, itemsize, max(1, workers))
-    part_dirs = [os.path.join(staging, f"part{i}") for i in range(len(parts))]
-    # glibc's dynamic mmap threshold would keep freed multi-MB tensors on the heap, growing a worker's RSS with
-    # the checkpoint size; a fixed 1 MiB threshold returns every tensor to the system when it is freed
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
-    ctx = mp.get_context("fork")  # the imports (most of the start-up time) are inherited, not repeated
-    progress = ctx.Queue()
-    procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, args, family, rope_interleave, dtype, shapes,
-                                                   itemsize, progress), kwargs={"hf_layout": hf_layout},
-                         daemon=True)
-             for i, (d, p) in enumerate(zip(part_dirs, parts))]
-    setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
-    for p in procs:
-        p.start()
-    hwm = _follow(progress, procs, total, quiet)
-    _merge_metadata(part_dirs, directory)
-    with open(os.path.join(staging, TRACKER), "w") as f:
-        f.write("0")
-    with open(os.path.join(staging, "model_flags.txt"), "w") as f:
-        import shlex
+    with staged(root) as (staging, workers_started):
+        directory = checkpoint_dir(staging, 0)
+        os.makedirs(directory)
+        # part 0: megatron-core itself writes the common state and the ShardedObjects, as its own save would
+        _in_process_results_queue()
+        dist_checkpointing.save({"model": objects, "iteration": 0, "args": saved_args(args), MODEL_ONLY_KEY: True,
+                                 "model_flags": list(flags), "hf_layout": dict(hf_layout)}, directory)
+        parts = _split(chunks, shapes, itemsize, max(1, workers))
+        part_dirs = [os.path.join(staging, f"part{i}") for i in range(len(parts))]
+        # glibc's dynamic mmap threshold would keep freed multi-MB tensors on the heap, growing a worker's RSS with
+        # the checkpoint size; a fixed 1 MiB threshold returns every tensor to the system when it is freed
+        os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
+        ctx = mp.get_context("fork")  # the imports (most of the start-up time) are inherited, not repeated
+        progress = ctx.Queue()
+        procs = [ctx.Process(target=_write_part, args=(i, d, p, hf_dir, args, family, rope_interleave, dtype,
+                                                       shapes, itemsize, progress), kwargs={"hf_layout": hf_layout},
+                             daemon=True)
+                 for i, (d, p) in enumerate(zip(part_dirs, parts))]
+        setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
+        workers_started.extend(procs)
+        for p in procs:
+            p.start()
+        hwm = _follow(progress, procs, total, quiet)
+        _merge_metadata(part_dirs, directory)
+        with open(os.path.join(staging, TRACKER), "w") as f:
+            f.write("0")
+        with open(os.path.join(staging, "model_flags.txt"), "w") as f:
+            import shlex
 
-        f.write(shlex.join(flags) + "\n")
-    if before_marker is not None:
-        before_marker(staging)
-    seconds = time.time() - start
-    largest = max(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
-    stats = {"bytes": total, "seconds": seconds, "setup_seconds": setup_seconds, "workers": len(parts),
-             "worker_vm_hwm_bytes": [h for _, h in hwm],
-             "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
-             "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
-    with open(os.path.join(staging, MARKER), "w") as f:
-        json.dump(stats, f, indent=2)
-    os.replace(staging, root)
+            f.write(shlex.join(flags) + "\n")
+        if before_marker is not None:
+            before_marker(staging)
+        seconds = time.time() - start
+        largest = max(torch.Size(shapes[n]).numel() * itemsize[n] for n in shapes)
+        stats = {"bytes": total, "seconds": seconds, "setup_seconds": setup_seconds, "workers": len(parts),
+                 "worker_vm_hwm_bytes": [h for _, h in hwm],
+                 "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
+                 "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
+        with open(os.path.join(staging, MARKER), "w") as f:
+            json.dump(stats, f, indent=2)
+        os.replace(staging, root)
     return stats
 
 
@@ -449,6 +472,83 @@ def _in_process_results_queue() -> None:
 
     if getattr(filesystem_async, "_results_queue", "absent") is None:
         filesystem_async._results_queue = queue.Queue()
+
+
+@contextlib.contextmanager
+def staged(root: str):
+    """``(staging directory <root>.partial.<pid>, list for the worker processes)``; the caller renames the staging
+    directory to ``root`` when complete. On any failure (a bad input, a full disk, Ctrl-C) the workers are killed
+    and the staging directory removed before the error goes on: nothing half-written stays behind."""
+    _remove_stale_staging(root)
+    staging, procs = f"{root}.partial.{os.getpid()}", []
+    try:
+        yield staging, procs
+    except BaseException:
+        for p in procs:
+            if p.pid is not None and p.exitcode is None:
+                p.kill()
+        for p in procs:
+            if p.pid is not None:
+                p.join()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def exit_with_parent(parent: int) -> None:
+    """Make this forked worker end when the converter does, however it ends (``kill -9`` included): Linux's
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` has the kernel kill it when its parent dies; a parent already gone before
+    the call is caught by comparing ``os.getppid()``. Elsewhere the workers' per-item ``getppid`` checks remain."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(3)
+
+
+def os_error_within(error: BaseException) -> OSError | None:
+    """The OSError (a full disk, a file that cannot be read) at the root of ``error``, if that is what it is:
+    followed through ``raise ... from``/during-handling chains and torch DCP's ``CheckpointException`` (which
+    carries each rank's exception)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError):
+            return error
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict):
+            for failure in failures.values():  # (exception, its stack summary) per rank
+                found = os_error_within(failure[0] if isinstance(failure, tuple) else failure)
+                if found is not None:
+                    return found
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def worker_failed(index: int, progress, error: BaseException) -> None:
+    """Report a worker's failure to the parent as one line (``_follow`` raises it as a ConversionError) and end the
+    worker. A bad input or a full disk says what and where; anything else is a bug: its traceback is printed."""
+    import traceback
+
+    from safetensors import SafetensorError
+
+    from mtmegatron.training.errors import describe_os_error
+
+    error = os_error_within(error) or error
+    if isinstance(error, OSError):
+        message = describe_os_error(error)
+    elif isinstance(error, (ConversionError, SafetensorError)):
+        message = str(error)
+    else:
+        traceback.print_exc()
+        message = f"a conversion worker failed: {type(error).__name__}: {error}"
+    progress.put(("error", index, message))
+    progress.close()
+    progress.join_thread()
+    os._exit(1)
 
 
 def _remove_stale_staging(root: str) -> None:
@@ -477,10 +577,15 @@ def _follow(progress, procs, total: int, quiet: bool) -> list[tuple[int, int]]:
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead:
                 bar.close()
-                raise ConversionError(f"a conversion worker failed (exit code {dead[0].exitcode}); see its error above")
+                code = dead[0].exitcode
+                raise ConversionError(f"a conversion worker ended with exit code {code}" + (
+                    f" (killed by signal {-code}; out of memory?)" if code < 0 else ""))
             continue
         if message[0] == "bytes":
             bar.update(message[1])
+        elif message[0] == "error":
+            bar.close()
+            raise ConversionError(message[2])
         else:
             hwm[message[1]] = message[2]
             done += 1

@@ -30,8 +30,8 @@ import time
 import torch
 
 from mtmegatron.convert.hf_config import ConversionError
-from mtmegatron.convert.streaming import (MARKER, _VOCAB_ROWS, BytesReporter, _follow, _remove_stale_staging,
-                                          _reset_peak, _vm_hwm_bytes)
+from mtmegatron.convert.streaming import (MARKER, _VOCAB_ROWS, BytesReporter, _follow, _reset_peak, _vm_hwm_bytes,
+                                          exit_with_parent, staged, worker_failed)
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
               torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
@@ -218,7 +218,16 @@ def _pwrite_all(fd: int, tensor: torch.Tensor, offset: int) -> None:
 
 def _export_part(index: int, reader: _Reader, groups: list, mine: list[int], staging: str, files: list[str],
                  where: dict, dtype, progress) -> None:
-    """Worker (forked): read, transform and write the groups ``mine``; reports bytes, then its VmHWM."""
+    """Worker (forked): read, transform and write the groups ``mine``; reports bytes, then its VmHWM, or one line
+    saying why it failed."""
+    exit_with_parent(os.getppid())
+    try:
+        _export_part_body(index, reader, groups, mine, staging, files, where, dtype, progress)
+    except BaseException as e:
+        worker_failed(index, progress, e)
+
+
+def _export_part_body(index, reader, groups, mine, staging, files, where, dtype, progress) -> None:
     torch.set_num_threads(1)
     parent = os.getppid()
     _reset_peak()
@@ -281,35 +290,36 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
     total = sum(sizes) - sum(len(h) for h in headers)
 
     root = os.path.abspath(out.rstrip("/"))
-    _remove_stale_staging(root)
-    staging = f"{root}.partial.{os.getpid()}"
-    os.makedirs(staging)
-    for file, header, size in zip(files, headers, sizes):
-        with open(os.path.join(staging, file), "wb") as f:
-            f.write(header)
-            f.truncate(size)
-    # glibc's dynamic mmap threshold would keep freed multi-MB tensors on the heap (see convert/streaming.py)
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
-    ctx = mp.get_context("fork")  # the imports, flags, meta model and checkpoint metadata are inherited
-    progress = ctx.Queue()
-    procs = [ctx.Process(target=_export_part, args=(i, reader, groups, mine, staging, files, where, dtype, progress),
-                         daemon=True) for i, mine in enumerate(parts)]
-    setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
-    for p in procs:
-        p.start()
-    hwm = _follow(progress, procs, total, quiet)
-    if len(files) > 1:
-        with open(os.path.join(staging, INDEX), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": {n: files[i] for n, (i, _) in where.items()}},
-                      f, indent=2)
-    with open(os.path.join(staging, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    largest = max(_nbytes(reader.shape(n), reader.dtype(n)) for n in shapes)
-    stats = {"bytes": total, "seconds": time.time() - start, "setup_seconds": setup_seconds, "workers": len(parts),
-             "files": files,
-             "worker_vm_hwm_bytes": [h for _, h in hwm], "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
-             "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
-    with open(os.path.join(staging, MARKER), "w") as f:
-        json.dump(stats, f, indent=2)
-    os.replace(staging, root)
+    with staged(root) as (staging, workers_started):
+        os.makedirs(staging)
+        for file, header, size in zip(files, headers, sizes):
+            with open(os.path.join(staging, file), "wb") as f:
+                f.write(header)
+                f.truncate(size)
+        # glibc's dynamic mmap threshold would keep freed multi-MB tensors on the heap (see convert/streaming.py)
+        os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
+        ctx = mp.get_context("fork")  # the imports, flags, meta model and checkpoint metadata are inherited
+        progress = ctx.Queue()
+        procs = [ctx.Process(target=_export_part, daemon=True,
+                             args=(i, reader, groups, mine, staging, files, where, dtype, progress))
+                 for i, mine in enumerate(parts)]
+        setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
+        workers_started.extend(procs)
+        for p in procs:
+            p.start()
+        hwm = _follow(progress, procs, total, quiet)
+        if len(files) > 1:
+            with open(os.path.join(staging, INDEX), "w") as f:
+                json.dump({"metadata": {"total_size": total},
+                           "weight_map": {n: files[i] for n, (i, _) in where.items()}}, f, indent=2)
+        with open(os.path.join(staging, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        largest = max(_nbytes(reader.shape(n), reader.dtype(n)) for n in shapes)
+        stats = {"bytes": total, "seconds": time.time() - start, "setup_seconds": setup_seconds,
+                 "workers": len(parts), "files": files,
+                 "worker_vm_hwm_bytes": [h for _, h in hwm], "worker_baseline_vm_hwm_bytes": [b for b, _ in hwm],
+                 "parent_vm_hwm_bytes": _vm_hwm_bytes(), "largest_tensor_bytes": largest}
+        with open(os.path.join(staging, MARKER), "w") as f:
+            json.dump(stats, f, indent=2)
+        os.replace(staging, root)
     return stats

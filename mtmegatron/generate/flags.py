@@ -76,6 +76,8 @@ def read_prompts(args) -> list[str]:
                 prompts += [line.rstrip("\n") for line in f if line.strip()]
         except OSError as e:
             raise GenerateError(f"--prompts-file {args.prompts_file}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise GenerateError(f"--prompts-file {args.prompts_file}: not UTF-8 text (byte {e.start})") from None
     if not prompts:
         raise GenerateError("no prompt: give --prompt TEXT (repeatable) or --prompts-file FILE")
     if any(not p for p in prompts):

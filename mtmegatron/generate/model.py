@@ -12,8 +12,6 @@ May assume: called on every rank; ``prepare`` before any process group, ``build_
 
 from __future__ import annotations
 
-import os
-
 from mtmegatron.generate.flags import GenerateError
 
 # fingerprint fields that are booleans switched on by a store_true flag
@@ -50,24 +48,14 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
 
 
 def checkpoint_common(load: str) -> dict:
-    """The latest complete checkpoint's non-tensor state, or a one-line GenerateError."""
-    if not os.path.isdir(load):
-        raise GenerateError(f"--load {load}: no such directory")
-    from megatron.core import dist_checkpointing
-
-    from mtmegatron.training.checkpointing import CheckpointError, checkpoint_dir, latest_complete_iteration
+    """The latest complete checkpoint's non-tensor state (convert/model.py's reader), or a one-line GenerateError."""
+    from mtmegatron.convert import model as checkpoint
+    from mtmegatron.training.checkpointing import CheckpointError
 
     try:
-        iteration = latest_complete_iteration(load)
+        return checkpoint.checkpoint_common(load)
     except CheckpointError as e:
-        raise GenerateError(f"--load {load}: {e}") from None
-    if iteration is None:
-        raise GenerateError(f"--load {load}: no complete checkpoint there (no latest_checkpointed_iteration.txt "
-                            "naming a finished iter_* directory)")
-    directory = checkpoint_dir(load, iteration)
-    common = dist_checkpointing.load_common_state_dict(directory)
-    common["directory"] = directory
-    return common
+        raise GenerateError(str(e)) from None
 
 
 def model_args(load: str, given_flags: list[str], layout: list[str], backend: str | None, world_size: int):

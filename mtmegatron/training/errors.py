@@ -35,3 +35,15 @@ def exit_with_user_error(message: str, prog: str = "mtmegatron.pretrain") -> Non
         prefix = "" if rank == 0 else f"(rank {rank}) "
         print(f"{prog}: error: {prefix}{message}", file=sys.stderr, flush=True)
     sys.exit(USER_ERROR_STATUS)
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line for a file that could not be read or written: the file, then the system's reason (a full disk
+    said as such)."""
+    import errno
+
+    where = f"{error.filename}: " if error.filename else ""
+    reason = error.strerror or str(error) or type(error).__name__
+    if error.errno == errno.ENOSPC:
+        return f"no space left on the device writing {error.filename or 'a file'}"
+    return f"{where}{reason}"
