@@ -1,7 +1,8 @@
 """``torchrun --nproc_per_node N -m mtmegatron.pretrain [Megatron-LM flags]``: pretrain a GPT-style model.
 
-Flags are validated and the backend selected before any process group starts; a user mistake exits with
-status 2 and one message. See training/ for the pieces.
+Flags, backend, data and the ``--save``/``--load`` directories are checked before any process group starts
+(``prepare``); a user mistake there, or a checkpoint that cannot be loaded later, exits with status 2 and one
+message. See training/ for the pieces.
 May assume: launched by torchrun (or as a single plain process).
 """
 
@@ -12,62 +13,68 @@ import sys
 import warnings
 
 from mtmegatron.backends import BackendUnavailableError, select_backend
+from mtmegatron.patches import UnsupportedMegatronVersion
 from mtmegatron.training.arguments import parse_args
+from mtmegatron.training.checkpoint_dirs import CheckpointError
 from mtmegatron.training.errors import ConfigError, exit_with_user_error
 from mtmegatron.training.quiet import quiet_known_noise
+
+# user mistakes: one line and exit status 2 (training/errors.py)
+USER_ERRORS = (ConfigError, BackendUnavailableError, UnsupportedMegatronVersion, CheckpointError)
 
 
 def main(argv=None) -> int:
     quiet_known_noise()
     try:
-        args = parse_args(argv)
-        backend = select_backend(args.backend)
-        if backend.device_type == "musa":  # e.g. --bf16 on an S80 (no bf16): one line, before any process group
-            from mtmegatron.backends.musa_device import check_precision_args
-
-            check_precision_args(args, ConfigError)
-    except (ConfigError, BackendUnavailableError) as e:
+        args, backend, tokenizer, data = prepare(argv)
+    except USER_ERRORS as e:
         exit_with_user_error(str(e))
+    try:
+        return run(args, backend, tokenizer, data)
+    except CheckpointError as e:
+        exit_with_user_error(str(e))
+
+
+def prepare(argv):
+    """Everything before the process groups: flags, backend, megatron-core's activation, the FP8 executor, the
+    data and its tokenizer. Every user mistake found here is one of USER_ERRORS, reported once by ``main``."""
+    args = parse_args(argv)
+    backend = select_backend(args.backend)
+    if backend.device_type == "musa":  # e.g. --bf16 on an S80 (no bf16)
+        from mtmegatron.backends.musa_device import check_precision_args
+
+        check_precision_args(args, ConfigError)
     import mtmegatron
-    from mtmegatron.patches import UnsupportedMegatronVersion
 
     if backend.device_type == "cpu":  # there are no CUDA connections to tune on the host
         warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS", category=UserWarning)
-
-    try:
-        mtmegatron.activate(backend)
-    except UnsupportedMegatronVersion as e:
-        exit_with_user_error(str(e))
+    mtmegatron.activate(backend)
     if args.fp8_format:  # the FP8 executor depends on the backend and is probed on this rank's device (set first)
         from mtmegatron.fp8.spec import resolve_executor
 
         try:
             resolve_executor(args, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         except ValueError as e:
-            exit_with_user_error(str(e))
-    from mtmegatron.data.resolve import resolve_data
-    from mtmegatron.training.checkpointing import CheckpointError
-
+            raise ConfigError(str(e)) from None
+    progress = int(os.environ.get("RANK", "0")) == 0
     data = None
-    try:
-        if args.model == "llava":  # images + conversations (training/multimodal_data.py)
-            from mtmegatron.training.multimodal_data import prepare
+    if args.model == "llava":  # images + conversations (training/multimodal_data.py)
+        from mtmegatron.training.multimodal_data import prepare as prepare_multimodal
 
-            data = prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
-            tokenizer = data.tokenizer
-        elif args.sft:  # conversations, chat template, packing plan (mtmegatron/sft/)
-            from mtmegatron.sft.prepare import prepare as prepare_sft
+        data = prepare_multimodal(args, progress=progress)
+        tokenizer = data.tokenizer
+    elif args.sft:  # conversations, chat template, packing plan (mtmegatron/sft/)
+        from mtmegatron.sft.prepare import prepare as prepare_sft
 
-            data = prepare_sft(args, progress=int(os.environ.get("RANK", "0")) == 0)
-            tokenizer = data.tokenizer
-        else:
-            tokenizer = resolve_data(args, progress=int(os.environ.get("RANK", "0")) == 0)
-    except ConfigError as e:
-        exit_with_user_error(str(e))
-    try:
-        return run(args, backend, tokenizer, data)
-    except CheckpointError as e:
-        exit_with_user_error(str(e))
+        data = prepare_sft(args, progress=progress)
+        tokenizer = data.tokenizer
+    else:
+        from mtmegatron.data.resolve import resolve_data
+
+        args.embedded_corpus = not (args.mock_data or args.data_path or args.train_data_path
+                                    or args.valid_data_path or args.test_data_path)  # the sample prompts' corpus
+        tokenizer = resolve_data(args, progress=progress)
+    return args, backend, tokenizer, data
 
 
 def startup_lines(args) -> list[str]:
@@ -85,6 +92,9 @@ def startup_lines(args) -> list[str]:
         lines.append("mtmegatron: differs from Megatron-LM's defaults: " + ", ".join(args.megatron_differences))
     if args.impl_note:
         lines.append(f"mtmegatron: {args.impl_note}")
+    if getattr(args, "sequence_parallel_at_tp1", False):
+        lines.append("mtmegatron: --sequence-parallel has no effect at TP 1 (sequence parallelism splits the "
+                     "tensor-parallel group's activations): off, as Megatron-LM turns it off")
     from mtmegatron.models.gpt import p2p_overlap_runs
 
     if args.overlap_p2p_comm and not p2p_overlap_runs(args):
@@ -134,8 +144,10 @@ def run(args, backend, tokenizer=None, data=None) -> int:
 
     state = RunState()
     if args.load:
+        fresh = checkpointing.latest_complete_iteration(args.load) is None  # then load() says it starts over
         state.start = checkpointing.load(args.load, model, optimizer, scheduler, args, state.train_state)
-        print_rank0(rank, f"mtmegatron: loaded {args.load} (continuing at iteration {state.start})")
+        if state.start > 0 or not fresh:
+            print_rank0(rank, f"mtmegatron: loaded {args.load} (continuing at iteration {state.start})")
 
     gbs = args.global_batch_size
     num_samples = (args.train_iters + 1) * gbs

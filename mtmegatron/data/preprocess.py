@@ -45,29 +45,58 @@ def _is_jsonl(path: str) -> bool:
     return stem.endswith((".jsonl", ".json"))
 
 
+class InputError(ValueError):
+    """An input file that cannot be read as asked; the message names it and says why."""
+
+
 def iter_documents(paths: list[str], key: str) -> Iterator[str]:
     """Documents of every input: one per JSONL line (field ``key``), or blank-line-separated paragraphs of
-    plain text files."""
+    plain text files. An input that is not UTF-8, a compressed file that is not (or not wholly) of its kind, or
+    one that cannot be read is an InputError naming it."""
     for path in paths:
-        with _open_text(path) as f:
-            if _is_jsonl(path):
-                for number, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        yield json.loads(line)[key]
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise ValueError(f"{path}:{number}: not a JSON object with a {key!r} field") from None
-            else:
-                paragraph: list[str] = []
-                for line in f:
-                    if line.strip():
-                        paragraph.append(line.rstrip("\n"))
-                    elif paragraph:
-                        yield "\n".join(paragraph)
-                        paragraph = []
-                if paragraph:
+        try:
+            yield from _documents(path, key)
+        except UnicodeDecodeError:
+            raise InputError(f"{path}:{_first_undecodable_line(path)}: not UTF-8 text (inputs must be UTF-8)") \
+                from None
+        except (EOFError, lzma.LZMAError, gzip.BadGzipFile, OSError) as e:
+            kind = os.path.splitext(path)[1]
+            if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and kind not in _OPENERS:
+                raise InputError(f"{path}: {e.strerror or e}") from None
+            raise InputError(f"{path}: not a whole {kind[1:]} file ({e or 'it ends early'})") from None
+
+
+def _documents(path: str, key: str) -> Iterator[str]:
+    with _open_text(path) as f:
+        if _is_jsonl(path):
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)[key]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ValueError(f"{path}:{number}: not a JSON object with a {key!r} field") from None
+        else:
+            paragraph: list[str] = []
+            for line in f:
+                if line.strip():
+                    paragraph.append(line.rstrip("\n"))
+                elif paragraph:
                     yield "\n".join(paragraph)
+                    paragraph = []
+            if paragraph:
+                yield "\n".join(paragraph)
+
+
+def _first_undecodable_line(path: str) -> int:
+    opener = _OPENERS.get(os.path.splitext(path)[1], open)
+    with opener(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
 
 
 _worker_tokenizer = None  # set before the workers fork: each inherits the loaded tokenizer
@@ -92,8 +121,8 @@ def preprocess(inputs: list[str], prefix: str, tokenizer, key: str = "text", wor
     tmp = f"{out}.tmp{os.getpid()}"
     builder = IndexedDatasetBuilder(tmp + ".bin", dtype=DType.optimal_dtype(tokenizer.vocab_size))
     num_docs = num_tokens = 0
-    bar = tqdm(desc=f"tokenizing -> {os.path.basename(out)}", unit=" docs", disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(desc=f"tokenizing -> {os.path.basename(out)}", unit=" docs",
+               disable=not progress or not sys.stderr.isatty(), file=sys.stderr)
     global _worker_tokenizer
     _worker_tokenizer = tokenizer
     try:
@@ -173,6 +202,11 @@ def _check(args: argparse.Namespace) -> None:
     missing = [path for path in args.input if not os.path.isfile(path)]
     if missing:
         raise ValueError(f"no such input file: {', '.join(missing)}")
+    above = os.path.dirname(os.path.abspath(args.output_prefix))
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise ValueError(f"--output-prefix {args.output_prefix}: {above} is a file, not a directory")
     if args.split_sentences:
         raise ValueError("--split-sentences is not supported: GPT-style documents only (BERT models are not)")
     if args.partitions != 1:
@@ -200,14 +234,19 @@ def run(args: argparse.Namespace) -> int:
             tokenizer = train_bpe(iter_documents(args.input, args.json_keys[0]), args.train_tokenizer,
                                   f"{args.output_prefix}_tokenizer")
             print(f"trained a byte-level BPE ({tokenizer.vocab_size} tokens): {tokenizer.source}")
-        if not args.append_eod:
-            print("note: no end-of-document token between documents (pass --append-eod for GPT pretraining, as in "
-                  "Megatron-LM)", file=sys.stderr)
         outputs = [preprocess(args.input, args.output_prefix, tokenizer, key, args.workers,
                               append_eod=args.append_eod) for key in args.json_keys]
     except (TokenizerError, ValueError) as e:
         print(f"mtmegatron preprocess: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # an output that cannot be written (a full disk, a prefix under a file)
+        from mtmegatron.training.errors import describe_os_error
+
+        print(f"mtmegatron preprocess: error: {describe_os_error(e)}", file=sys.stderr)
+        return 2
+    if not args.append_eod:
+        print("note: no end-of-document token between documents (pass --append-eod for GPT pretraining, as in "
+              "Megatron-LM)", file=sys.stderr)
     flags = tokenizer_flags_text(args, tokenizer)
     for out in outputs:
         print(f"wrote {out}.bin and {out}.idx; train with --data-path {out} {flags}")

@@ -6,7 +6,10 @@ message naming the file and the (1-based) line. The tokenized conversations, the
 packing plan are cached under ``<cache>/sft-<key>`` where the key hashes the files' contents, the tokenizer,
 the template, ``--seq-length``, the seed and the padding multiple of context parallelism (``2 x CP``, 1 without
 CP; see packing.py): a second run (or another rank) loads them.
-Conversations longer than ``--seq-length`` positions are cut on the right and counted.
+Conversations longer than ``--seq-length`` positions are cut on the right and counted, with the assistant
+(loss) tokens before and after the cut; data that the cut leaves without any assistant token is refused, and
+``--sft-drop-unanswered`` leaves out the conversations it leaves without one. A file that is missing, a
+directory, compressed or not UTF-8 is one ``SFTDataError``, and a failed preparation leaves no cache behind.
 May assume: called on every rank before any process group (a file lock lets one rank build the cache).
 """
 
@@ -17,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -25,20 +29,45 @@ import numpy as np
 from mtmegatron.sft.formats import RecordError, parse_line
 from mtmegatron.sft.packing import Plan, first_fit_decreasing, packed_batch, padded_batch, round_up
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 class SFTDataError(ValueError):
     """Unusable SFT data; the message names the file and record."""
 
 
-def read_conversations(path: str) -> list[list[dict]]:
-    """Every record of a JSONL file as messages; the first bad record is an ``SFTDataError``."""
+# the first bytes of compressed files people hand over as "JSONL"
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"\xfd7zXZ": "xz", b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def check_file(path: str) -> None:
+    """``path`` is a readable, uncompressed file (what --sft reads), else an ``SFTDataError`` saying what it is."""
+    if os.path.isdir(path):
+        raise SFTDataError(f"--data-path {path} is a directory: --sft reads JSONL files (name each file)")
     if not os.path.isfile(path):
         raise SFTDataError(f"--data-path {path}: no such file (--sft reads JSONL files)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise SFTDataError(f"--data-path {path}: cannot be read ({e.strerror})") from None
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise SFTDataError(f"--data-path {path} is {kind}-compressed: decompress it first (--sft reads plain "
+                               f"UTF-8 JSONL)")
+
+
+def read_conversations(path: str) -> list[list[dict]]:
+    """Every record of a JSONL file as messages; the first bad record is an ``SFTDataError``."""
+    check_file(path)
     conversations = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise SFTDataError(f"{path}: record {number}: not UTF-8 text (byte {raw[e.start]:#04x} at offset "
+                                   f"{e.start}): --sft reads UTF-8 JSONL") from None
             if not line.strip():
                 continue
             try:
@@ -58,6 +87,9 @@ class SFTData:
     offsets: np.ndarray
     plan: Plan
     num_truncated: int
+    targets: tuple[int, int]  # assistant (loss) tokens of all conversations: before and after the cut
+    num_unanswered: int  # conversations the cut left without any assistant token
+    num_dropped: int  # of those, dropped by --sft-drop-unanswered
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -75,22 +107,57 @@ class SFTData:
         return real / (len(self.plan) * seq_length), real / (len(self) * seq_length)
 
 
-def tokenize(conversations, template, seq_length: int, eod: int, progress: bool):
-    """(ids, assistant, offsets, number truncated): each conversation rendered, EOD appended (trained when the
-    conversation ends with an assistant turn), cut to ``seq_length + 1`` tokens."""
+@dataclass
+class CutStats:
+    """What cutting conversations to ``--seq-length`` cost: counts of conversations and of assistant tokens."""
+    truncated: int = 0
+    targets_before: int = 0
+    targets_after: int = 0
+    unanswered: int = 0  # cut before their first assistant token
+    dropped: int = 0
+    shortest_answer_start: int | None = None  # fewest positions any conversation needs for one assistant token
+
+
+def tokenize(conversations, template, seq_length: int, eod: int, progress: bool, drop_unanswered: bool = False):
+    """(ids, assistant, offsets, CutStats): each conversation rendered, EOD appended (trained when the
+    conversation ends with an assistant turn), cut to ``seq_length + 1`` tokens; with ``drop_unanswered`` a
+    conversation the cut leaves without an assistant token is left out. Position ``i``'s label is token
+    ``i + 1``, so the loss tokens are ``mask[1:]``."""
     from tqdm import tqdm
 
-    ids, assistant, offsets, truncated = [], [], [0], 0
+    ids, assistant, offsets, stats = [], [], [0], CutStats()
     for messages in tqdm(conversations, desc="mtmegatron: tokenizing conversations", disable=not progress,
                          unit="conv", mininterval=1.0):
         tokens, mask = template.encode(messages)
         tokens, mask = tokens + [eod], mask + [messages[-1]["role"] == "assistant"]
+        before = sum(mask[1:])
+        first = next((i for i, m in enumerate(mask) if m and i > 0), None)
+        if first is not None and (stats.shortest_answer_start is None or first < stats.shortest_answer_start):
+            stats.shortest_answer_start = first
         if len(tokens) > seq_length + 1:
-            tokens, mask, truncated = tokens[: seq_length + 1], mask[: seq_length + 1], truncated + 1
+            tokens, mask = tokens[: seq_length + 1], mask[: seq_length + 1]
+            stats.truncated += 1
+        after = sum(mask[1:])
+        stats.targets_before += before
+        stats.targets_after += after
+        if after == 0:
+            stats.unanswered += 1
+            if drop_unanswered:
+                stats.dropped += 1
+                continue
         ids.extend(tokens)
         assistant.extend(mask)
         offsets.append(len(ids))
-    return np.array(ids, np.int32), np.array(assistant, np.bool_), np.array(offsets, np.int64), truncated
+    return np.array(ids, np.int32), np.array(assistant, np.bool_), np.array(offsets, np.int64), stats
+
+
+def check_cut(stats: CutStats, num_conversations: int, seq_length: int) -> None:
+    """Refuse data that the cut leaves nothing to learn from (an ``SFTDataError``)."""
+    if stats.targets_after == 0 or stats.dropped == num_conversations:
+        need = (f" (the earliest answer starts after {stats.shortest_answer_start} positions)"
+                if stats.shortest_answer_start else "")
+        raise SFTDataError(f"{stats.unanswered} of {num_conversations} conversations lose their answer to "
+                           f"--seq-length {seq_length}: nothing to train on; raise --seq-length{need}")
 
 
 def padding_multiple(args: argparse.Namespace) -> int:
@@ -105,40 +172,62 @@ def _cache_key(files: list[str], tokenizer, args: argparse.Namespace) -> str:
             h.update(hashlib.sha256(f.read()).digest())
     h.update(json.dumps([CACHE_VERSION, tokenizer.unique_identifiers, args.sft_tokenizer_prompt_format,
                          args.seq_length, args.seed] + ([padding_multiple(args)] if padding_multiple(args) > 1
-                                                        else [])).encode())
+                                                        else [])
+                        + (["drop-unanswered"] if getattr(args, "sft_drop_unanswered", False) else [])).encode())
     return h.hexdigest()[:16]
 
 
-def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: str, progress: bool) -> SFTData:
-    """Validated, tokenized, planned SFT data (built once, then read from the cache)."""
+def _build(files: list[str], tokenizer, args: argparse.Namespace, directory: str, cached: str, progress: bool):
     from mtmegatron.sft.templates import ChatTemplate
 
+    conversations = [c for path in files for c in read_conversations(path)]
+    template = ChatTemplate(tokenizer, args.sft_tokenizer_prompt_format)
+    ids, assistant, offsets, stats = tokenize(conversations, template, args.seq_length, tokenizer.eod, progress,
+                                              getattr(args, "sft_drop_unanswered", False))
+    check_cut(stats, len(conversations), args.seq_length)
+    lengths = round_up(np.diff(offsets) - 1, padding_multiple(args))
+    bins = first_fit_decreasing(lengths, args.seq_length, args.seed)
+    bin_of = np.concatenate([np.full(len(b), i) for i, b in enumerate(bins)])
+    order = np.concatenate([np.array(b) for b in bins])
+    tmp = os.path.join(directory, f"data.tmp{os.getpid()}.npz")
+    np.savez(tmp, ids=ids, assistant=assistant, offsets=offsets, truncated=stats.truncated,
+             targets=np.array([stats.targets_before, stats.targets_after]), unanswered=stats.unanswered,
+             dropped=stats.dropped, order=order, bin_of=bin_of)
+    os.replace(tmp, cached)
+
+
+def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: str, progress: bool) -> SFTData:
+    """Validated, tokenized, planned SFT data (built once, then read from the cache). Data that cannot be used
+    leaves no cache directory behind."""
+    for path in files:
+        check_file(path)
     directory = os.path.join(cache_dir, f"sft-{_cache_key(files, tokenizer, args)}")
+    new_cache_dir = not os.path.isdir(cache_dir)
     os.makedirs(directory, exist_ok=True)
     cached = os.path.join(directory, "data.npz")
-    with open(os.path.join(directory, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not os.path.exists(cached):
-                conversations = [c for path in files for c in read_conversations(path)]
-                template = ChatTemplate(tokenizer, args.sft_tokenizer_prompt_format)
-                ids, assistant, offsets, truncated = tokenize(conversations, template, args.seq_length,
-                                                              tokenizer.eod, progress)
-                lengths = round_up(np.diff(offsets) - 1, padding_multiple(args))
-                bins = first_fit_decreasing(lengths, args.seq_length, args.seed)
-                bin_of = np.concatenate([np.full(len(b), i) for i, b in enumerate(bins)])
-                order = np.concatenate([np.array(b) for b in bins])
-                tmp = os.path.join(directory, f"data.tmp{os.getpid()}.npz")
-                np.savez(tmp, ids=ids, assistant=assistant, offsets=offsets, truncated=truncated,
-                         order=order, bin_of=bin_of)
-                os.replace(tmp, cached)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    try:
+        with open(os.path.join(directory, ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not os.path.exists(cached):
+                    _build(files, tokenizer, args, directory, cached, progress)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    except BaseException:
+        if not os.path.exists(cached):  # nothing usable was written: leave the data's directory as it was
+            shutil.rmtree(directory, ignore_errors=True)
+            if new_cache_dir:
+                try:
+                    os.rmdir(cache_dir)
+                except OSError:  # no longer empty: another run's cache
+                    pass
+        raise
     with np.load(cached) as z:
         bins: list[list[int]] = [[] for _ in range(int(z["bin_of"].max()) + 1)]
         for index, b in zip(z["order"].tolist(), z["bin_of"].tolist()):
             bins[b].append(index)
-        return SFTData(z["ids"], z["assistant"], z["offsets"], Plan(bins, args.seed), int(z["truncated"]))
+        return SFTData(z["ids"], z["assistant"], z["offsets"], Plan(bins, args.seed), int(z["truncated"]),
+                       tuple(int(t) for t in z["targets"]), int(z["unanswered"]), int(z["dropped"]))
 
 
 def micro_batches(data: SFTData, args: argparse.Namespace, dp_rank: int, start_iteration: int,

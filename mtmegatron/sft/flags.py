@@ -2,7 +2,8 @@
 
 Honoured Megatron-LM flags: ``--sft``, ``--sft-tokenizer-prompt-format`` (Megatron-LM's default
 ``nemotron-h-aligned`` plus our built-ins and ``tokenizer``), ``--calculate-per-token-loss``. Ours:
-``--no-sft-packing`` (pad one conversation per row instead of packing). ``--reset-position-ids``,
+``--no-sft-packing`` (pad one conversation per row instead of packing), ``--sft-drop-unanswered`` (leave out
+the conversations that the cut to ``--seq-length`` leaves without an assistant token). ``--reset-position-ids``,
 ``--reset-attention-mask`` and ``--eod-mask-loss`` belong to the pretraining data path (training/data.py);
 SFT packing always restarts positions and attention per conversation, and trains on the EOD token after an
 assistant turn.
@@ -30,6 +31,9 @@ def add_sft_args(p: argparse.ArgumentParser) -> None:
                         "llama3, chatml (= qwen), plain, nemotron-h-aligned")
     g.add_argument("--no-sft-packing", dest="sft_packing", action="store_false",
                    help="lay each conversation out in its own padded row instead of packing them (THD)")
+    g.add_argument("--sft-drop-unanswered", action="store_true",
+                   help="leave out the conversations that the cut to --seq-length leaves without any assistant "
+                        "token (default: keep them, warned about: they train on nothing)")
     g.add_argument("--calculate-per-token-loss", action="store_true",
                    help="average the loss over all loss tokens of the global batch, not per micro-batch")
 
@@ -38,8 +42,8 @@ def check_sft_args(args: argparse.Namespace, error: type[Exception]) -> None:
     if args.calculate_per_token_loss and args.model == "llava":
         raise error("--calculate-per-token-loss is not supported with --model llava (its loss is per micro-batch)")
     if not args.sft:
-        if not args.sft_packing:
-            raise error("--no-sft-packing needs --sft")
+        if not args.sft_packing or args.sft_drop_unanswered:
+            raise error(f"{'--no-sft-packing' if not args.sft_packing else '--sft-drop-unanswered'} needs --sft")
         return
     if args.sft_tokenizer_prompt_format not in PROMPT_FORMATS:
         raise error(f"--sft-tokenizer-prompt-format {args.sft_tokenizer_prompt_format!r} is unknown "

@@ -3,7 +3,9 @@
 No ``--data-path``: the embedded arithmetic task (task.py) with its own tokenizer and held-out questions.
 ``--data-path F1.jsonl [F2.jsonl ...]``: those files and ``--tokenizer-model DIR``. Every problem (a bad
 record, a missing file, a template that cannot be used, a tokenizer larger than the vocabulary) is one
-``ConfigError``.
+``ConfigError``; so is data that the cut to ``--seq-length`` leaves without any assistant token. The share of
+assistant tokens the cut keeps is in the summary, with a warning when it loses more than 5% of them or leaves
+a conversation without its answer.
 May assume: flags validated (sft/flags.py); runs on every rank.
 """
 
@@ -17,6 +19,8 @@ from mtmegatron.data.tokenizer import HFTokenizer, TokenizerError, load_tokenize
 from mtmegatron.sft.dataset import SFTData, SFTDataError, prepare as prepare_data, read_conversations
 from mtmegatron.sft.templates import SPECIAL_TOKENS, ChatTemplate, TemplateError
 from mtmegatron.training.errors import ConfigError
+
+WARN_TARGETS_LOST = 0.05  # a start-up warning when the cut to --seq-length removes more of the assistant tokens
 
 
 @dataclass
@@ -60,8 +64,24 @@ def prepare(args: argparse.Namespace, progress: bool) -> SFTInputs:
                           f"fewer than one --global-batch-size {args.global_batch_size}")
     args.sft_padded_rows = args.micro_batch_size * data.most_per_bin()  # the padded layout's fixed rows
     packed, padded = data.efficiency(args.seq_length)
+    before, after = data.targets
+    if progress and (data.num_unanswered or after < (1 - WARN_TARGETS_LOST) * before):
+        print(f"mtmegatron: warning: {cut_warning(data, args.seq_length)}", flush=True)
+    dropped = f", {data.num_dropped} dropped without an answer" if data.num_dropped else ""
     summary = (f"sft data {' '.join(args.data_path)} | {len(data)} conversations ({data.num_truncated} cut to "
-               f"--seq-length) -> {len(data.plan)} packed sequences | non-pad tokens: {packed:.1%} packed, "
+               f"--seq-length{dropped}; assistant tokens kept {after / before:.1%}) -> {len(data.plan)} packed "
+               f"sequences | non-pad tokens: {packed:.1%} packed, "
                f"{padded:.1%} padded | {'packed THD' if args.sft_packing else 'padded rows'} | template "
                f"{args.sft_tokenizer_prompt_format} | tokenizer {tokenizer.source}")
     return SFTInputs(tokenizer, template, data, held_out, summary)
+
+
+def cut_warning(data: SFTData, seq_length: int) -> str:
+    before, after = data.targets
+    kept = data.num_unanswered - data.num_dropped  # without an answer, still trained on (on nothing)
+    text = f"--seq-length {seq_length} cuts {1 - after / before:.1%} of the assistant tokens"
+    if kept:
+        text += f"; {kept} of {len(data)} conversations lose their whole answer and train on nothing"
+    if data.num_dropped:
+        text += f"; {data.num_dropped} conversations without an answer left out (--sft-drop-unanswered)"
+    return text + f": raise --seq-length{' or drop them with --sft-drop-unanswered' if kept else ''}"

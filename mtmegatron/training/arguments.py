@@ -27,7 +27,8 @@ from mtmegatron.training.run_control import add_run_control_args, check_run_cont
 from mtmegatron.training.schedule_flags import add_schedule_args
 from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
 from mtmegatron.sft.flags import add_sft_args, check_sft_args
-from mtmegatron.training.checkpoint_flags import add_checkpoint_args, check_checkpoint_args, use_checkpoint_args
+from mtmegatron.training.checkpoint_flags import (add_checkpoint_args, check_checkpoint_args,
+                                                  check_checkpoint_paths, use_checkpoint_args)
 from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help, flag_sources, megatron_flags
 from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
@@ -321,8 +322,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
             args.virtual_pipeline_model_parallel_size = None  # one virtual stage is no interleaving (Megatron-LM)
     else:  # Megatron-LM: p2p overlap and aligned parameter gathers exist only in the interleaved schedule
         args.overlap_p2p_comm = False
-    if args.sequence_parallel and tp == 1:
-        args.sequence_parallel = False  # as Megatron-LM: SP is a TP feature
+    args.sequence_parallel_at_tp1 = args.sequence_parallel and tp == 1
+    if args.sequence_parallel_at_tp1:
+        args.sequence_parallel = False  # as Megatron-LM (with a start-up line): SP is a TP feature
     check_llava_args(args, ConfigError)
     check_family_args(args, ConfigError)
     if args.num_experts:
@@ -337,6 +339,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     check_deepseek_args(args, ConfigError)
     if args.vocab_size is not None:  # else set from the tokenizer by data/resolve.py
         check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
+    for field in ("micro_batch_size", "global_batch_size"):  # Megatron-LM's validate_args asserts both > 0
+        if getattr(args, field) is not None and getattr(args, field) < 1:
+            raise ConfigError(f"--{field.replace('_', '-')} must be >= 1, not {getattr(args, field)}")
     check_schedule_flags(args, ConfigError)
     if args.micro_batch_size is None:
         raise ConfigError("--micro-batch-size is required (Megatron-LM has no default; or name a preset with --model)")
@@ -355,6 +360,10 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                           f"{args.max_position_embeddings}")
     if args.bf16 and args.fp16:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
+    for field in ("hidden_dropout", "attention_dropout"):  # torch's dropout refuses these in the first forward
+        if not 0.0 <= getattr(args, field) <= 1.0:
+            raise ConfigError(f"--{field.replace('_', '-')} {getattr(args, field)} is not a probability (between "
+                              f"0 and 1)")
     if args.train_iters < 0:
         raise ConfigError("--train-iters must be >= 0")
     if args.save_interval is not None and args.save_interval <= 0:  # without --save it is unused (Megatron-LM)
@@ -383,6 +392,7 @@ def validate_for_training(args: argparse.Namespace) -> None:
     """Checks that concern training only (a converter or an inference forward may build these models)."""
     if args.lr is None:
         raise ConfigError("--lr is required (Megatron-LM has no default learning rate; or name a preset with --model)")
+    check_checkpoint_paths(args, ConfigError)  # --save/--load as they are on disk
     if args.num_experts and args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
         # megatron-core's MoE layer raises this in the first training forward otherwise
         raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel in training "
@@ -409,6 +419,8 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
     _derive(args, given)
     args.megatron_differences = flag_sources.differences(parser, args, args.value_sources, parser.megatron_defaults)
     validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
+    if args.sequence_parallel_at_tp1:  # not in effect: said at start-up instead (pretrain.startup_lines)
+        args.megatron_differences = [d for d in args.megatron_differences if not d.startswith("--sequence-parallel ")]
     if for_training:
         validate_for_training(args)
     if args.log_dir is None:

@@ -6,8 +6,10 @@ refused with the reason), ``--async-save`` (refused: see ASYNC_REFUSAL), ``--no-
 ``--use-checkpoint-args``, ``--no-ckpt-fully-parallel-save`` (fully parallel save is Megatron-LM's default),
 ``--ckpt-fully-parallel-load``, ``--dist-ckpt-strictness``, ``--ckpt-assume-constant-structure``,
 ``--auto-detect-ckpt-format``, ``--dist-ckpt-optim-fully-reshardable`` (always the case here),
-``--non-persistent-save-interval`` (refused). ``use_checkpoint_args`` runs at parse time, before the model
-fields are derived: it reads the ``--load`` checkpoint's saved Namespace (training/megatron_lm_checkpoint.py).
+``--non-persistent-save-interval`` (refused), ``--exit-on-missing-checkpoint``. ``check_checkpoint_paths``
+(training only) checks ``--save``/``--load`` on disk (checkpoint_dirs.py). ``use_checkpoint_args`` runs at
+parse time, before the model fields are derived: it reads the ``--load`` checkpoint's saved Namespace
+(training/megatron_lm_checkpoint.py).
 May assume: argparse only at registration; megatron-core importable when --use-checkpoint-args reads a checkpoint.
 """
 
@@ -62,6 +64,9 @@ def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dist-ckpt-optim-fully-reshardable", action="store_true",
                    help="store the distributed optimizer in megatron-core's fully reshardable format (always so "
                         "here: a checkpoint loads under any TP/PP/DP layout)")
+    g.add_argument("--exit-on-missing-checkpoint", action="store_true",
+                   help="with --load: exit (status 2) when it holds no checkpoint, instead of starting from "
+                        "scratch")
     g.add_argument("--non-persistent-save-interval", type=int, default=None,
                    help="non-persistent checkpoints (refused here: not implemented)")
 
@@ -75,6 +80,13 @@ def check_checkpoint_args(args: argparse.Namespace, error: type[Exception]) -> N
         raise error(NON_PERSISTENT_REFUSAL)
     if args.use_checkpoint_args and not args.load:
         raise error("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
+
+
+def check_checkpoint_paths(args: argparse.Namespace, error: type[Exception]) -> None:
+    """A training run's ``--save`` and ``--load`` as they are on disk, before any process group starts."""
+    from mtmegatron.training.checkpoint_dirs import check_paths
+
+    check_paths(args, error)
 
 
 def use_checkpoint_args(args: argparse.Namespace, given: dict, error: type[Exception]) -> None:

@@ -4,14 +4,14 @@ in the common state: megatron_lm_checkpoint.py; the flags: checkpoint_flags.py; 
 
 Layout: ``<save>/iter_0000010/`` plus ``<save>/latest_checkpointed_iteration.txt``. A checkpoint is written to
 ``iter_XXXXXXX.partial`` and renamed only after every rank finished, then the tracker file is replaced
-atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load`` takes the newest *complete*
-checkpoint (the tracker's, or the newest renamed ``iter_*`` directory if the tracker's is gone); ``--keep-last
-N`` prunes older ones and stale ``.partial`` directories after each save. The model fingerprint
-(models/fingerprint.py; for a Megatron-LM checkpoint, computed from its Namespace) is compared on load, so a
-checkpoint of another model is one clear error. ``--load`` of a missing or empty directory starts from scratch
-(Megatron-LM's ``--save X --load X`` first run); a directory holding checkpoint debris (a tracker file,
-``iter_*`` or ``*.partial`` entries) but no complete checkpoint is an error, and so is ``--finetune`` without a
-checkpoint; a legacy ``torch`` or ``torch_dcp`` checkpoint is named as such. The LR/weight-decay schedule saved
+atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load`` takes the tracker's
+checkpoint (without a tracker, the newest renamed ``iter_*`` directory); ``--keep-last N`` prunes older ones
+and stale ``.partial`` directories after each save. The model fingerprint (models/fingerprint.py; for a
+Megatron-LM checkpoint, computed from its Namespace) is compared on load, so a checkpoint of another model is
+one clear error. Which ``--load`` starts from scratch (an empty directory; the not yet created ``--save``
+directory) and which is refused (a file, a missing directory, debris, a tracker naming a missing checkpoint,
+``--finetune``/``--exit-on-missing-checkpoint`` without one, a legacy ``torch``/``torch_dcp`` checkpoint) is
+decided by checkpoint_dirs.py, before the process groups start. The LR/weight-decay schedule saved
 with the optimizer must equal this run's unless ``--override-opt_param-scheduler`` (this run's flags win) or
 ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win) says which to use (schedule.py). Checkpoints of
 the older mtmegatron layout (``scheduler`` key, the fingerprint as ``args``) and the converter's model-only
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import time
 
@@ -41,61 +40,18 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (FullyPar
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
+from mtmegatron.training.checkpoint_dirs import (TRACKER, CheckpointError, checkpoint_debris,  # noqa: F401
+                                                 check_load, checkpoint_dir, complete_iterations,
+                                                 latest_complete_iteration, latest_iteration)
 from mtmegatron.training import megatron_lm_checkpoint as mlm
 from mtmegatron.training.device import compute_device
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
-TRACKER = "latest_checkpointed_iteration.txt"
 # The sharded-state metadata of checkpoints of the older mtmegatron layout (read only; new checkpoints store
 # Megatron-LM's content metadata). megatron-core 0.16's default distributed-optimizer format
 # ('fully_sharded_model_space') relies on ShardedTensor.flattened_range, which its own validation rejects.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 PAUSE_ENV = "MTMEGATRON_TEST_PAUSE_IN_SAVE"
-_ITER_DIR = re.compile(r"^iter_(\d{7})$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used as asked (missing, corrupt, other model); the message says why."""
-
-
-def checkpoint_dir(root: str, iteration: int) -> str:
-    return os.path.join(root, f"iter_{iteration:07d}")
-
-
-def latest_iteration(root: str) -> int | None:
-    tracker = os.path.join(root, TRACKER)
-    if not os.path.isfile(tracker):
-        return None
-    with open(tracker) as f:
-        text = f.read().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"{tracker} is corrupt (expected an iteration number, found {text!r})")
-    return int(text)
-
-
-def _is_complete(directory: str) -> bool:
-    # dist_checkpointing writes metadata.json last; the rename from .partial happens after every rank finished
-    return os.path.isfile(os.path.join(directory, "metadata.json"))
-
-
-def complete_iterations(root: str) -> list[int]:
-    """Iterations of the complete checkpoints under ``root``, oldest first (``.partial`` ones never count)."""
-    if not os.path.isdir(root):
-        return []
-    found = [int(m.group(1)) for name in os.listdir(root) if (m := _ITER_DIR.match(name))]
-    return sorted(it for it in found if _is_complete(checkpoint_dir(root, it)))
-
-
-def latest_complete_iteration(root: str) -> int | None:
-    """The tracker's iteration when that checkpoint is complete, else the newest complete one (a tracker
-    update lost in a crash, or a checkpoint deleted by hand), else None."""
-    tracked = latest_iteration(root)
-    if tracked is not None and _is_complete(checkpoint_dir(root, tracked)):
-        return tracked
-    complete = complete_iterations(root)
-    return complete[-1] if complete else None
-
-
 def prune(root: str, keep_last: int) -> list[str]:
     """Remove all but the ``keep_last`` newest complete checkpoints and any leftover ``.partial`` directory."""
     removed = [checkpoint_dir(root, it) for it in complete_iterations(root)[:-keep_last]]
@@ -281,26 +237,6 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}{': ' + text[0] if text else ''}"
 
 
-def checkpoint_debris(root: str) -> list[str]:
-    """Entries of ``root`` that a save leaves (tracker, ``iter_*``, ``*.partial``): none means a fresh start."""
-    if not os.path.isdir(root):
-        return []
-    return sorted(name for name in os.listdir(root)
-                  if name.startswith(TRACKER) or name.startswith("iter_") or name.endswith(".partial"))
-
-
-def _foreign_format(directory: str) -> str | None:
-    """The format of a checkpoint directory that is not torch_dist (Megatron-LM's other formats), else None."""
-    if not os.path.isdir(directory) or _is_complete(directory):
-        return None
-    names = os.listdir(directory)
-    if any(name.startswith("mp_rank_") for name in names):
-        return "torch"
-    if ".metadata" in names:
-        return "torch_dcp"
-    return None
-
-
 def _saved_facts(common: dict, args) -> dict:
     """What a checkpoint holds, from its common state, for Megatron-LM's layout and for the older mtmegatron
     layout (``scheduler`` key, fingerprint dict as ``args``; the converter's model-only checkpoints)."""
@@ -361,23 +297,11 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     continue from (0, after a message, when ``root`` is missing or holds nothing a save writes). ``train_state``
     (when given) is updated with the counters saved beside the weights."""
     iteration = latest_complete_iteration(root)
-    if iteration is None:
-        tracked = latest_iteration(root)
-        foreign = _foreign_format(checkpoint_dir(root, tracked)) if tracked is not None else None
-        if foreign:
-            from mtmegatron.training.checkpoint_flags import FORMAT_REFUSALS
-
-            raise CheckpointError(f"--load {root}: {checkpoint_dir(root, tracked)} is a '{foreign}' checkpoint: "
-                                  f"{FORMAT_REFUSALS[foreign]}")
-        debris = checkpoint_debris(root)
-        if not debris and not args.finetune:
-            _say(f"--load {root}: {'empty directory' if os.path.isdir(root) else 'no such directory'}, no "
-                 f"checkpoint to resume: starting from scratch at iteration 0")
-            return 0
-        found = f"it holds {', '.join(debris[:3])}{' ...' if len(debris) > 3 else ''} but" if debris else "there is"
-        raise CheckpointError(f"--load {root}: {found} no complete checkpoint (no {TRACKER} naming a finished "
-                              f"iter_* directory){'; --finetune needs one' if args.finetune else ''}; remove the "
-                              f"debris of the interrupted save to start from scratch, or pass another --load")
+    if iteration is None:  # anything but a fresh start was refused before the process groups started; again here
+        check_load(root, args, CheckpointError)  # in case the directory changed since
+        _say(f"--load {root}: {'empty directory' if os.path.isdir(root) else 'no such directory'}, no "
+             f"checkpoint to resume: starting from scratch at iteration 0")
+        return 0
     directory = checkpoint_dir(root, iteration)
     common = dist_checkpointing.load_common_state_dict(directory)
     saved = _saved_facts(common, args)

@@ -4,7 +4,9 @@ Decoded on megatron-core's static inference engine with a KV cache (mtmegatron/g
 engine as ``mtmegatron generate``), all prompts in one batch. Every rank takes part (TP ranks in each forward,
 PP stages pass activations and the last stage's logits are broadcast; data-parallel replicas repeat it);
 sequence parallelism is switched off for the decode and back on after it. Prompts are encoded as the training
-data was (no special tokens added). The new tokens per prompt are ``--sample-tokens``, fewer when the longest
+data was (no special tokens added); the built-in prompts (verses of the embedded corpus) are used only on the
+embedded corpus: a run on its own data samples its ``--sample-prompt`` prompts, or says it has none. The new
+tokens per prompt are ``--sample-tokens``, fewer when the longest
 prompt would otherwise run past ``--max-position-embeddings``.
 Not supported, with the reason returned to the caller: interleaved (virtual) pipeline chunks (megatron-core's
 inference wrapper runs one chunk per rank), context parallelism (the KV cache is not split over CP ranks) and a
@@ -37,6 +39,9 @@ def samples(model, tokenizer, args) -> tuple[list[tuple[str, str]] | None, str]:
     reason = unsupported_reason(model, args)
     if reason:
         return None, reason
+    if not args.sample_prompt and not getattr(args, "embedded_corpus", True):
+        return None, ("the built-in prompts are verses of the embedded corpus, not of this run's data: "
+                      "--sample-prompt TEXT (repeatable) sets prompts")
     prompts = list(args.sample_prompt or DEFAULT_PROMPTS)[: args.num_samples]
     prompt_tokens = [tokenizer.tokenize(p) for p in prompts]
     room = args.max_position_embeddings - max(len(ids) for ids in prompt_tokens)
