@@ -1,0 +1,170 @@
+"""A checkpoint root on disk (the tracker file, ``iter_*`` directories, debris of interrupted saves), read with
+``os`` only, and the checks of ``--save``/``--load`` that run before any process group starts.
+
+Layout (Megatron-LM's): ``<root>/iter_0000010/`` (complete once ``metadata.json`` is in it and it is no longer
+``.partial``) and ``<root>/latest_checkpointed_iteration.txt`` naming the newest. ``check_paths`` refuses, with
+one ``ConfigError`` line each: a ``--save`` or ``--load`` that is a file, a ``--save`` that cannot be created
+or written, a ``--load`` directory that does not exist (unless it is the ``--save`` directory: the first run of
+``--save X --load X``), a tracker naming an iteration whose checkpoint is missing or incomplete (the complete
+ones are listed), debris without a complete checkpoint, ``--finetune`` or ``--exit-on-missing-checkpoint``
+without a checkpoint. An existing directory holding nothing a save writes starts from scratch (Megatron-LM).
+May assume: nothing beyond ``os`` (imported at flag validation, before torch or megatron-core).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+TRACKER = "latest_checkpointed_iteration.txt"
+_ITER_DIR = re.compile(r"^iter_(\d{7})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used as asked (missing, corrupt, other model); the message says why."""
+
+
+def checkpoint_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def latest_iteration(root: str) -> int | None:
+    tracker = os.path.join(root, TRACKER)
+    if not os.path.isfile(tracker):
+        return None
+    with open(tracker) as f:
+        text = f.read().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{tracker} is corrupt (expected an iteration number, found {text!r})")
+    return int(text)
+
+
+def is_complete(directory: str) -> bool:
+    # dist_checkpointing writes metadata.json last; the rename from .partial happens after every rank finished
+    return os.path.isfile(os.path.join(directory, "metadata.json"))
+
+
+def complete_iterations(root: str) -> list[int]:
+    """Iterations of the complete checkpoints under ``root``, oldest first (``.partial`` ones never count)."""
+    if not os.path.isdir(root):
+        return []
+    found = [int(m.group(1)) for name in os.listdir(root) if (m := _ITER_DIR.match(name))]
+    return sorted(it for it in found if is_complete(checkpoint_dir(root, it)))
+
+
+def latest_complete_iteration(root: str) -> int | None:
+    """The tracker's iteration, else (no tracker: a tracker lost in a crash or removed by hand) the newest
+    complete checkpoint, else None. A tracker naming a checkpoint that is missing or incomplete is an error
+    listing the complete ones: loading another iteration than the one named would resume silently from an
+    older point."""
+    tracked = latest_iteration(root)
+    complete = complete_iterations(root)
+    if tracked is None:
+        return complete[-1] if complete else None
+    if is_complete(checkpoint_dir(root, tracked)):
+        return tracked
+    if not complete:
+        return None  # debris only: the caller names it
+    state = "is incomplete" if os.path.isdir(checkpoint_dir(root, tracked)) else "is missing"
+    raise CheckpointError(f"--load {root}: {TRACKER} names iteration {tracked} but {checkpoint_dir(root, tracked)} "
+                          f"{state}; complete checkpoints: {', '.join(map(str, complete))} (write one of these "
+                          f"numbers into {os.path.join(root, TRACKER)} to resume from it)")
+
+
+def checkpoint_debris(root: str) -> list[str]:
+    """Entries of ``root`` that a save leaves (tracker, ``iter_*``, ``*.partial``): none means a fresh start."""
+    if not os.path.isdir(root):
+        return []
+    return sorted(name for name in os.listdir(root)
+                  if name.startswith(TRACKER) or name.startswith("iter_") or name.endswith(".partial"))
+
+
+def _same_path(a: str | None, b: str | None) -> bool:
+    return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def _check_save(save: str, error: type[Exception]) -> None:
+    if os.path.exists(save):
+        if not os.path.isdir(save):
+            raise error(f"--save {save} is a file, not a directory: checkpoints are directories (iter_*/ and "
+                        f"{TRACKER}); name a directory")
+        if not os.access(save, os.W_OK | os.X_OK):
+            raise error(f"--save {save}: the directory is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(save))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise error(f"--save {save} cannot be created: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise error(f"--save {save} cannot be created: {parent} is not writable")
+
+
+def _no_checkpoint_reason(args) -> str | None:
+    if args.finetune:
+        return "--finetune needs one"
+    if getattr(args, "exit_on_missing_checkpoint", False):
+        return "--exit-on-missing-checkpoint"
+    return None
+
+
+def check_load(load: str, args, error: type[Exception]) -> None:
+    """``--load`` ``load``: a checkpoint to resume, or a fresh start Megatron-LM would make; else ``error``."""
+    if os.path.exists(load) and not os.path.isdir(load):
+        raise error(f"--load {load} is a file, not a checkpoint directory (the directory holding "
+                    f"{TRACKER} and iter_*/)")
+    if not os.path.isdir(load):
+        if _same_path(load, args.save) and _no_checkpoint_reason(args) is None:
+            return  # the first run of `--save X --load X`
+        reason = _no_checkpoint_reason(args)
+        raise error(f"--load {load}: no such directory, so no checkpoint to resume"
+                    f"{' (' + reason + ')' if reason else ''}; to start from scratch drop --load (or give the "
+                    f"--save directory, which a first run may not have created yet)")
+    if not os.access(load, os.R_OK | os.X_OK):
+        raise error(f"--load {load}: the directory is not readable")
+    try:
+        iteration = latest_complete_iteration(load)
+    except CheckpointError as e:
+        raise error(str(e)) from None
+    if iteration is not None:
+        return
+    debris = checkpoint_debris(load)
+    reason = _no_checkpoint_reason(args)
+    tracked = latest_iteration(load)
+    foreign = foreign_format(checkpoint_dir(load, tracked)) if tracked is not None else None
+    if foreign:
+        from mtmegatron.training.checkpoint_flags import FORMAT_REFUSALS
+
+        raise error(f"--load {load}: {checkpoint_dir(load, tracked)} is a '{foreign}' checkpoint: "
+                    f"{FORMAT_REFUSALS[foreign]}")
+    if debris or reason:
+        found = f"it holds {', '.join(debris[:3])}{' ...' if len(debris) > 3 else ''} but" if debris else "there is"
+        raise error(f"--load {load}: {found} no complete checkpoint (no {TRACKER} naming a finished iter_* "
+                    f"directory){'; ' + reason if reason else ''}; "
+                    + ("remove the debris of the interrupted save to start from scratch, or pass another --load"
+                       if debris else "pass the directory of a saved run"))
+
+
+def foreign_format(directory: str) -> str | None:
+    """The format of a checkpoint directory that is not torch_dist (Megatron-LM's other formats), else None."""
+    if not os.path.isdir(directory) or is_complete(directory):
+        return None
+    names = os.listdir(directory)
+    if any(name.startswith("mp_rank_") for name in names):
+        return "torch"
+    if ".metadata" in names:
+        return "torch_dcp"
+    return None
+
+
+def check_paths(args, error: type[Exception]) -> None:
+    """``--save`` and ``--load`` usable as the run will use them (see the module docstring)."""
+    if args.save:
+        _check_save(args.save, error)
+    if args.load:
+        check_load(args.load, args, error)
+
+
+def starts_fresh(args) -> bool:
+    """``--load`` given, and it holds no checkpoint (checked by ``check_paths``): the run starts at iteration 0."""
+    return bool(args.load) and latest_complete_iteration(args.load) is None
