@@ -105,8 +105,9 @@ def checkpoint_common(root: str, flag: str = "--load") -> dict:
     directory = checkpoint_dir(root, iteration)
     try:
         common = dist_checkpointing.load_common_state_dict(directory)
-    except (CheckpointingException, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    except (CheckpointingException, OSError, RuntimeError, EOFError, pickle.UnpicklingError, TypeError, KeyError,
+            ValueError) as e:  # a metadata.json or common.pt that is not what megatron-core wrote
+        reason = type(e).__name__ + "".join(f": {line}" for line in str(e).strip().splitlines()[:1])
         raise CheckpointError(f"{flag} {root}: {directory} is not a readable megatron-core checkpoint "
                               f"({reason})") from None
     common["directory"] = directory

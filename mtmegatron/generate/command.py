@@ -122,10 +122,12 @@ def report(args, results, seconds: float, backend, margs, sampling: dict) -> Non
 def main_with_errors(args) -> int:
     """``run`` with user mistakes as one line (rank 0) and exit status 2."""
     from mtmegatron.backends import BackendUnavailableError
+    from mtmegatron.training.errors import describe_os_error
 
     try:
         return run(args)
-    except (GenerateError, BackendUnavailableError) as e:
+    except (GenerateError, BackendUnavailableError, OSError) as e:  # OSError: e.g. --output on a full disk
         if _rank() == 0:
-            print(f"mtmegatron generate: error: {e}", file=sys.stderr, flush=True)
+            message = describe_os_error(e) if isinstance(e, OSError) else e
+            print(f"mtmegatron generate: error: {message}", file=sys.stderr, flush=True)
         return 2
