@@ -1,18 +1,24 @@
 """Training step time of mtmegatron, one run, one table: each ``--transformer-impl`` available here (local,
 mtmegatron; transformer_engine where TransformerEngine imports), Megatron-LM's fusions on / off / each one off,
-grouped-GEMM MoE experts on / off, FP8 vs bf16 on a GPU, against a plain-PyTorch training loop of the same model
-and against the GEMM + attention bound measured in the same run (benchmarks/step_baselines.py).
+FP8 (hybrid, tensorwise, torch._scaled_mm) vs bf16, grouped-GEMM MoE experts on / off, against a plain-PyTorch
+training loop of the same model and against the GEMM + attention bound measured in the same run
+(benchmarks/step_baselines.py).
 
 Each "ours" row is one ``python -m mtmegatron.pretrain`` process (one rank, mock data) whose per-iteration
 ``step_time_ms`` (metrics.jsonl) is read back; the row shows the median after ``--warmup`` iterations (the fastest
-of ``--repeats`` processes), the model
-TFLOP/s (Megatron-LM's FLOP formula, training/throughput.py), MFU where the device's bf16 peak is known, the ratio
-to the plain loop and to the bound of the same model, and which fusions the run's start-up line says ran.
-Models: on CPU a small Llama-3 (dense) and Mixtral (MoE) of the same layer shapes, fp32; on a GPU
-(``--backend cuda|musa``) a Llama-3-8B-shaped model with ``--num-layers`` layers, bf16, and Mixtral-8x7B's layer.
+of ``--repeats`` processes), the model TFLOP/s (Megatron-LM's FLOP formula, training/throughput.py), MFU against
+the device's datasheet bf16 peak where it is known and against an n^3 matrix product measured at the start of the
+same run (``--matmul-size``, 8192 bf16 on a GPU), the ratio to the plain loop and to the bound of the same model,
+and which fusions the run's start-up line says ran. Rows run most telling first (impls with fusions on, then off,
+FP8 vs bf16, MoE sequential vs grouped), so a run cut short by a time limit keeps the comparisons that matter;
+``--json`` rewrites every figure to a file after each row for the same reason.
+Models: on CPU a small Llama-3 (dense) and Mixtral (MoE) of the same layer shapes, fp32 (FP8 rows, with ``--fp8
+on``, get bf16 parameters and a bf16 row of their own); on a GPU (``--backend cuda|musa``) a Llama-3-8B-shaped
+model with ``--num-layers`` layers, bf16, and Mixtral-8x7B's layer (``--moe-num-layers``).
 ``--fusion-ab``: only the fusions table: each fusion the backend can run on vs off, processes interleaved (on, off,
 on, off, ...) ``--repeats`` times, medians, spread, and the faster-or-equal verdict models/fusions.py applies.
-Usage: python benchmarks/step.py [--backend cpu] [--iters 6] [--threads 1] [--quick] [--fusion-ab --repeats 5]
+Usage: python benchmarks/step.py [--backend cpu] [--iters 6] [--threads 1] [--quick] [--impls local,mtmegatron]
+       [--fp8 auto|on|off] [--no-ablation] [--matmul-size N] [--json F] [--fusion-ab --repeats 5]
 May assume: mtmegatron installed; torch >= 2.6; no launcher variables needed.
 """
 
@@ -26,11 +32,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_baselines import bound_step_ms, plain_step_ms  # noqa: E402
+from step_baselines import bound_step_ms, plain_step_ms, synchronize  # noqa: E402
 
 COMMON = ["--mock-data", "--lr", "1e-4", "--lr-decay-style", "constant", "--log-interval", "1000",
           "--hidden-dropout", "0", "--attention-dropout", "0"]
@@ -53,7 +60,7 @@ FUSION_OFF_FLAG = {"bias-dropout-add": "--no-bias-dropout-fusion", "bias-activat
                    "rope": "--no-rope-fusion", "masked-softmax": "--no-masked-softmax-fusion",
                    "persist-layer-norm": "--no-persist-layer-norm",
                    "gradient-accumulation": "--no-gradient-accumulation-fusion", "cross-entropy": None}
-FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-executor", "scaled_mm"]
 # --fusion-ab: (fusion, its "on" flags, its "off" flags), everything else equal, dense model. mtmegatron's RMSNorm
 # and SwiGLU come with --transformer-impl mtmegatron (no flag each): that row holds RoPE and the loss equal.
 FUSION_AB = [
@@ -154,19 +161,44 @@ def peak_tflops(backend: str) -> float | None:
     return peak_bf16_tflops(torch.get_device_module(backend).get_device_name())
 
 
-def rows_to_run(backend: str, quick: bool) -> list[tuple[str, str, list[str]]]:
-    """(row name, model, extra flags) for every "ours" row."""
-    rows = []
-    for impl in available_impls():
-        on = ["--transformer-impl", impl, "--cross-entropy-loss-fusion"]
-        rows.append((f"{impl}, fusions on", "dense", on))
-        rows.append((f"{impl}, fusions off", "dense", ["--transformer-impl", impl, *FUSIONS_OFF]))
-        if backend != "cpu":
-            rows.append((f"{impl}, fusions on, FP8 tensorwise", "dense", on + FP8))
-        rows.append((f"{impl}, MoE sequential experts", "moe", on))
-        rows.append((f"{impl}, MoE grouped GEMM", "moe", on + ["--moe-grouped-gemm"]))
-        if quick:
-            break
+def device_name(backend: str) -> str:
+    if backend == "cpu":
+        return f"cpu ({os.cpu_count()} cores)"
+    return torch.get_device_module(backend).get_device_name()
+
+
+def matmul_tflops(device: torch.device, n: int, dtype: torch.dtype, reps: int = 10) -> float:
+    """TFLOP/s of an n x n x n matrix product on random data, the mean of ``reps`` products after 3 warm-ups:
+    the peak this device reaches in this run, the second denominator of MFU."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    synchronize(device)
+    return 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e12
+
+
+def rows_to_run(backend: str, impls: list[str], fp8: bool, quick: bool) -> list[tuple[str, str, list[str]]]:
+    """(row name, model, extra flags) for every "ours" row, most telling first (a run cut short by a time limit
+    keeps the impl comparison): fusions on per impl, fusions off per impl, FP8 vs bf16, MoE sequential vs grouped.
+    ``quick``: the first impl only."""
+    impls = impls[:1] if quick else impls
+    on = {impl: ["--transformer-impl", impl, "--cross-entropy-loss-fusion"] for impl in impls}
+    rows = [(f"{impl}, fusions on", "dense", on[impl]) for impl in impls]
+    rows += [(f"{impl}, fusions off", "dense", ["--transformer-impl", impl, *FUSIONS_OFF]) for impl in impls]
+    if fp8:
+        for impl in impls:
+            if backend == "cpu":  # the cpu models are fp32: FP8 is compared with bf16 parameters of its own
+                rows.append((f"{impl}, fusions on, bf16", "dense", on[impl] + ["--bf16"]))
+            rows.append((f"{impl}, fusions on, FP8 tensorwise scaled_mm", "dense",
+                         on[impl] + FP8 + (["--bf16"] if backend == "cpu" else [])))
+    for impl in impls:
+        rows.append((f"{impl}, MoE sequential experts", "moe", on[impl]))
+        rows.append((f"{impl}, MoE grouped GEMM", "moe", on[impl] + ["--moe-grouped-gemm"]))
     return rows
 
 
@@ -180,7 +212,7 @@ def ablation_rows(impl: str, running: str) -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "musa"])
     p.add_argument("--iters", type=int, default=6)
@@ -188,59 +220,103 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="OMP threads of every process (CPU)")
     p.add_argument("--repeats", type=int, default=1,
                    help="processes per row; the row shows the fastest (other load on the machine only slows)")
-    p.add_argument("--num-layers", type=int, default=2, help="layers of the GPU models")
+    p.add_argument("--num-layers", type=int, default=2, help="layers of the GPU dense model")
+    p.add_argument("--moe-num-layers", type=int, default=1, help="layers of the GPU MoE model (Mixtral-8x7B's)")
+    p.add_argument("--impls", type=lambda s: [i for i in s.split(",") if i], default=None,
+                   help="comma-separated --transformer-impl values (default: every one that imports here)")
+    p.add_argument("--fp8", choices=("auto", "on", "off"), default="auto",
+                   help="FP8 (hybrid, tensorwise, scaled_mm) vs bf16 rows; auto: on a GPU only")
+    p.add_argument("--no-ablation", action="store_true", help="no 'fusions on but X' rows")
+    p.add_argument("--matmul-size", type=int, default=None,
+                   help="n of the n^3 matrix product measured as this run's peak (default 8192 on a GPU, 2048 on "
+                        "cpu; 0 skips it)")
+    p.add_argument("--json", default=None, help="also write every figure to this file (rewritten after each row)")
     p.add_argument("--quick", action="store_true", help="the first impl only, no per-fusion rows")
     p.add_argument("--fusion-ab", action="store_true",
                    help="only the fusions table: each fusion on vs off, --repeats interleaved pairs of processes, "
                         "medians and spread (the measurement behind models/fusions.py's cpu decisions)")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    models = CPU_MODELS if a.backend == "cpu" else {k: v + ["--num-layers", str(a.num_layers)]
-                                                   for k, v in GPU_MODELS.items()}
+    if a.backend == "cpu":
+        models = CPU_MODELS
+    else:
+        models = {"dense": GPU_MODELS["dense"] + ["--num-layers", str(a.num_layers)],
+                  "moe": GPU_MODELS["moe"] + ["--num-layers", str(a.moe_num_layers)]}
     base = {k: ["--backend", a.backend, *COMMON, *v] for k, v in models.items()}
     if a.fusion_ab:
         print(f"backend {a.backend}, {a.iters} timed iterations after {a.warmup}, OMP_NUM_THREADS={a.threads}; "
               f"model: {' '.join(models['dense'])}", flush=True)
         fusion_ab(base["dense"], a)
         return
+    if a.backend == "musa":
+        importlib.import_module("torch_musa")
     device = torch.device(a.backend)
     peak = peak_tflops(a.backend)
+    mm_size = a.matmul_size if a.matmul_size is not None else (2048 if a.backend == "cpu" else 8192)
+    mm_dtype = torch.float32 if a.backend == "cpu" else torch.bfloat16
+    mm_peak = matmul_tflops(device, mm_size, mm_dtype) if mm_size else None
+    report = {"backend": a.backend, "device": device_name(a.backend), "torch": torch.__version__,
+              "iters": a.iters, "warmup": a.warmup, "threads": a.threads, "repeats": a.repeats,
+              "peak_datasheet_bf16_tflops": peak,
+              "matmul": {"n": mm_size, "dtype": str(mm_dtype).replace("torch.", ""), "tflops": mm_peak},
+              "models": {}, "rows": []}
 
-    print(f"backend {a.backend}, {a.iters} timed iterations after {a.warmup}, OMP_NUM_THREADS={a.threads}"
-          f"{'' if peak is None else f', bf16 peak {peak:.0f} TFLOP/s'}", flush=True)
+    def save() -> None:
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(report, f, indent=1)
+
+    mm = "" if mm_peak is None else f", measured {mm_size}^3 {report['matmul']['dtype']} matmul {mm_peak:.1f} TFLOP/s"
+    print(f"backend {a.backend} ({report['device']}), {a.iters} timed iterations after {a.warmup}, "
+          f"OMP_NUM_THREADS={a.threads}{'' if peak is None else f', datasheet bf16 peak {peak:.0f} TFLOP/s'}{mm}",
+          flush=True)
     reference, tflop = {}, {}
     for model, flags in base.items():
         args = parse(flags)
         tflop[model] = model_tflop(flags)
         reference[model] = {"plain": plain_step_ms(args, device, a.iters, a.warmup), "bound": bound_step_ms(args, device)}
+        report["models"][model] = {"flags": models[model], "tflop_per_step": tflop[model],
+                                   "plain_ms": reference[model]["plain"], "bound_ms": reference[model]["bound"]}
         print(f"  {model}: {' '.join(models[model])}", flush=True)
+    save()
 
-    header = (f"{'row':<46} {'model':<6} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>6} {'/plain':>7} {'/bound':>7}"
-              f"  fusions running")
+    header = (f"{'row':<46} {'model':<6} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>6} {'MFU/mm':>7} {'/plain':>7} "
+              f"{'/bound':>7}  fusions running")
     print(header)
     print("-" * len(header))
 
     def show(name: str, model: str, ms: float, fusions: str = "") -> None:
         tf = tflop[model] / (ms / 1000)
-        mfu = f"{100 * tf / peak:5.1f}%" if peak else "   n/a"
-        print(f"{name:<46} {model:<6} {ms:9.1f} {tf:8.3f} {mfu:>6} {ms / reference[model]['plain']:7.2f} "
-              f"{ms / reference[model]['bound']:7.2f}  {fusions}", flush=True)
+        mfu = 100 * tf / peak if peak else None
+        mfu_mm = 100 * tf / mm_peak if mm_peak else None
+        row = {"row": name, "model": model, "ms": ms, "tflops": tf, "mfu_datasheet_pct": mfu,
+               "mfu_matmul_pct": mfu_mm, "vs_plain": ms / reference[model]["plain"],
+               "vs_bound": ms / reference[model]["bound"], "fusions": fusions}
+        report["rows"].append(row)
+        save()
+        pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
+        print(f"{name:<46} {model:<6} {ms:9.1f} {tf:8.3f} {pct(mfu):>6} {pct(mfu_mm):>7} {row['vs_plain']:7.2f} "
+              f"{row['vs_bound']:7.2f}  {fusions}", flush=True)
 
     for model in base:
         show("plain PyTorch loop", model, reference[model]["plain"])
         show("GEMM + attention bound", model, reference[model]["bound"])
-    rows = rows_to_run(a.backend, a.quick)
+    impls = a.impls or available_impls()
+    fp8 = a.fp8 == "on" or (a.fp8 == "auto" and a.backend != "cpu")
+    rows = rows_to_run(a.backend, impls, fp8, a.quick)
     done = 0
     while done < len(rows):
         name, model, extra = rows[done]
         runs = [run_ours(base[model] + extra, a.iters, a.warmup, a.threads) for _ in range(a.repeats)]
         result = next((r for r in runs if "error" in r), None) or min(runs, key=lambda r: r["ms"])
         if "error" in result:
+            report["rows"].append({"row": name, "model": model, "error": result["error"]})
+            save()
             print(f"{name:<46} {model:<6} failed: {result['error']}", flush=True)
         else:
             show(name, model, result["ms"], result["fusions"])
-            if name.endswith("fusions on") and not a.quick:
-                rows[done + 1:done + 1] = ablation_rows(name.split(",")[0], result["fusions"])
+            if name.endswith("fusions on") and not (a.quick or a.no_ablation):
+                rows += ablation_rows(name.split(",")[0], result["fusions"])
         done += 1
 
 

@@ -8,10 +8,13 @@ For tiny Llama-3, Mixtral and DeepSeek-V3 (mock data), in fp32 and --bf16:
 Then the fused kernels against their CPU reference (scripts/gpu_kernels.py, fp32, max abs err <= 1e-3, and
 native kernels must be registered), and FP8 (e4m3, tensorwise) with every executor that imports
 (scaled_mm, transformer_engine, emulated): losses finite and falling, first loss within 5% of the bf16 run.
-Prints one table; exit status 1 when any check fails.
+The training and FP8 runs are independent processes: ``--jobs N`` runs N at a time (device runs beside the CPU
+reference runs; each child gets OMP_NUM_THREADS = cores / N unless it is set). Prints one table (and, with
+``--json``, writes it with every run's losses); exit status 1 when any check fails.
 
 Usage: python scripts/gpu_train_check.py [--backend-under-test cuda] [--models llama3,mixtral,deepseek-v3]
        [--dtypes fp32,bf16] [--train-iters 20] [--tp2 auto|on|off] [--skip-kernels] [--skip-fp8] [--work-dir D]
+       [--jobs 1] [--json F]
 May assume: mtmegatron and megatron-core installed; torch >= 2.6 (torch.accelerator); torchrun on PATH for TP2.
 """
 from __future__ import annotations
@@ -26,7 +29,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +108,9 @@ _LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
                   "TORCHELASTIC_RUN_ID"}
 
 
+_CHILD_ENV: dict[str, str] = {}  # what main sets for every child (OMP_NUM_THREADS under --jobs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,7 +137,7 @@ def run_pretrain(cmd: list[str], log_dir: Path, timeout: int = 600) -> tuple[lis
     # a launcher's variables inherited from the caller (RANK, MASTER_PORT of a finished job) must not reach the run;
     # a one-process run gets a fresh port of its own
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
-    env["MASTER_PORT"] = str(free_port())
+    env.update(_CHILD_ENV, MASTER_PORT=str(free_port()))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=log_dir, env=env)
     except subprocess.TimeoutExpired:
@@ -154,21 +161,49 @@ def device_count(backend: str) -> int:
     return torch.get_device_module(backend).device_count()
 
 
-def check_training(args, work: Path) -> tuple[list[Result], dict]:
-    results, first = [], {}
+def training_runs(args, work: Path, tp2: bool) -> dict[tuple[str, str], tuple[list[str], Path]]:
+    """Every training process of the check: (kind, tag) -> (command, log dir); kind is bt, ref, tp2 or fp8."""
     bt, ref = args.backend_under_test, args.reference_backend
-    tp2 = args.tp2 == "on" or (args.tp2 == "auto" and device_count(bt) >= 2)
+    runs = {}
     for model in args.models:
         for dtype in args.dtypes:
             tag = f"{model}/{dtype}"
-            losses, err = run_pretrain(pretrain_cmd(bt, model, dtype, args.train_iters, work / bt / tag), work / bt / tag)
+            runs["bt", tag] = (pretrain_cmd(bt, model, dtype, args.train_iters, work / bt / tag), work / bt / tag)
+            d = work / f"{ref}-reference" / tag  # its own folder: with --backend-under-test cpu, bt is ref too
+            runs["ref", tag] = (pretrain_cmd(ref, model, dtype, 1, d), d)
+            if tp2:
+                d = work / bt / "tp2" / tag
+                runs["tp2", tag] = (pretrain_cmd(bt, model, dtype, 1, d, nproc=2), d)
+    if not args.skip_fp8:
+        for executor in FP8_EXECUTORS:
+            if executor_importable(executor):
+                d = work / bt / "fp8" / executor
+                extra = ("--fp8-format", "e4m3", "--fp8-recipe", "tensorwise", "--fp8-executor", executor)
+                runs["fp8", executor] = (pretrain_cmd(bt, args.models[0], "bf16", args.train_iters, d, extra=extra), d)
+    return runs
+
+
+def run_all(runs: dict, jobs: int, timeout: int) -> dict:
+    """(kind, tag) -> (losses or None, why it failed), ``jobs`` processes at a time."""
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        futures = {key: pool.submit(run_pretrain, cmd, log_dir, timeout=timeout) for key, (cmd, log_dir) in runs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+def check_training(args, done: dict, tp2: bool) -> tuple[list[Result], dict]:
+    results, first = [], {}
+    bt, ref = args.backend_under_test, args.reference_backend
+    for model in args.models:
+        for dtype in args.dtypes:
+            tag = f"{model}/{dtype}"
+            losses, err = done["bt", tag]
             if losses is None:
                 results.append(Result(f"train {tag} on {bt}", "FAIL", err))
                 continue
             ok, detail = loss_falls(losses)
             results.append(Result(f"train {tag} on {bt}: loss falls", "PASS" if ok else "FAIL", detail))
             first[tag] = losses[0]
-            ref_losses, err = run_pretrain(pretrain_cmd(ref, model, dtype, 1, work / ref / tag), work / ref / tag)
+            ref_losses, err = done["ref", tag]
             if ref_losses is None:
                 results.append(Result(f"{tag} first loss vs {ref}", "FAIL", f"{ref} run failed: {err}"))
             else:
@@ -176,8 +211,7 @@ def check_training(args, work: Path) -> tuple[list[Result], dict]:
                 results.append(Result(f"{tag} first loss {bt} vs {ref}", "PASS" if ok else "FAIL", detail))
             if not tp2:
                 continue
-            d = work / bt / "tp2" / tag
-            tp_losses, err = run_pretrain(pretrain_cmd(bt, model, dtype, 1, d, nproc=2), d)
+            tp_losses, err = done["tp2", tag]
             if tp_losses is None:
                 results.append(Result(f"{tag} TP2 on {bt}", "FAIL", err))
             else:
@@ -214,16 +248,14 @@ def executor_importable(executor: str) -> bool:
     return True
 
 
-def check_fp8(args, work: Path, first: dict) -> list[Result]:
-    results, bt = [], args.backend_under_test
+def check_fp8(args, done: dict, first: dict) -> list[Result]:
+    results = []
     model = args.models[0]
     for executor in FP8_EXECUTORS:
-        if not executor_importable(executor):
+        if ("fp8", executor) not in done:
             results.append(Result(f"fp8 {executor}", "SKIP", "does not import here"))
             continue
-        d = work / bt / "fp8" / executor
-        extra = ("--fp8-format", "e4m3", "--fp8-recipe", "tensorwise", "--fp8-executor", executor)
-        losses, err = run_pretrain(pretrain_cmd(bt, model, "bf16", args.train_iters, d, extra=extra), d)
+        losses, err = done["fp8", executor]
         if losses is None:
             results.append(Result(f"fp8 {executor} {model}", "FAIL", err))
             continue
@@ -246,18 +278,31 @@ def main(argv=None) -> int:
     p.add_argument("--skip-kernels", action="store_true")
     p.add_argument("--skip-fp8", action="store_true")
     p.add_argument("--work-dir", default=None, help="where run logs go (default: a temporary directory)")
+    p.add_argument("--jobs", type=int, default=1, help="training processes at a time")
+    p.add_argument("--run-timeout", type=int, default=600, help="seconds one training process may take")
+    p.add_argument("--json", default=None, help="also write the checks and every run's losses to this file")
     args = p.parse_args(argv)
     bad = [d for d in args.dtypes if d not in DTYPES] + [m for m in args.models if m not in MODELS]
     if bad:
         p.error(f"unknown model/dtype {bad} (models {MODELS}, dtypes {DTYPES})")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="mtm-gpu-train-check-"))
     print(f"gpu_train_check: {args.backend_under_test} vs {args.reference_backend}, logs in {work}", flush=True)
-    results, first = check_training(args, work)
+    if args.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
+        _CHILD_ENV["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    tp2 = args.tp2 == "on" or (args.tp2 == "auto" and device_count(args.backend_under_test) >= 2)
+    runs = training_runs(args, work, tp2)
+    done = run_all(runs, args.jobs, args.run_timeout)
+    results, first = check_training(args, done, tp2)
     if not args.skip_kernels:
         results += check_kernels(args)
     if not args.skip_fp8:
-        results += check_fp8(args, work, first)
+        results += check_fp8(args, done, first)
     print(render(results), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "backend_under_test": args.backend_under_test, "reference_backend": args.reference_backend,
+            "train_iters": args.train_iters, "tp2": tp2, "results": [asdict(r) for r in results],
+            "losses": {f"{kind} {tag}": losses for (kind, tag), (losses, _) in done.items()}}, indent=1))
     return 1 if any(r.status == "FAIL" for r in results) else 0
 
 
