@@ -70,6 +70,23 @@ def _file(tmp: Path) -> str:
 
 # name -> (setup(tmp) -> argv, the message the one line holds)
 CASES = {
+    # backend, layout and model flags
+    "musa_missing": (lambda t: BASE + ["--backend", "musa"], "musa requested but torch_musa is not installed"),
+    "cuda_missing": (lambda t: BASE + ["--backend", "cuda"], "cuda requested but"),
+    "unknown_backend": (lambda t: BASE + ["--backend", "tpu"], "unknown backend 'tpu' (known: cpu, cuda, musa)"),
+    "tp_heads": (lambda t: BASE + ["--num-attention-heads", "6", "--num-query-groups", "6", "--hidden-size", "96",
+                                   "--tensor-model-parallel-size", "4"],
+                 "--tensor-model-parallel-size 4 does not divide --num-attention-heads 6"),
+    "pp_layers": (lambda t: BASE + ["--num-layers", "3", "--pipeline-model-parallel-size", "2"],
+                  "--pipeline-model-parallel-size 2 does not divide --num-layers 3"),
+    "gbs": (lambda t: BASE + ["--global-batch-size", "7"],
+            "--global-batch-size 7 is not divisible by --micro-batch-size 2 x data-parallel size 1"),
+    "ep_experts": (lambda t: BASE + ["--num-experts", "3", "--expert-model-parallel-size", "2"],
+                   "--expert-model-parallel-size 2 does not divide --num-experts 3"),
+    "ep_layout": (lambda t: BASE + ["--num-experts", "4", "--expert-model-parallel-size", "2"],
+                  "world size 1 is not divisible by EP 2 x expert-TP 1 x PP 1"),
+    "unknown_model": (lambda t: BASE + ["--model", "gpt5"], "unknown --model 'gpt5'"),
+    "seq_too_long": (lambda t: BASE + ["--seq-length", "64"], "--seq-length 64 exceeds --max-position-embeddings 32"),
     # flags Megatron-LM's validate_args (or torch in the first forward) refuses
     "micro_batch_0": (lambda t: BASE + ["--micro-batch-size", "0"], "--micro-batch-size must be >= 1, not 0"),
     "global_batch_0": (lambda t: BASE + ["--global-batch-size", "0"], "--global-batch-size must be >= 1, not 0"),

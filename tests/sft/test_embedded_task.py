@@ -1,7 +1,7 @@
 """The acceptance run of ``--sft``: the embedded arithmetic task, fine-tuned from scratch on the tiny Llama
 through ``mtmegatron.pretrain`` as users launch it, learns: the loss falls and held-out exact match rises
 from 0 to at least ``THRESHOLD`` (measured: 0% -> 70-80% at 400 iterations, seed 1234); ``samples.txt`` holds
-chat-formatted answers. Also: a bad record in ``--data-path`` is one line naming the file and record, exit 2.
+chat-formatted answers. (Bad ``--data-path`` records: tests/test_bad_inputs.py.)
 """
 
 from __future__ import annotations
@@ -34,16 +34,3 @@ def test_held_out_accuracy_rises(tmp_path):
     assert "User: What comes after" in samples and "Assistant:\n" in samples
     assert "held-out exact match after training" in proc.stdout
 
-
-def test_bad_record_is_one_clear_error(tmp_path):
-    data = tmp_path / "chat.jsonl"
-    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
-                    '{"messages": [{"role": "user", "content": "no answer"}]}\n')
-    tokenizer = tmp_path / "tok"
-    from mtmegatron.data.tokenizer import train_bpe
-
-    train_bpe(["hi yo"], 300, str(tokenizer))
-    proc, _ = run_pretrain(1, _argv(["--data-path", str(data), "--tokenizer-model", str(tokenizer)]),
-                           tmp_path / "log", expect_ok=False, env={"MTMEGATRON_CACHE": str(tmp_path / "cache")})
-    assert proc.returncode == 2
-    assert f"{data}: record 2: no assistant turn" in proc.stderr
