@@ -112,8 +112,8 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     from megatron.core import parallel_state
 
     from mtmegatron.training import checkpointing
-    from mtmegatron.training.data import (build_gpt_datasets, build_mock_dataset, build_mock_validation,
-                                          describe_data, micro_batches)
+    from mtmegatron.training.data import (SamplePlan, build_gpt_datasets, build_mock_dataset,
+                                          build_mock_validation, describe_data, micro_batches)
     from mtmegatron.training.finish import write_outputs
     from mtmegatron.training.loop import RunState, train
     from mtmegatron.models.layer_spec import describe_layer_spec
@@ -150,7 +150,10 @@ def run(args, backend, tokenizer=None, data=None) -> int:
             print_rank0(rank, f"mtmegatron: loaded {args.load} (continuing at iteration {state.start})")
 
     gbs = args.global_batch_size
-    num_samples = (args.train_iters + 1) * gbs
+    # the data position is the consumed-sample count (training/data.py); --train-samples counts from it too
+    plan = SamplePlan(args, state.start, state.train_state["consumed_train_samples"])
+    train_end = args.train_iters if args.train_samples is None else plan.last_iteration_within(args.train_samples)
+    num_samples = plan.end_of(max(train_end, state.start)) + gbs
     valid = None
     sft_results = {}
     if args.sft:  # mtmegatron/sft/: ``data`` holds the tokenized conversations and their packing plan
@@ -174,14 +177,14 @@ def run(args, backend, tokenizer=None, data=None) -> int:
                     f"{f', {len(valid)} valid' if valid is not None else ', no validation split'}"
                     f" | tokenizer {tokenizer.source} ({tokenizer.vocab_size} tokens)")
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [micro_batches(dataset, args, dp_rank, state.start) for _ in model]
+    iterators = [micro_batches(dataset, args, dp_rank, state.start, plan.consumed) for _ in model]
 
     tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
-    writer = MetricsWriter(args.log_dir, rank, args.train_iters, args.log_interval, resume=state.start > 0,
+    writer = MetricsWriter(args.log_dir, rank, train_end, args.log_interval, resume=state.start > 0,
                            start=state.start, tensorboard_dir=tensorboard_dir, progress=True,
                            tensorboard_log_interval=args.tensorboard_log_interval,
                            tensorboard_queue_size=args.tensorboard_queue_size)
-    state.last = min(args.train_iters, args.exit_interval or args.train_iters)
+    state.last = min(train_end, args.exit_interval or train_end)
     train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state)
     if state.status == 0 and args.sft:
         write_outputs(model, None, args)  # the loss plot; the samples are chat answers:

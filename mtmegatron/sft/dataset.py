@@ -230,18 +230,14 @@ def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: st
                        tuple(int(t) for t in z["targets"]), int(z["unanswered"]), int(z["dropped"]))
 
 
-def micro_batches(data: SFTData, args: argparse.Namespace, dp_rank: int, start_iteration: int,
-                  pad_id: int) -> Iterator[dict]:
-    """This DP rank's micro-batches for iterations ``start_iteration, start_iteration+1, ...``."""
-    gbs, mbs, dp = args.global_batch_size, args.micro_batch_size, args.data_parallel_size
-    per_rank = gbs // dp
-    iteration = start_iteration
-    while True:
-        first = iteration * gbs + dp_rank * per_rank
-        for offset in range(0, per_rank, mbs):
-            bins = [[data.sample(i) for i in data.plan.bin(first + offset + k)] for k in range(mbs)]
-            if args.sft_packing:
-                yield packed_batch(bins, args.seq_length, pad_id, padding_multiple(args))
-            else:
-                yield padded_batch(bins, args.seq_length, pad_id, args.sft_padded_rows)
-        iteration += 1
+def micro_batches(data: SFTData, args: argparse.Namespace, dp_rank: int, plan, pad_id: int) -> Iterator[dict]:
+    """This DP rank's micro-batches of the global batches of ``plan`` (training/data.py's SamplePlan: sample
+    positions from the consumed-sample count), each position a bin of the packing plan."""
+    from mtmegatron.training.data_position import rank_micro_batches
+
+    for _, positions in rank_micro_batches(plan, args, dp_rank):
+        bins = [[data.sample(i) for i in data.plan.bin(position)] for position in positions]
+        if args.sft_packing:
+            yield packed_batch(bins, args.seq_length, pad_id, padding_multiple(args))
+        else:
+            yield padded_batch(bins, args.seq_length, pad_id, args.sft_padded_rows)

@@ -13,7 +13,8 @@ directory) and which is refused (a file, a missing directory, debris, a tracker 
 ``--finetune``/``--exit-on-missing-checkpoint`` without one, a legacy ``torch``/``torch_dcp`` checkpoint) is
 decided by checkpoint_dirs.py, before the process groups start. The LR/weight-decay schedule saved
 with the optimizer must equal this run's unless ``--override-opt_param-scheduler`` (this run's flags win) or
-``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win) says which to use (schedule.py). Checkpoints of
+``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win) says which to use (schedule.py). The data
+position (consumed train/valid samples, training/data.py) is saved in and restored from Megatron-LM's ``args``. Checkpoints of
 the older mtmegatron layout (``scheduler`` key, the fingerprint as ``args``) and the converter's model-only
 ones still load.
 Test hook: ``MTMEGATRON_TEST_PAUSE_IN_SAVE=ITER:RANK`` makes that rank stop inside the save of ``ITER`` (its
@@ -192,7 +193,8 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
         state["opt_param_scheduler"] = scheduler.state_dict()
     if not args.no_save_rng:
         state["rng_state"] = mlm.rng_state_object()
-    state["args"] = mlm.saved_namespace(args, iteration, torch.distributed.get_world_size())
+    position = {key: train_state.pop(key) for key in mlm.DATA_POSITION if key in train_state}  # into "args"
+    state["args"] = mlm.saved_namespace(args, iteration, torch.distributed.get_world_size(), position)
     state["checkpoint_version"] = mlm.CHECKPOINT_VERSION
     state["iteration"] = iteration
     state["num_floating_point_operations_so_far"] = train_state.pop("num_floating_point_operations_so_far", 0)
@@ -244,6 +246,7 @@ def _saved_facts(common: dict, args) -> dict:
         ns, ours = common["args"], common.get(mlm.OURS)
         train_state = dict(ours["train_state"]) if ours else {}
         train_state["num_floating_point_operations_so_far"] = common.get("num_floating_point_operations_so_far", 0)
+        train_state.update({key: getattr(ns, key) for key in mlm.DATA_POSITION if getattr(ns, key, None)})
         return {
             "fingerprint": mlm.recorded_fingerprint(common),
             "scheduler": common.get("opt_param_scheduler"),
@@ -365,6 +368,8 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
             _restore_legacy_rng(loaded["rng_state"])
     if train_state is not None and not starts_over:
         train_state.update(saved["train_state"])
+        if not train_state.get("consumed_train_samples"):  # a checkpoint without the count: Megatron-LM's rule
+            train_state["consumed_train_samples"] = int(common["iteration"]) * args.global_batch_size
     if saved["written_by"] == "Megatron-LM":
         _say(f"loaded Megatron-LM checkpoint {directory} (model{', optimizer and schedule' if load_optim else ''}"
              f"{', RNG' if load_rng else ''}; sharded-state metadata {content})")

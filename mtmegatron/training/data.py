@@ -1,11 +1,18 @@
 """Training data: megatron-core's GPT datasets, read in an order that does not depend on the parallel layout.
 
-Global batch ``i`` is always samples ``[i*G, (i+1)*G)`` of the dataset (G = global batch size); data-parallel
-rank ``d`` takes the ``d``-th contiguous slice of it, cut into micro-batches. So any TP/PP/DP layout sees the
-same global batch, and resuming at iteration ``i`` is exact without saving iterator state. The samples are read
-by a torch DataLoader with ``--num-workers`` worker processes (Megatron-LM's default 2; 0 reads in the training
-process) over a batch sampler of exactly those indices, so workers change where samples are read, not which.
-Megatron-LM's data flags (training/data_flags.py) go to megatron-core's GPTDatasetConfig.
+The data position is the number of samples consumed, as in Megatron-LM: the global batch of an iteration is the
+next ``G`` samples ``[consumed, consumed + G)`` (G = that iteration's global batch size), and a checkpoint records
+``consumed_train_samples``, so resuming with another ``--global-batch-size`` neither repeats nor skips a sample.
+``SamplePlan`` walks the iterations: G comes from megatron-core's num-microbatches calculator (constant, or
+``--rampup-batch-size``'s ramp over consumed samples), and an iteration of ``--iterations-to-skip`` (Megatron-LM's
+numbering: the number of iterations done before it) consumes its batch without training it. Data-parallel rank
+``d`` takes the ``d``-th contiguous slice of the global batch, cut into micro-batches, so any TP/PP/DP layout
+sees the same global batch. Validation reads samples ``[0, eval_iters*G)`` of its split each time. The samples
+are read by a torch DataLoader with ``--num-workers`` worker processes (Megatron-LM's default 2; 0 reads in the
+training process) over a batch sampler of exactly those indices, so workers change where samples are read, not
+which. Megatron-LM's data flags (training/data_flags.py) go to megatron-core's GPTDatasetConfig.
+Test hook: ``MTMEGATRON_TEST_TRAINED_SAMPLES=DIR`` makes each rank append one JSON line per training micro-batch
+it hands to the model, ``{"iteration": I, "samples": [...]}``, to ``DIR/rank<R>.jsonl``.
 May assume: megatron-core's dataset builder; mock data needs no files. Real data (``--data-path``, or the
 embedded corpus) has been checked and its tokenizer resolved by ``mtmegatron.data.resolve``.
 """
@@ -13,6 +20,8 @@ embedded corpus) has been checked and its tokenizer resolved by ``mtmegatron.dat
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from typing import Iterator
 
 import numpy as np
@@ -22,6 +31,8 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, Moc
 from megatron.core.datasets.utils import get_blend_from_list
 
 from mtmegatron.training.data_flags import per_split_paths, requested_splits
+from mtmegatron.training.data_position import SamplePlan, rank_micro_batches
+from mtmegatron.training.robustness import data_worker_init
 
 
 class MockTokenizer:
@@ -112,37 +123,53 @@ def describe_data(args: argparse.Namespace) -> str:
     return " | ".join(f"{name} {' '.join(p)}" for name, p in zip(("train", "valid", "test"), per_split) if p)
 
 
-def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int) -> Iterator[dict]:
-    """This DP rank's micro-batches for iterations ``start_iteration, start_iteration+1, ...``."""
+TRAINED_SAMPLES_ENV = "MTMEGATRON_TEST_TRAINED_SAMPLES"
+
+
+def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int = 0,
+                  consumed: int | None = None, validation: bool = False) -> Iterator[dict]:
+    """This DP rank's micro-batches for iterations ``start_iteration + 1, ...`` (SamplePlan: from sample
+    ``consumed``, default ``start_iteration`` x global batch); ``validation``: the validation order."""
+    plan = SamplePlan(args, start_iteration, consumed, validation)
     if args.sft:  # SFT hook: packed or padded conversations (mtmegatron/sft/dataset.py); dataset: SFTInputs
         from mtmegatron.sft.dataset import micro_batches as sft_micro_batches
 
-        return sft_micro_batches(dataset.data, args, dp_rank, start_iteration, dataset.pad_id)
+        return sft_micro_batches(dataset.data, args, dp_rank, plan, dataset.pad_id)
     if args.model == "llava":  # image + conversation batches (training/multimodal_data.py)
         from mtmegatron.training import multimodal_data
 
-        return multimodal_data.micro_batches(dataset, args, dp_rank, start_iteration)
+        return multimodal_data.micro_batches(dataset, args, dp_rank, plan)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=MicroBatchIndices(args, dp_rank, start_iteration), collate_fn=_stack,
-        num_workers=args.num_workers)
+        dataset, batch_sampler=MicroBatchIndices(plan, args, dp_rank), collate_fn=_stack,
+        num_workers=args.num_workers, worker_init_fn=data_worker_init(args))  # outlives the exit signal
+    record = os.environ.get(TRAINED_SAMPLES_ENV)
+    if record and not validation:
+        return _recorded(loader, MicroBatchIndices(plan, args, dp_rank), record)
     return iter(loader)
 
 
 class MicroBatchIndices:
     """Batch sampler: the sample indices of this DP rank's micro-batches, iteration after iteration (no end)."""
 
-    def __init__(self, args: argparse.Namespace, dp_rank: int, start_iteration: int):
-        self.gbs, self.mbs = args.global_batch_size, args.micro_batch_size
-        self.per_rank = self.gbs // args.data_parallel_size
-        self.dp_rank, self.start_iteration = dp_rank, start_iteration
+    def __init__(self, plan: SamplePlan, args: argparse.Namespace, dp_rank: int):
+        self.plan, self.args, self.dp_rank = plan, args, dp_rank
 
     def __iter__(self) -> Iterator[list[int]]:
-        iteration = self.start_iteration
-        while True:
-            first = iteration * self.gbs + self.dp_rank * self.per_rank
-            for offset in range(0, self.per_rank, self.mbs):
-                yield list(range(first + offset, first + offset + self.mbs))
-            iteration += 1
+        for _, indices in rank_micro_batches(self.plan, self.args, self.dp_rank):
+            yield indices
+
+    def with_iterations(self) -> Iterator[tuple[int, list[int]]]:
+        return rank_micro_batches(self.plan, self.args, self.dp_rank)
+
+
+def _recorded(loader, indices: MicroBatchIndices, directory: str) -> Iterator[dict]:
+    """The loader's micro-batches, each recorded (test hook) as it is handed out: the DataLoader keeps the
+    sampler's order, so a second walk of the same sampler names each batch's samples."""
+    path = os.path.join(directory, f"rank{torch.distributed.get_rank()}.jsonl")
+    for (iteration, samples), batch in zip(indices.with_iterations(), loader):
+        with open(path, "a") as f:
+            f.write(json.dumps({"iteration": iteration, "samples": samples}) + "\n")
+        yield batch
 
 
 def _stack(samples: list[dict]) -> dict:

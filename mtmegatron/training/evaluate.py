@@ -18,7 +18,7 @@ from mtmegatron.training.train_step import _global_mean_loss, run_schedule
 def validation_loss(valid_dataset, model, args) -> float:
     """Mean LM loss over ``--eval-iters`` global batches, the same value on every rank."""
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [micro_batches(valid_dataset, args, dp_rank, 0) for _ in model]
+    iterators = [micro_batches(valid_dataset, args, dp_rank, validation=True) for _ in model]
     for chunk in model:
         chunk.eval()
     total = 0.0

@@ -1,7 +1,8 @@
 """The iteration loop of ``mtmegatron.pretrain``: steps, metrics rows, validation, periodic and final saves,
 the skipped-step limit, the exit signal and time limit (training/robustness.py), and the placement check after
-the first step on a device. With --overlap-param-gather the parameters are all-gathered before evaluation and
-every save and when the loop ends (training/overlap.py).
+the first step on a device. The data position (consumed/skipped samples) advances by training/data_position.py's
+SamplePlan, whose ``--iterations-to-skip`` iterations consume their batch untrained. With --overlap-param-gather
+the parameters are all-gathered before evaluation and every save and when the loop ends (training/overlap.py).
 
 ``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from mtmegatron.training import checkpointing, placement, robustness
+from mtmegatron.training.data_position import SamplePlan
 from mtmegatron.training.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_loss
 from mtmegatron.training.metrics import print_rank0
@@ -30,26 +32,35 @@ class RunState:
     status: int = 0                 # process exit status: 1 after too many skipped steps
     terminated: bool = False        # stopped by --exit-signal(-handler) or --exit-duration-in-mins
     saved_at: int | None = None     # iteration of the newest checkpoint this run wrote
-    train_state: dict = None        # saved in checkpoints: {"skipped_steps": N}
+    train_state: dict = None        # saved in checkpoints: skipped steps and the data position (below)
 
     def __post_init__(self):
-        if self.train_state is None:
-            self.train_state = {"skipped_steps": 0}
+        if self.train_state is None:  # consumed/skipped samples: Megatron-LM's counters (data_position.py)
+            self.train_state = {"skipped_steps": 0, "consumed_train_samples": 0, "skipped_train_samples": 0,
+                                "consumed_valid_samples": 0}
 
 
 def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state: RunState) -> RunState:
     """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end."""
     termination = robustness.TerminationRequest(args)
-    tokens_per_step = args.global_batch_size * args.seq_length
+    plan = iter(SamplePlan(args, state.start, state.train_state["consumed_train_samples"]))  # as the iterators'
     evaluate = valid is not None and args.eval_iters > 0 and args.eval_interval
     params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
     params.start()
     obs = Observability(args, backend, rank, model, optimizer, writer, state.start)  # --log-*, timers, profiler
     try:
         for iteration in range(state.start + 1, state.last + 1):
+            batch = next(plan)
+            if batch.skipped:  # --iterations-to-skip: its samples count as consumed, untrained (Megatron-LM)
+                state.train_state["consumed_train_samples"] += batch.size
+                state.train_state["skipped_train_samples"] += batch.size
+                print_rank0(rank, f"mtmegatron: iteration {iteration} skipped (--iterations-to-skip {iteration - 1}):"
+                            f" samples [{batch.first}, {batch.first + batch.size}) not trained")
+                continue
             obs.step_begin(iteration)
             t0 = time.perf_counter()
-            stats = train_step(iterators, model, optimizer, scheduler, args, iteration)
+            stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch)
+            state.train_state["consumed_train_samples"] += batch.size
             release_unused_memory(args.empty_unused_memory_level, "step")
             elapsed = time.perf_counter() - t0
             params.after_step(not stats["skipped"])
@@ -59,12 +70,13 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 print_rank0(rank, f"mtmegatron: placement: all {checked} parameters, buffers, gradient buffers "
                             f"and optimizer states on {device}")
             skipped = state.train_state["skipped_steps"] = state.train_state["skipped_steps"] + int(stats["skipped"])
-            row = {"iteration": iteration, **stats, "tokens_per_sec": tokens_per_step / elapsed,
+            row = {"iteration": iteration, **stats, "tokens_per_sec": batch.size * args.seq_length / elapsed,
                    "step_time_ms": elapsed * 1000.0, "skipped_steps": skipped}
             if evaluate and (iteration % args.eval_interval == 0 or iteration == state.last):
                 release_unused_memory(args.empty_unused_memory_level, "eval")
                 with params.gathered(), obs.evaluation():
                     row["val_loss"] = validation_loss(valid, model, args)
+                state.train_state["consumed_valid_samples"] += args.eval_iters * args.global_batch_size
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:
                 print_rank0(rank, f"mtmegatron: error: {skipped} steps skipped for inf/nan "

@@ -76,6 +76,8 @@ READ_BY_CODE = frozenset({
     # fusion switches: models/fusions.py decides what runs on the backend
     "masked_softmax_fusion", "bias_dropout_fusion", "apply_rope_fusion", "gradient_accumulation_fusion",
     "cross_entropy_loss_fusion",
+    # the data position (training/data_position.py; checks in training/schedule_flags.py)
+    "rampup_batch_size", "iterations_to_skip",
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------

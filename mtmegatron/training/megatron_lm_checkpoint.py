@@ -9,6 +9,9 @@ one-element list of ``{random_rng_state, np_rng_state, torch_rng_state, cuda_rng
 per (PP, TP) rank). mtmegatron writes the same keys (``args`` holds our flags under Megatron-LM's dests plus the
 attributes its loader reads: ``consumed_train_samples``, ``world_size``, ``padded_vocab_size``...), so each side
 loads the other's checkpoints; what only mtmegatron uses sits under the extra key ``mtmegatron``.
+The data position is Megatron-LM's too: ``args.consumed_train_samples`` (the next training sample; with
+``skipped_train_samples`` and ``consumed_valid_samples``) is written from the run's counters and read back on
+load, whichever side wrote the checkpoint (for one without it, Megatron-LM's rule: iteration x global batch).
 ``num_floating_point_operations_so_far`` is carried over from a loaded Megatron-LM checkpoint, else 0 (not
 counted here). ``cuda_rng_state`` holds the device generator of whatever accelerator ran (the host generator on
 the cpu backend, as Megatron-LM on the CPU bridge writes it).
@@ -60,12 +63,18 @@ def _plain(value):
     return None
 
 
-def saved_namespace(args, iteration: int, world_size: int) -> argparse.Namespace:
-    """Our flags as Megatron-LM's ``args``: every plain-valued attribute, plus what its loader reads."""
+DATA_POSITION = ("consumed_train_samples", "skipped_train_samples", "consumed_valid_samples")
+
+
+def saved_namespace(args, iteration: int, world_size: int, position: dict | None = None) -> argparse.Namespace:
+    """Our flags as Megatron-LM's ``args``: every plain-valued attribute, plus what its loader reads; ``position``
+    holds the DATA_POSITION counters (default: ``iteration`` whole global batches, nothing skipped)."""
     ns = argparse.Namespace(**{k: _plain(v) for k, v in vars(args).items() if not k.startswith("_")})
-    ns.consumed_train_samples = iteration * args.global_batch_size  # Megatron-LM resumes its sampler here
-    ns.skipped_train_samples = 0
-    ns.consumed_valid_samples = getattr(args, "consumed_valid_samples", 0) or 0
+    position = position or {}
+    # Megatron-LM resumes its samplers at these counts
+    ns.consumed_train_samples = position.get("consumed_train_samples", iteration * args.global_batch_size)
+    ns.skipped_train_samples = position.get("skipped_train_samples", 0)
+    ns.consumed_valid_samples = position.get("consumed_valid_samples", 0)
     ns.world_size = world_size
     ns.ckpt_format = "torch_dist"
     ns.use_dist_ckpt = True

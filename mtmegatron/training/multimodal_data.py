@@ -67,13 +67,13 @@ class MicroBatches:
     every image replaced by a blank one (all zeros after normalization: the encoder's mean colour) — the
     text-only baseline of the held-out loss."""
 
-    def __init__(self, dataset, collate, args: argparse.Namespace, dp_rank: int, start_iteration: int,
-                 shuffle: bool, blank_images: bool = False):
+    def __init__(self, dataset, collate, args: argparse.Namespace, dp_rank: int, plan, shuffle: bool,
+                 blank_images: bool = False):
         self.dataset, self.collate, self.shuffle, self.blank_images = dataset, collate, shuffle, blank_images
-        self.gbs, self.mbs, self.dp = args.global_batch_size, args.micro_batch_size, args.data_parallel_size
-        self.seed, self.dp_rank = args.seed, dp_rank
+        self.args, self.plan, self.seed, self.dp_rank = args, plan, args.seed, dp_rank
         self._orders: dict[int, np.ndarray] = {}
-        self._batches = self._generate(start_iteration)
+        self._extents = iter(plan)  # the global batches in order, for image_tokens
+        self._batches = self._generate()
 
     def sample_index(self, position: int) -> int:
         """Dataset index of the ``position``-th sample the run reads."""
@@ -87,21 +87,20 @@ class MicroBatches:
 
     def image_tokens(self, iteration: int) -> int:
         """Image embeddings in global batch ``iteration`` (1-based), summed over all its samples."""
-        first = (iteration - 1) * self.gbs
-        tiles = sum(sum(sample_tiles(self.dataset, self.sample_index(p))) for p in range(first, first + self.gbs))
+        batch = next(b for b in self._extents if b.iteration == iteration)
+        first, size = batch.first, batch.size
+        tiles = sum(sum(sample_tiles(self.dataset, self.sample_index(p))) for p in range(first, first + size))
         return tiles * self.collate.img_seq_len
 
-    def _generate(self, iteration: int):
-        per_rank = self.gbs // self.dp
-        while True:
-            first = iteration * self.gbs + self.dp_rank * per_rank
-            for offset in range(0, per_rank, self.mbs):
-                samples = [self.dataset[self.sample_index(first + offset + k)] for k in range(self.mbs)]
-                batch = self.collate(samples)
-                if self.blank_images:
-                    batch["images"] = torch.zeros_like(batch["images"])
-                yield batch
-            iteration += 1
+    def _generate(self):
+        from mtmegatron.training.data_position import rank_micro_batches
+
+        for _, positions in rank_micro_batches(self.plan, self.args, self.dp_rank):
+            samples = [self.dataset[self.sample_index(p)] for p in positions]
+            batch = self.collate(samples)
+            if self.blank_images:
+                batch["images"] = torch.zeros_like(batch["images"])
+            yield batch
 
     def __iter__(self):
         return self
@@ -110,10 +109,10 @@ class MicroBatches:
         return next(self._batches)
 
 
-def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int,
-                  blank_images: bool = False) -> MicroBatches:
-    """``training/data.micro_batches`` for ``--model llava``: ``dataset`` is a ``Split`` (train or valid)."""
-    return MicroBatches(dataset.dataset, dataset.collate, args, dp_rank, start_iteration,
+def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, plan, blank_images: bool = False) -> MicroBatches:
+    """``training/data.micro_batches`` for ``--model llava``: ``dataset`` is a ``Split`` (train or valid);
+    ``plan`` its global batches (training/data.py's SamplePlan)."""
+    return MicroBatches(dataset.dataset, dataset.collate, args, dp_rank, plan,
                         shuffle=dataset.shuffle, blank_images=blank_images or dataset.blank_images)
 
 

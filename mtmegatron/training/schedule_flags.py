@@ -5,7 +5,8 @@ Megatron-LM semantics (``megatron/training/training.py`` ``update_train_iters`` 
 at core_v0.16.1): a run is either iteration-based (``--train-iters``, ``--lr-decay-iters``, ``--lr-warmup-iters``,
 ``--lr-wsd-decay-iters``) or sample-based (``--train-samples``, ``--lr-decay-samples``, ``--lr-warmup-samples``,
 ``--lr-wsd-decay-samples``), never a mix. With ``--train-samples N`` the run does ``N // global batch``
-iterations (a partial last batch is dropped) and the scheduler's steps are the sample counts themselves;
+iterations (a partial last batch is dropped; under ``--rampup-batch-size``, which needs sample-based training,
+Megatron-LM's count over the ramp, training/data_position.py) and the scheduler's steps are the sample counts;
 with iterations they are iterations x global batch. ``--lr-warmup-fraction`` is a share of the decay steps.
 ``--weight-decay-incr-style constant`` (default) keeps ``--weight-decay``; ``linear``/``cosine`` go from
 ``--start-weight-decay`` to ``--end-weight-decay`` over the whole run.
@@ -20,6 +21,8 @@ derived and before ``--lr-decay-iters`` gets its default.
 from __future__ import annotations
 
 import argparse
+
+from mtmegatron.training.data_position import SamplePlan
 
 WSD_DECAY_STYLES = ["exponential", "linear", "cosine", "minus_sqrt"]
 WD_INCR_STYLES = ["constant", "linear", "cosine"]
@@ -65,16 +68,44 @@ def _check_mode(args: argparse.Namespace, error) -> None:
             setattr(args, dest, unset)
         if args.train_samples < 0:
             raise error("--train-samples must be >= 0")
-        args.train_iters = args.train_samples // args.global_batch_size
+        _check_rampup(args, error)
+        args.train_iters = (SamplePlan(args).last_iteration_within(args.train_samples) if args.rampup_batch_size
+                            else args.train_samples // args.global_batch_size)
         return
     if args.train_iters is None:
         raise error("give --train-iters or --train-samples")
+    if getattr(args, "rampup_batch_size", None):
+        raise error("--rampup-batch-size needs sample-based training (--train-samples), as in Megatron-LM: the "
+                    "ramp counts samples")
     for flag, value, unset in (("--lr-decay-samples", args.lr_decay_samples, None),
                                ("--lr-warmup-samples", args.lr_warmup_samples, 0),
                                ("--lr-wsd-decay-samples", args.lr_wsd_decay_samples, None)):
         if value != unset:
             raise error(f"{flag} is for sample-based training (--train-samples); with --train-iters use "
                         f"{flag.replace('-samples', '-iters')}")
+
+
+def _check_rampup(args: argparse.Namespace, error) -> None:
+    """``--rampup-batch-size start increment samples``: what megatron-core's calculator asserts, and a global
+    batch of every size on the ramp divisible into micro-batches (and, interleaved, pipeline-sized groups)."""
+    if not getattr(args, "rampup_batch_size", None):
+        return
+    start, increment, samples = args.rampup_batch_size
+    gbs, unit = args.global_batch_size, args.micro_batch_size * args.data_parallel_size
+    if start <= 0 or increment <= 0 or samples < 0:
+        raise error("--rampup-batch-size: the start batch size and increment must be positive, the ramp-up "
+                    "samples >= 0")
+    if not start < gbs or (gbs - start) % increment:
+        raise error(f"--rampup-batch-size {start} {increment} {samples}: the start batch size must be below "
+                    f"--global-batch-size {gbs}, and the increment divide their difference")
+    pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size
+    for size in range(start, gbs + 1, increment):
+        if size % unit:
+            raise error(f"--rampup-batch-size: the ramp's global batch {size} is not divisible by "
+                        f"--micro-batch-size {args.micro_batch_size} x data-parallel size {args.data_parallel_size}")
+        if vpp and (size // unit) % pp:
+            raise error(f"--rampup-batch-size: the ramp's global batch {size} gives {size // unit} micro-batches; "
+                        f"the interleaved pipeline needs a multiple of --pipeline-model-parallel-size {pp}")
 
 
 def check_schedule_args(args: argparse.Namespace, error) -> None:

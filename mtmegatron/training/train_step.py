@@ -59,7 +59,7 @@ def _global_mean_loss(losses_reduced: list[dict], args) -> float:
     return contribution.item()
 
 
-def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
+def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatches: int | None = None) -> list[dict]:
     """One global batch through megatron-core's schedule (chosen from the parallel state); the last stage's
     per-micro-batch loss dicts."""
     forward_backward = get_forward_backward_func()
@@ -78,7 +78,7 @@ def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
         forward_step_func=step,
         data_iterator=data_iterators if len(model) > 1 else data_iterators[0],
         model=model if len(model) > 1 else model[0],
-        num_microbatches=args.num_microbatches,
+        num_microbatches=num_microbatches or args.num_microbatches,
         seq_length=seq_length,
         micro_batch_size=micro_batch_size,
         decoder_seq_length=seq_length,
@@ -86,12 +86,15 @@ def run_schedule(data_iterators, model, args, forward_only: bool) -> list[dict]:
     )
 
 
-def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0) -> dict:
-    """One optimizer step over a global batch; ``iteration`` only names the step in inf/nan reports."""
+def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0, batch=None) -> dict:
+    """One optimizer step over a global batch; ``iteration`` only names the step in inf/nan reports. ``batch``
+    (training/data.py's GlobalBatch) gives its size and micro-batch count under --rampup-batch-size (default:
+    --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's."""
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    losses_reduced = run_schedule(data_iterators, model, args, forward_only=False)
+    losses_reduced = run_schedule(data_iterators, model, args, forward_only=False,
+                                  num_microbatches=batch.num_microbatches if batch else None)
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
     if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, iteration):
         # inf/nan never reaches the weights (fp16: the optimizer's check)
@@ -100,7 +103,7 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         with timed(model[0], "optimizer", log_level=1, barrier=args.barrier_with_L1_time):
             update_successful, grad_norm, num_zeros = optimizer.step()
     if update_successful:
-        scheduler.step(increment=args.global_batch_size)
+        scheduler.step(increment=batch.size if batch else args.global_batch_size)
     return {
         "loss": _global_mean_loss(losses_reduced, args),
         "grad_norm": float(grad_norm) if grad_norm is not None else None,
