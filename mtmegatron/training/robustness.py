@@ -6,7 +6,10 @@ weights and optimizer state untouched. megatron-core's optimizer does this itsel
 scaling (where it must also lower the scale), so fp16 is left to it. ``TerminationRequest``: with
 ``--exit-signal-handler`` the signal (``--exit-signal``, default SIGTERM) sets a flag, and
 ``--exit-duration-in-mins`` sets a time limit; all ranks agree on both after each iteration, so the loop saves a
-checkpoint and exits cleanly even when only one rank was signalled or over time.
+checkpoint and exits cleanly even when only one rank was signalled or over time. ``data_worker_init``: with
+``--exit-signal-handler`` the DataLoader's worker processes outlive the exit signal when it comes from anyone but
+their rank (torchrun forwards it to each rank's whole process group, a scheduler signals every process of the
+job), so the rank finishes its iteration and saves; the rank still ends them as usual.
 Test hooks: ``MTMEGATRON_TEST_INJECT_NAN=ITER[,ITER...][:RANK]`` fills that rank's (default 0) gradients with
 nan at those iterations; ``MTMEGATRON_TEST_STARTED_MINUTES_AGO=M[:RANK]`` moves that rank's program start M
 minutes back (for ``--exit-duration-in-mins``).
@@ -16,9 +19,11 @@ groups initialised.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
+import threading
 
 import torch
 
@@ -111,3 +116,32 @@ def _test_started_minutes_ago() -> float:
         return 0.0
     minutes, _, rank = spec.partition(":")
     return float(minutes) if torch.distributed.get_rank() == int(rank or 0) else 0.0
+
+
+def data_worker_init(args):
+    """``worker_init_fn`` for the training and validation DataLoaders: with ``--exit-signal-handler``, each worker
+    ignores ``--exit-signal`` unless its rank sent it (the rank's own shutdown of its workers, and
+    multiprocessing's at exit, use SIGTERM). A worker killed by the group's signal would make the rank's
+    DataLoader raise (``DataLoader worker ... killed by signal``) before the rank could save. None without the
+    flag: the signal ends workers and ranks alike."""
+    if not getattr(args, "exit_signal_handler", False):
+        return None
+    return functools.partial(_outlive_exit_signal, int(exit_signal(args)))
+
+
+def _outlive_exit_signal(signum: int, worker_id: int) -> None:
+    """In a DataLoader worker (its main thread): the signal is blocked in every thread and taken by one waiting
+    thread, which ends the worker at once only when the rank sent it."""
+    rank_pid = os.getppid()
+    signal.signal(signum, signal.SIG_DFL)  # a worker forked after the rank installed its handler inherits it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    threading.Thread(target=_end_on_signal_from, args=(signum, rank_pid), daemon=True,
+                     name="mtmegatron-exit-signal").start()
+
+
+def _end_on_signal_from(signum: int, rank_pid: int) -> None:
+    while signal.sigwaitinfo({signum}).si_pid != rank_pid:
+        pass
+    # status 0, not death by the signal: the rank's DataLoader reports a worker killed by a signal as an error
+    # when its SIGCHLD handler runs before the worker is reaped (which the delay through this thread allows)
+    os._exit(0)

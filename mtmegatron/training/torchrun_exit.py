@@ -1,4 +1,5 @@
-"""Makes ``torchrun ... -m mtmegatron.pretrain`` end with status 2 and no traceback after a user error.
+"""Makes ``torchrun ... -m mtmegatron.pretrain`` end with status 2 and no traceback after a user error, and with 0
+after a termination signal that every rank answered by saving and exiting 0.
 
 torchrun's agent turns any non-zero worker exit into a ``ChildFailedError``: an error log line, a Python
 traceback and a failure block, and status 1. ``mtmegatron.pretrain`` exits 2 only for a user mistake whose one
@@ -6,8 +7,14 @@ message rank 0 has already printed (every rank runs the same validation and exit
 agent's report is noise that hides the message. This module is loaded into the agent through torch's own
 plugin group ``torchrun.handlers`` (pyproject.toml; torch imports every such entry point when torchrun starts)
 and changes only this case: the agent's training module is ``mtmegatron.pretrain`` and the first failed
-worker exited 2. Then the agent's error line is dropped and it exits 2 quietly; everything else (a crash,
-a signal, another program) is reported by torchrun as usual.
+worker exited 2. Then the agent's error line is dropped and it exits 2 quietly.
+
+A signal the agent handles (SIGTERM, SIGINT, SIGHUP, SIGQUIT: a scheduler's preemption, Ctrl-C) makes it forward
+the signal to every rank, wait up to its ``--shutdown-timeout`` (default 30 s; then SIGKILL) and raise
+``SignalException``: a traceback and status 1, even when every rank (``--exit-signal-handler``) finished its
+iteration, saved and exited 0. For our job, when every worker of this agent exited 0, the agent instead says so in
+one line and exits 0; a worker that exited otherwise (killed, crashed, no handler) leaves torchrun's report and
+status 1. Everything else (a crash, another program) is reported by torchrun as usual.
 
 ``rendezvous_handler`` is what the plugin group expects (a creator of a rendezvous handler); selecting it
 with ``--rdzv-backend mtmegatron`` is an error, it exists only to get this module loaded.
@@ -43,15 +50,39 @@ class _DropUserErrorReport(logging.Filter):
         return not (msg.startswith("failed (exitcode:") and args and args[0] == USER_ERROR)
 
 
+def _worker_exit_codes(tb) -> list | None:
+    """Exit codes of the agent's workers, found through the traceback (the agent is ``self`` of its ``run`` and
+    ``agent`` in ``launch_agent``); None when no frame holds an agent with started workers."""
+    while tb is not None:
+        for value in list(tb.tb_frame.f_locals.values()):
+            context = getattr(value, "_pcontext", None)
+            handlers = getattr(context, "subprocess_handlers", None)  # workers started from a command line
+            if handlers:
+                return [h.proc.poll() for h in handlers.values()]
+        tb = tb.tb_next
+    return None
+
+
+def _quiet_exit(status: int, line: str | None = None) -> None:
+    if line:
+        print(line, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def _quiet_user_error_hook(previous):
     def hook(exc_type, exc, tb):
         failures = getattr(exc, "failures", None)
         if exc_type.__name__ == "ChildFailedError" and failures and getattr(exc, "name", "") == MODULE:
             first = min(failures.values(), key=lambda f: f.timestamp)
             if first.exitcode == USER_ERROR:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(USER_ERROR)
+                _quiet_exit(USER_ERROR)
+        if exc_type.__name__ == "SignalException":
+            codes = _worker_exit_codes(tb)
+            if codes and all(code == 0 for code in codes):
+                name = getattr(getattr(exc, "sigval", None), "name", "a signal")
+                _quiet_exit(0, f"torchrun: {name} received; all {len(codes)} workers of this node exited 0")
         previous(exc_type, exc, tb)
 
     return hook

@@ -13,12 +13,16 @@ import psutil
 from helpers.pretrain_runner import LAUNCHER_VARS, free_port
 
 
-def launch(nproc: int, args: list[str], log_dir: Path, extra_env: dict | None = None) -> subprocess.Popen:
+def launch(nproc: int, args: list[str], log_dir: Path, extra_env: dict | None = None,
+           new_session: bool = False) -> subprocess.Popen:
+    """``new_session``: torchrun leads its own process group (``os.killpg(proc.pid, sig)`` signals it as a shell's
+    job control or a scheduler would)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            f"--master_port={free_port()}", "-m", "mtmegatron.pretrain", *args, "--log-dir", str(log_dir)]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env.update({"OMP_NUM_THREADS": "1", **(extra_env or {})})
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=new_session)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300.0, what: str = "condition"):
