@@ -12,13 +12,15 @@ same run (``--matmul-size``, 8192 bf16 on a GPU), the ratio to the plain loop an
 and which fusions the run's start-up line says ran. Rows run most telling first (impls with fusions on, then off,
 FP8 vs bf16, MoE sequential vs grouped), so a run cut short by a time limit keeps the comparisons that matter;
 ``--json`` rewrites every figure to a file after each row for the same reason.
-Models: on CPU a small Llama-3 (dense) and Mixtral (MoE) of the same layer shapes, fp32 (FP8 rows, with ``--fp8
-on``, get bf16 parameters and a bf16 row of their own); on a GPU (``--backend cuda|musa``) a Llama-3-8B-shaped
-model with ``--num-layers`` layers, bf16, and Mixtral-8x7B's layer (``--moe-num-layers``).
+Models: on CPU a small (``--cpu-size tiny``: tiny) Llama-3 (dense) and Mixtral (MoE) of the same layer shapes,
+fp32 (FP8 rows, with ``--fp8 on``, get bf16 parameters and a bf16 row of their own); on a GPU (``--backend
+cuda|musa``) a Llama-3-8B-shaped model with ``--num-layers`` layers, bf16, and Mixtral-8x7B's layer
+(``--moe-num-layers``).
 ``--fusion-ab``: only the fusions table: each fusion the backend can run on vs off, processes interleaved (on, off,
 on, off, ...) ``--repeats`` times, medians, spread, and the faster-or-equal verdict models/fusions.py applies.
-Usage: python benchmarks/step.py [--backend cpu] [--iters 6] [--threads 1] [--quick] [--impls local,mtmegatron]
-       [--fp8 auto|on|off] [--no-ablation] [--matmul-size N] [--json F] [--fusion-ab --repeats 5]
+Usage: python benchmarks/step.py [--backend cpu] [--cpu-size small|tiny] [--iters 6] [--threads 1] [--quick]
+       [--impls local,mtmegatron] [--fp8 auto|on|off] [--no-ablation] [--matmul-size N] [--json F]
+       [--fusion-ab --repeats 5]
 May assume: mtmegatron installed; torch >= 2.6; no launcher variables needed.
 """
 
@@ -44,8 +46,15 @@ COMMON = ["--mock-data", "--lr", "1e-4", "--lr-decay-style", "constant", "--log-
 CPU_SHAPE = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "8", "--num-query-groups", "4",
              "--ffn-hidden-size", "704", "--vocab-size", "8192", "--seq-length", "256",
              "--max-position-embeddings", "256", "--micro-batch-size", "2", "--global-batch-size", "2"]
+# --cpu-size tiny: every code path in seconds (FP8 through torch._scaled_mm is ~100 s a step at the small shape on
+# cpu, ~1 s here)
+CPU_TINY_SHAPE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "2",
+                  "--ffn-hidden-size", "192", "--vocab-size", "1024", "--seq-length", "64",
+                  "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size", "2"]
 CPU_MODELS = {"dense": ["--model", "llama3", *CPU_SHAPE],
               "moe": ["--model", "mixtral", *CPU_SHAPE, "--num-experts", "4", "--moe-router-topk", "2"]}
+CPU_TINY_MODELS = {"dense": ["--model", "llama3", *CPU_TINY_SHAPE],
+                   "moe": ["--model", "mixtral", *CPU_TINY_SHAPE, "--num-experts", "4", "--moe-router-topk", "2"]}
 # an 8B layer (hidden 4096, ffn 14336, 32 heads / 8 groups, vocab 128256) and Mixtral-8x7B's MoE layer
 GPU_MODELS = {"dense": ["--model", "llama3", "--model-size", "8b", "--seq-length", "4096",
                         "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--global-batch-size", "1",
@@ -221,6 +230,8 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="processes per row; the row shows the fastest (other load on the machine only slows)")
     p.add_argument("--num-layers", type=int, default=2, help="layers of the GPU dense model")
+    p.add_argument("--cpu-size", choices=("small", "tiny"), default="small",
+                   help="the cpu models: small (hidden 256, seq 256) or tiny (hidden 64, seq 64: each path in seconds)")
     p.add_argument("--moe-num-layers", type=int, default=1, help="layers of the GPU MoE model (Mixtral-8x7B's)")
     p.add_argument("--impls", type=lambda s: [i for i in s.split(",") if i], default=None,
                    help="comma-separated --transformer-impl values (default: every one that imports here)")
@@ -238,7 +249,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.backend == "cpu":
-        models = CPU_MODELS
+        models = CPU_TINY_MODELS if a.cpu_size == "tiny" else CPU_MODELS
     else:
         models = {"dense": GPU_MODELS["dense"] + ["--num-layers", str(a.num_layers)],
                   "moe": GPU_MODELS["moe"] + ["--num-layers", str(a.moe_num_layers)]}
@@ -266,7 +277,7 @@ def main(argv=None) -> None:
             with open(a.json, "w") as f:
                 json.dump(report, f, indent=1)
 
-    mm = "" if mm_peak is None else f", measured {mm_size}^3 {report['matmul']['dtype']} matmul {mm_peak:.1f} TFLOP/s"
+    mm = "" if mm_peak is None else f", measured {mm_size}^3 {report['matmul']['dtype']} matmul {mm_peak:.4g} TFLOP/s"
     print(f"backend {a.backend} ({report['device']}), {a.iters} timed iterations after {a.warmup}, "
           f"OMP_NUM_THREADS={a.threads}{'' if peak is None else f', datasheet bf16 peak {peak:.0f} TFLOP/s'}{mm}",
           flush=True)
@@ -295,7 +306,7 @@ def main(argv=None) -> None:
         report["rows"].append(row)
         save()
         pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
-        print(f"{name:<46} {model:<6} {ms:9.1f} {tf:8.3f} {pct(mfu):>6} {pct(mfu_mm):>7} {row['vs_plain']:7.2f} "
+        print(f"{name:<46} {model:<6} {ms:9.1f} {tf:8.4g} {pct(mfu):>6} {pct(mfu_mm):>7} {row['vs_plain']:7.2f} "
               f"{row['vs_bound']:7.2f}  {fusions}", flush=True)
 
     for model in base:

@@ -218,7 +218,7 @@ def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path,
     if mode == "quick":
         step_flags += ["--quick", "--iters", "4", "--warmup", "2"]
     elif dry:
-        step_flags += ["--iters", "2", "--warmup", "1", "--threads", str(cores)]
+        step_flags += ["--cpu-size", "tiny", "--iters", "2", "--warmup", "1", "--threads", str(cores)]
     else:
         step_flags += ["--iters", "6", "--warmup", "2", "--threads", "8"]
     step = [[py, str(ROOT / "benchmarks/step.py"), "--backend", backend, *step_flags]]
@@ -336,17 +336,18 @@ def render_report(plan: Plan, results: list[dict], wall_s: float) -> str:
             lines += [f"| {c['check']} | {c['status']} | {c['detail']} |" for c in fig["results"]]
         elif r["name"] == "step" and fig.get("rows"):
             mm = fig.get("matmul") or {}
-            lines += ["", f"device {fig.get('device')}; datasheet bf16 peak {fmt(fig.get('peak_datasheet_bf16_tflops'))}"
-                      f" TFLOP/s; measured {mm.get('n')}^3 {mm.get('dtype')} matmul {fmt(mm.get('tflops'), 2)} TFLOP/s; "
-                      f"{fig.get('iters')} timed iterations after {fig.get('warmup')}", "",
-                      "| row | model | ms/step | TFLOP/s | MFU (datasheet) | MFU (matmul) | / plain | / bound | fusions |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+            peak = fmt(fig.get("peak_datasheet_bf16_tflops"))
+            lines += ["", f"device {fig.get('device')}; datasheet bf16 peak {peak} TFLOP/s; measured {mm.get('n')}^3 "
+                      f"{mm.get('dtype')} matmul {mm.get('tflops') or 0:.4g} TFLOP/s; {fig.get('iters')} timed "
+                      f"iterations after {fig.get('warmup')}", "",
+                      "| row | model | ms/step | TFLOP/s | MFU (datasheet) | MFU (matmul) | / plain | / bound "
+                      "| fusions |", "|---|---|---|---|---|---|---|---|---|"]
             for row in fig["rows"]:
                 if "error" in row:
                     lines.append(f"| {row['row']} | {row['model']} | failed: {row['error']} | | | | | | |")
                     continue
                 pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
-                lines.append(f"| {row['row']} | {row['model']} | {row['ms']:.1f} | {row['tflops']:.3f} | "
+                lines.append(f"| {row['row']} | {row['model']} | {row['ms']:.1f} | {row['tflops']:.4g} | "
                              f"{pct(row['mfu_datasheet_pct'])} | {pct(row['mfu_matmul_pct'])} | "
                              f"{row['vs_plain']:.2f} | {row['vs_bound']:.2f} | {row['fusions']} |")
         elif fig:
@@ -366,8 +367,8 @@ def summarize(name: str, fig: dict) -> str:
         best = max((r for r in ok if r["row"] not in ("plain PyTorch loop", "GEMM + attention bound")),
                    key=lambda r: r["tflops"], default=None)
         mm = (fig.get("matmul") or {}).get("tflops")
-        return (f"{len(ok)} rows ({len(fig['rows']) - len(ok)} failed); matmul {fmt(mm, 2)} TFLOP/s"
-                + (f"; best {best['row']} {best['tflops']:.3f} TFLOP/s" if best else ""))
+        return (f"{len(ok)} rows ({len(fig['rows']) - len(ok)} failed); matmul {mm or 0:.4g} TFLOP/s"
+                + (f"; best {best['row']} {best['tflops']:.4g} TFLOP/s" if best else ""))
     return ", ".join(f"{k} {v}" for k, v in fig.items() if not isinstance(v, (dict, list)))
 
 

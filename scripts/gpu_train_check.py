@@ -186,7 +186,8 @@ def training_runs(args, work: Path, tp2: bool) -> dict[tuple[str, str], tuple[li
 def run_all(runs: dict, jobs: int, timeout: int) -> dict:
     """(kind, tag) -> (losses or None, why it failed), ``jobs`` processes at a time."""
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        futures = {key: pool.submit(run_pretrain, cmd, log_dir, timeout=timeout) for key, (cmd, log_dir) in runs.items()}
+        futures = {key: pool.submit(run_pretrain, cmd, log_dir, timeout=timeout)
+                   for key, (cmd, log_dir) in runs.items()}
         return {key: f.result() for key, f in futures.items()}
 
 
