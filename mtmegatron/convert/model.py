@@ -107,7 +107,8 @@ def checkpoint_common(root: str, flag: str = "--load") -> dict:
         common = dist_checkpointing.load_common_state_dict(directory)
     except (CheckpointingException, OSError, RuntimeError, EOFError, pickle.UnpicklingError, TypeError, KeyError,
             ValueError) as e:  # a metadata.json or common.pt that is not what megatron-core wrote
-        reason = type(e).__name__ + "".join(f": {line}" for line in str(e).strip().splitlines()[:1])
+        reason = "its common.pt is not a file torch.save wrote" if isinstance(e, pickle.UnpicklingError) else \
+            type(e).__name__ + "".join(f": {line}" for line in str(e).strip().splitlines()[:1])
         raise CheckpointError(f"{flag} {root}: {directory} is not a readable megatron-core checkpoint "
                               f"({reason})") from None
     common["directory"] = directory

@@ -209,10 +209,13 @@ def _split(nbytes: list[int], workers: int) -> list[list[int]]:
 
 
 # ---- the worker ---------------------------------------------------------------------------------------------
-def _pwrite_all(fd: int, tensor: torch.Tensor, offset: int) -> None:
+def _pwrite_all(fd: int, tensor: torch.Tensor, offset: int, path: str) -> None:
     data = memoryview(tensor.contiguous().view(-1).view(torch.uint8).numpy())
     while len(data):
-        written = os.pwrite(fd, data, offset)
+        try:
+            written = os.pwrite(fd, data, offset)
+        except OSError as e:  # a full disk: named with the file
+            raise OSError(e.errno, e.strerror, path) from None
         data, offset = data[written:], offset + written
 
 
@@ -243,7 +246,7 @@ def _export_part_body(index, reader, groups, mine, staging, files, where, dtype,
             if dtype is not None:
                 tensor = tensor.to(dtype)
             file, offset = where[name]
-            _pwrite_all(fds[file], tensor, offset)
+            _pwrite_all(fds[file], tensor, offset, os.path.join(staging, files[file]))
             written.add(tensor.numel() * tensor.element_size())
             del tensor
         del inputs

@@ -73,9 +73,12 @@ def _documents(path: str, key: str) -> Iterator[str]:
                 if not line.strip():
                     continue
                 try:
-                    yield json.loads(line)[key]
+                    text = json.loads(line)[key]
                 except (json.JSONDecodeError, KeyError, TypeError):
                     raise ValueError(f"{path}:{number}: not a JSON object with a {key!r} field") from None
+                if not isinstance(text, str):
+                    raise ValueError(f"{path}:{number}: field {key!r} is a {type(text).__name__}, not text")
+                yield text
         else:
             paragraph: list[str] = []
             for line in f:
@@ -102,8 +105,12 @@ def _first_undecodable_line(path: str) -> int:
 _worker_tokenizer = None  # set before the workers fork: each inherits the loaded tokenizer
 
 
-def _encode(text: str) -> list[int]:
-    return _worker_tokenizer.tokenize(text)
+def _encode(text: str) -> list[int] | str:
+    """The document's token ids, or why the tokenizer refused it (e.g. NullTokenizer given words, not ids)."""
+    try:
+        return _worker_tokenizer.tokenize(text)
+    except (ValueError, TypeError) as e:
+        return str(e)
 
 
 def output_prefix(prefix: str, key: str = "text") -> str:
@@ -128,7 +135,9 @@ def preprocess(inputs: list[str], prefix: str, tokenizer, key: str = "text", wor
     try:
         # fork: workers start in milliseconds (spawn would re-import torch in each) and inherit the tokenizer
         with multiprocessing.get_context("fork").Pool(workers) if workers > 1 else _InProcess(tokenizer) as pool:
-            for ids in pool.imap(_encode, iter_documents(inputs, key), chunksize=16):
+            for number, ids in enumerate(pool.imap(_encode, iter_documents(inputs, key), chunksize=16), 1):
+                if isinstance(ids, str):  # the tokenizer's complaint about this document
+                    raise InputError(f"{', '.join(inputs)}: document {number} ({key!r}) cannot be tokenized: {ids}")
                 if append_eod:
                     ids = ids + [tokenizer.eod]
                 if not ids:
@@ -166,7 +175,7 @@ class _InProcess:
         return False
 
     def imap(self, fn, items, chunksize=1):
-        return (self.tokenizer.tokenize(item) for item in items)
+        return (fn(item) for item in items)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
