@@ -6,10 +6,10 @@ refused with the reason), ``--async-save`` (refused: see ASYNC_REFUSAL), ``--no-
 ``--use-checkpoint-args``, ``--no-ckpt-fully-parallel-save`` (fully parallel save is Megatron-LM's default),
 ``--ckpt-fully-parallel-load``, ``--dist-ckpt-strictness``, ``--ckpt-assume-constant-structure``,
 ``--auto-detect-ckpt-format``, ``--dist-ckpt-optim-fully-reshardable`` (always the case here),
-``--non-persistent-save-interval`` (refused), ``--exit-on-missing-checkpoint``. ``check_checkpoint_paths``
-(training only) checks ``--save``/``--load`` on disk (checkpoint_dirs.py). ``use_checkpoint_args`` runs at
-parse time, before the model fields are derived: it reads the ``--load`` checkpoint's saved Namespace
-(training/megatron_lm_checkpoint.py).
+``--non-persistent-save-interval`` (training/non_persistent.py), ``--exit-on-missing-checkpoint``.
+``check_checkpoint_paths`` (training only) checks ``--save``/``--load`` on disk (checkpoint_dirs.py).
+``use_checkpoint_args`` runs at parse time, before the model fields are derived: it reads the ``--load``
+checkpoint's saved Namespace (training/megatron_lm_checkpoint.py).
 May assume: argparse only at registration; megatron-core importable when --use-checkpoint-args reads a checkpoint.
 """
 
@@ -31,8 +31,6 @@ FORMAT_REFUSALS = {
 ASYNC_REFUSAL = ("--async-save: not supported by mtmegatron's checkpointing yet (a save is finished — every "
                  "rank's shard written, the iter_* directory renamed from .partial and the tracker replaced — "
                  "before training continues); drop the flag")
-NON_PERSISTENT_REFUSAL = ("--non-persistent-save-interval/--non-persistent-ckpt-type: non-persistent (local or "
-                          "in-memory) checkpoints are not implemented in mtmegatron; use --save-interval")
 
 
 def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
@@ -68,7 +66,8 @@ def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
                    help="with --load: exit (status 2) when it holds no checkpoint, instead of starting from "
                         "scratch")
     g.add_argument("--non-persistent-save-interval", type=int, default=None,
-                   help="non-persistent checkpoints (refused here: not implemented)")
+                   help="save a checkpoint that is not kept every N iterations (with --non-persistent-ckpt-type "
+                        "global; training/non_persistent.py)")
 
 
 def check_checkpoint_args(args: argparse.Namespace, error: type[Exception]) -> None:
@@ -76,8 +75,9 @@ def check_checkpoint_args(args: argparse.Namespace, error: type[Exception]) -> N
         raise error(f"--ckpt-format {args.ckpt_format}: {FORMAT_REFUSALS[args.ckpt_format]}")
     if args.async_save:
         raise error(ASYNC_REFUSAL)
-    if args.non_persistent_save_interval is not None or getattr(args, "non_persistent_ckpt_type", None):
-        raise error(NON_PERSISTENT_REFUSAL)
+    from mtmegatron.training.resilience_flags import check_resilience_args
+
+    check_resilience_args(args, error)  # --rerun-mode, non-persistent checkpoints
     if args.use_checkpoint_args and not args.load:
         raise error("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
 

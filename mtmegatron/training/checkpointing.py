@@ -45,6 +45,7 @@ from mtmegatron.training.checkpoint_dirs import (TRACKER, CheckpointError, check
                                                  check_load, checkpoint_dir, complete_iterations,
                                                  latest_complete_iteration, latest_iteration)
 from mtmegatron.training import megatron_lm_checkpoint as mlm
+from mtmegatron.training import non_persistent, rerun
 from mtmegatron.training.device import compute_device
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
@@ -195,6 +196,9 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
         state["rng_state"] = mlm.rng_state_object()
     position = {key: train_state.pop(key) for key in mlm.DATA_POSITION if key in train_state}  # into "args"
     state["args"] = mlm.saved_namespace(args, iteration, torch.distributed.get_world_size(), position)
+    rerun_state = rerun.checkpoint_state(args)  # only while a step waits to be re-run (training/rerun.py)
+    if rerun_state:
+        state["rerun_state_machine"] = rerun_state
     state["checkpoint_version"] = mlm.CHECKPOINT_VERSION
     state["iteration"] = iteration
     state["num_floating_point_operations_so_far"] = train_state.pop("num_floating_point_operations_so_far", 0)
@@ -299,6 +303,9 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     """Load the latest complete checkpoint under ``root`` (ours or Megatron-LM's); returns the iteration to
     continue from (0, after a message, when ``root`` is missing or holds nothing a save writes). ``train_state``
     (when given) is updated with the counters saved beside the weights."""
+    if (chosen := non_persistent.load_root(args, root)) != root:  # the newer non-persistent checkpoint
+        _say(f"--load {root}: the non-persistent checkpoint in {chosen} is the newest")
+        root = chosen
     iteration = latest_complete_iteration(root)
     if iteration is None:  # anything but a fresh start was refused before the process groups started; again here
         check_load(root, args, CheckpointError)  # in case the directory changed since
@@ -342,6 +349,10 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=metadata)
     if load_rng:
         state["rng_state"] = mlm.rng_state_object() if saved["megatron_lm_layout"] else _legacy_rng_state()
+    rerun_template = rerun.load_template(args, common, saved["layout"] == _layout() and getattr(
+        common.get("args"), "world_size", None) == torch.distributed.get_world_size())
+    if rerun_template:
+        state["rerun_state_machine"] = rerun_template
     try:
         loaded = dist_checkpointing.load(state, directory, _load_strategy(directory, args),
                                          strict=args.dist_ckpt_strictness)
@@ -366,6 +377,8 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
             mlm.restore_rng(loaded["rng_state"])
         else:
             _restore_legacy_rng(loaded["rng_state"])
+    if rerun_template:
+        rerun.restore(args, loaded["rerun_state_machine"])
     if train_state is not None and not starts_over:
         train_state.update(saved["train_state"])
         if not train_state.get("consumed_train_samples"):  # a checkpoint without the count: Megatron-LM's rule

@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from mtmegatron.training import checkpointing, placement, robustness
+from mtmegatron.training import checkpointing, non_persistent, placement, rerun, robustness
 from mtmegatron.training.data_position import SamplePlan
 from mtmegatron.training.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_loss
+from mtmegatron.training.memory_history import MemoryHistory
 from mtmegatron.training.metrics import print_rank0
 from mtmegatron.training.observability import Observability
 from mtmegatron.training.overlap import ParamGather
@@ -48,6 +49,10 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
     params.start()
     obs = Observability(args, backend, rank, model, optimizer, writer, state.start)  # --log-*, timers, profiler
+    rerun.start(args, state.start)  # --rerun-mode: result validation and re-runs (training/rerun.py)
+    for line in [rerun.describe(args)] + non_persistent.startup_lines(args):
+        print_rank0(rank, line)
+    history = MemoryHistory(args, backend, rank)  # --record-memory-history
     try:
         for iteration in range(state.start + 1, state.last + 1):
             batch = next(plan)
@@ -60,9 +65,19 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             obs.step_begin(iteration)
             t0 = time.perf_counter()
             stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch)
-            state.train_state["consumed_train_samples"] += batch.size
+            if "rerun_exit" in stats:  # the rerun machine stops the run before this step's update (rerun.py)
+                save, state.status = stats["rerun_exit"]
+                state.last, path = iteration - 1, None
+                if save and args.save:
+                    params.sync()
+                    with obs.saving():
+                        path = checkpointing.save(args.save, state.last, model, optimizer, scheduler, args,
+                                                  state.train_state)
+                print_rank0(rank, rerun.exit_message(state.status, iteration, save, path))
+                break
             release_unused_memory(args.empty_unused_memory_level, "step")
             elapsed = time.perf_counter() - t0
+            state.train_state["consumed_train_samples"] += batch.size
             params.after_step(not stats["skipped"])
             if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
                 device = compute_device()
@@ -78,6 +93,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                     row["val_loss"] = validation_loss(valid, model, args)
                 state.train_state["consumed_valid_samples"] += args.eval_iters * args.global_batch_size
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
+            history.after_step(iteration, iteration == state.start + 1)
             if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:
                 print_rank0(rank, f"mtmegatron: error: {skipped} steps skipped for inf/nan "
                             f"loss or gradients (more than --max-skipped-steps {args.max_skipped_steps}); "
@@ -89,6 +105,10 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 with obs.saving():
                     checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
                 state.saved_at = iteration
+            elif non_persistent.due(args, iteration):  # --non-persistent-save-interval: only the newest kept
+                params.sync()
+                with obs.saving():
+                    non_persistent.save(iteration, model, optimizer, scheduler, args, state.train_state)
             reason = termination.requested()  # --exit-signal-handler / --exit-duration-in-mins
             if reason:
                 print_rank0(rank, f"mtmegatron: {reason}: stopping after iteration {iteration}"

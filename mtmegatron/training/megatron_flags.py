@@ -78,6 +78,10 @@ READ_BY_CODE = frozenset({
     "cross_entropy_loss_fusion",
     # the data position (training/data_position.py; checks in training/schedule_flags.py)
     "rampup_batch_size", "iterations_to_skip",
+    # result validation (training/rerun.py), non-persistent checkpoints (training/non_persistent.py), memory history
+    "rerun_mode", "check_for_spiky_loss", "error_injection_rate", "error_injection_type",
+    "result_rejected_tracker_filename", "non_persistent_ckpt_type", "non_persistent_global_ckpt_dir",
+    "record_memory_history", "memory_snapshot_path", "use_persistent_ckpt_worker",
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
@@ -98,6 +102,9 @@ PARTLY_REFUSED = {
     "fp16": "refused with --use-distributed-optimizer and with FP8 (use --bf16)",
     "add_position_embedding": "--no-position-embedding is refused unless --position-embedding-type rope "
                               "(deprecated; Megatron-LM raises too)",
+    "rerun_mode": "report_stats (megatron-core 0.16.1 cannot run it); validate_results and disabled are honoured",
+    "non_persistent_ckpt_type": "local (nvidia-resiliency-ext's local checkpoints are not wired in) and in_memory "
+                                "(Megatron-LM 0.16 refuses it too); global is honoured",
 }
 
 # dest -> reason, for dests where the reason is specific
@@ -123,6 +130,10 @@ REFUSED = {
     "is_hybrid_model": "hybrid (Mamba) models are not supported",
     "hybrid_override_pattern": "hybrid (Mamba) models are not supported",
     "mock_data_json": _NOT_YET,
+    "non_persistent_local_ckpt_dir": "only for --non-persistent-ckpt-type local, which is refused here "
+                                     "(nvidia-resiliency-ext's local checkpoints are not wired in)",
+    "non_persistent_local_ckpt_algo": "only for --non-persistent-ckpt-type local, which is refused here "
+                                      "(nvidia-resiliency-ext's local checkpoints are not wired in)",
     "distributed_backend": "the collective library follows --backend (nccl on cuda, mccl on musa, gloo on cpu)",
 }
 

@@ -2,7 +2,8 @@
 
 ``train_step`` runs forward/backward over all micro-batches (no pipelining, 1F1B or interleaved, chosen by
 megatron-core from the parallel state), the optimizer step and the LR schedule, and returns the LM loss
-averaged over the global batch on every rank.
+averaged over the global batch on every rank. Megatron-LM's result validation (training/rerun.py) runs
+forward/backward again when a loss or gradient is rejected, and may ask the loop to save and stop.
 May assume: DDP-wrapped model chunks, megatron optimizer and scheduler, parallel state initialised.
 """
 
@@ -15,7 +16,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
-from mtmegatron.training import robustness
+from mtmegatron.training import rerun, robustness
 from mtmegatron.training.device import compute_device, to_compute_device
 from mtmegatron.training.step_timers import timed
 from mtmegatron.models.aux_losses import aux_loss_stats
@@ -26,8 +27,9 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
     if parallel_state.get_context_parallel_world_size() > 1:  # this rank holds part of each sequence
-        return cp_loss(losses, mask)
-    loss = torch.sum(losses * mask) / mask.sum()
+        loss, report = cp_loss(losses, mask)
+        return rerun.validate_loss(loss), report
+    loss = rerun.validate_loss(torch.sum(losses * mask) / mask.sum())
     # clone: the schedule divides the returned loss in place by the number of micro-batches
     return loss, {"lm loss": loss.detach().clone()}
 
@@ -89,12 +91,19 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
 def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0, batch=None) -> dict:
     """One optimizer step over a global batch; ``iteration`` only names the step in inf/nan reports. ``batch``
     (training/data.py's GlobalBatch) gives its size and micro-batch count under --rampup-batch-size (default:
-    --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's."""
-    for chunk in model:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
-    losses_reduced = run_schedule(data_iterators, model, args, forward_only=False,
-                                  num_microbatches=batch.num_microbatches if batch else None)
+    --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's. When the
+    rerun machine stops the run, returns ``{"rerun_exit": (save_checkpoint, exit_code)}`` without a step."""
+    machine = rerun.machine(args)
+    replayable = rerun.replayable(data_iterators)
+    while machine.should_run_forward_backward(replayable):  # once, unless a result was rejected
+        for chunk in model:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        losses_reduced = run_schedule(replayable, model, args, forward_only=False,
+                                      num_microbatches=batch.num_microbatches if batch else None)
+    should_checkpoint, should_exit, exit_code = machine.should_checkpoint_and_exit()
+    if should_exit:
+        return {"rerun_exit": (should_checkpoint, exit_code)}
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
     if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, iteration):
         # inf/nan never reaches the weights (fp16: the optimizer's check)

@@ -29,7 +29,10 @@ def test_megatron_lm_defaults():
     (["--ckpt-format", "torch_dcp"], "--ckpt-format torch_dcp: plain torch.distributed.checkpoint"),
     (["--ckpt-format", "fsdp_dtensor"], "--ckpt-format fsdp_dtensor: Megatron FSDP's DTensor format"),
     (["--async-save"], "--async-save: not supported"),
-    (["--non-persistent-save-interval", "10"], "non-persistent (local or in-memory) checkpoints are not implemented"),
+    (["--non-persistent-save-interval", "10"], "--non-persistent-save-interval needs --non-persistent-ckpt-type global"),
+    (["--non-persistent-ckpt-type", "local"], "--non-persistent-ckpt-type local: nvidia-resiliency-ext's local"),
+    (["--non-persistent-ckpt-type", "in_memory"], "--non-persistent-ckpt-type in_memory: not supported by Megatron-LM"),
+    (["--non-persistent-local-ckpt-algo", "atomic"], "--non-persistent-local-ckpt-algo: only for"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
 ])
 def test_refusals_name_the_flag_and_why(flags, message):

@@ -1,0 +1,35 @@
+"""Validation of Megatron-LM's resilience flags, before any process group starts: ``--rerun-mode`` (its
+``report_stats`` choice is refused: megatron-core 0.16.1 cannot run it) and the non-persistent checkpoint flags
+(``local`` and ``in_memory`` refused with the reason; an interval needs ``--non-persistent-ckpt-type global``
+and ``--save``). What the accepted values do: training/rerun.py and training/non_persistent.py.
+May assume: argparse only.
+"""
+
+from __future__ import annotations
+
+REPORT_STATS_REFUSAL = ("--rerun-mode report_stats: megatron-core 0.16.1 cannot run it (Megatron-LM 0.16.1 passes "
+                        "'report_stats' to RerunMode, which has no such value, and megatron-core's determinism "
+                        "report reads Caller.filename, which Caller lacks); use validate_results or disabled")
+LOCAL_REFUSAL = ("--non-persistent-ckpt-type local: nvidia-resiliency-ext's local checkpoint manager is not wired "
+                 "into mtmegatron's checkpointing; use --non-persistent-ckpt-type global")
+IN_MEMORY_REFUSAL = ("--non-persistent-ckpt-type in_memory: not supported by Megatron-LM 0.16 either (only global "
+                     "and local); use --non-persistent-ckpt-type global")
+
+
+def check_resilience_args(args, error: type[Exception]) -> None:
+    if args.rerun_mode == "report_stats":
+        raise error(REPORT_STATS_REFUSAL)
+    kind = args.non_persistent_ckpt_type
+    if kind == "local":
+        raise error(LOCAL_REFUSAL)
+    if kind == "in_memory":
+        raise error(IN_MEMORY_REFUSAL)
+    if args.non_persistent_save_interval is not None:
+        if args.non_persistent_save_interval <= 0:
+            raise error(f"--non-persistent-save-interval {args.non_persistent_save_interval}: must be positive")
+        if kind is None:
+            raise error("--non-persistent-save-interval needs --non-persistent-ckpt-type global (where to save; "
+                        "Megatron-LM fails at the first such save without it)")
+        if not args.save:
+            raise error("--non-persistent-save-interval needs --save DIR (non-persistent checkpoints go to "
+                        "--non-persistent-global-ckpt-dir, default DIR/non_persistent)")
