@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -126,8 +127,8 @@ def tokenize(conversations, template, seq_length: int, eod: int, progress: bool,
     from tqdm import tqdm
 
     ids, assistant, offsets, stats = [], [], [0], CutStats()
-    for messages in tqdm(conversations, desc="mtmegatron: tokenizing conversations", disable=not progress,
-                         unit="conv", mininterval=1.0):
+    for messages in tqdm(conversations, desc="mtmegatron: tokenizing conversations", unit="conv", mininterval=1.0,
+                         disable=not (progress and sys.stderr.isatty())):  # a bar only on a terminal
         tokens, mask = template.encode(messages)
         tokens, mask = tokens + [eod], mask + [messages[-1]["role"] == "assistant"]
         before = sum(mask[1:])
