@@ -7,7 +7,7 @@ steps (open it at https://pytorch.org/memory_viz), and to ``oom_rank-<rank>_<pat
 memory (where the backend's torch has the out-of-memory observer). Recording starts here before the first step
 (Megatron-LM starts it before the model is built, so its snapshot also lists the model's allocations).
 The host has no caching allocator to record: on the cpu backend (and on a device module without the recorder)
-``start`` returns the start-up line that says nothing is recorded.
+one start-up line says that nothing is recorded.
 May assume: the device of this rank is set; called on every rank.
 """
 
@@ -25,13 +25,18 @@ class MemoryHistory:
         self._memory = None
         self._path = args.memory_snapshot_path
         self._interval = args.log_interval
-        self._last_rank = rank == torch.distributed.get_world_size() - 1
+        world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        self._last_rank = rank == world_size - 1
         if not args.record_memory_history:
             return
-        memory = getattr(backend.device_module(), "memory", None) if backend.device_type != "cpu" else None
-        if memory is None or not hasattr(memory, "_record_memory_history"):
-            print_rank0(rank, f"mtmegatron: --record-memory-history: records nothing on the {backend.name} backend "
-                              f"(no device caching allocator to record); {self._path} is not written")
+        if backend.device_type == "cpu":
+            print_rank0(rank, "mtmegatron: --record-memory-history: records nothing on the cpu backend (the host "
+                              f"has no caching allocator to record); {self._path} is not written")
+            return
+        memory = getattr(backend.device_module(), "memory", None)
+        if not hasattr(memory, "_record_memory_history"):
+            print_rank0(rank, f"mtmegatron: --record-memory-history: records nothing: torch.{backend.device_type}"
+                              f".memory has no _record_memory_history here; {self._path} is not written")
             return
         memory._record_memory_history(True, trace_alloc_max_entries=100000, trace_alloc_record_context=True)
         self._memory = memory

@@ -106,3 +106,43 @@ def test_transient_spike_is_rerun_and_the_run_goes_on_unchanged(runs):
     assert "Possible transient error!" in err
     assert "Continuing normal execution because failed validation was not fatal" in err
     assert runs["resumed_losses"][15] == runs["full_losses"][15]  # the re-run's result, not the spike's
+
+
+class _Memory:
+    """A device module's ``memory`` as the recorder sees it: calls noted, a snapshot of what was recorded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _record_memory_history(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+
+    def _snapshot(self):
+        return {"segments": [], "device_traces": [[{"action": "alloc"}]]}
+
+
+def test_record_memory_history_records_on_a_device_and_writes_snapshots(tmp_path, capsys):
+    """The device path with a stand-in device module (no GPU in CI): Megatron-LM's recorder call, a pickle after
+    the first step and every --log-interval steps; on the cpu backend one line and nothing recorded."""
+    import pickle
+    from types import SimpleNamespace
+
+    from mtmegatron.training.memory_history import MemoryHistory
+
+    memory = _Memory()
+    device = SimpleNamespace(name="sim", device_type="sim", device_module=lambda: SimpleNamespace(memory=memory))
+    path = tmp_path / "snap.pickle"
+    args = SimpleNamespace(record_memory_history=True, memory_snapshot_path=str(path), log_interval=3)
+    history = MemoryHistory(args, device, rank=0)
+    assert memory.calls == [((True,), {"trace_alloc_max_entries": 100000, "trace_alloc_record_context": True})]
+    written = []
+    for iteration in range(5, 10):
+        path.unlink(missing_ok=True)
+        history.after_step(iteration, first=iteration == 5)
+        if path.exists():
+            written.append(iteration)
+            assert pickle.loads(path.read_bytes())["device_traces"] == [[{"action": "alloc"}]]
+    assert written == [5, 6, 9]
+    path.unlink()
+    MemoryHistory(args, SimpleNamespace(name="cpu", device_type="cpu"), rank=0).after_step(6, first=True)
+    assert "records nothing on the cpu backend" in capsys.readouterr().out and not path.exists()
