@@ -98,6 +98,7 @@ CASES = {
     # --save / --load
     "save_is_a_file": (lambda t: BASE + ["--save", _file(t)], "is a file, not a directory"),
     "save_under_a_file": (lambda t: BASE + ["--save", os.path.join(_file(t), "ckpt")], "is a file"),
+    "log_dir_is_a_file": (lambda t: BASE + ["--log-dir", _file(t)], "--log-dir"),
     "load_is_a_file": (lambda t: BASE + ["--load", _file(t)], "is a file, not a checkpoint directory"),
     "load_missing": (lambda t: BASE + ["--load", str(t / "typo")], "no such directory, so no checkpoint to resume"),
     "load_missing_exit_on_missing": (
@@ -126,6 +127,9 @@ CASES = {
                           "record 2: not UTF-8 text"),
     "sft_bad_record": (lambda t: _sft_data(t, "chat.jsonl", _jsonl(GOOD_RECORD, {"messages": [
                            {"role": "user", "content": "no answer"}]})), "record 2: no assistant turn"),
+    "sft_cache_under_a_file": (lambda t: _sft_data(t, "chat.jsonl", _jsonl(GOOD_RECORD)) + [
+                                   "--data-cache-path", os.path.join(_file(t), "cache")],
+                               "cannot be created (Not a directory): give a writable --data-cache-path"),
     "sft_every_answer_cut": (lambda t: _sft_data(t, "chat.jsonl", _jsonl(*[LONG_PROMPT] * 3)),
                              "3 of 3 conversations lose their answer to --seq-length 64: nothing to train on"),
 }
@@ -145,7 +149,7 @@ def in_process(monkeypatch, tmp_path, capsys):
         capsys.readouterr()
         try:
             with pytest.raises(SystemExit) as exit_info:
-                pretrain.main(argv + ["--log-dir", str(tmp_path / "log")])
+                pretrain.main(["--log-dir", str(tmp_path / "log")] + argv)  # a case's own --log-dir wins
         finally:
             mtmegatron.deactivate()
         out, err = capsys.readouterr()
@@ -163,6 +167,20 @@ def test_bad_input_is_one_line_and_status_2(case, in_process, tmp_path):
     assert "mtmegatron: backend" not in out  # no process group, no model
     if case.startswith("sft"):  # a refused preparation leaves nothing beside the data
         assert not (tmp_path / "cache").exists(), list((tmp_path / "cache").rglob("*"))
+
+
+def test_unwritable_save_and_log_dir(in_process, tmp_path, monkeypatch):
+    """Tests may run as root, for whom every directory is writable: the permission answer is faked."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(locked) else real_access(path, mode))
+    for argv, message in ((["--save", str(locked / "ckpt")], f"--save {locked / 'ckpt'} cannot be created: {locked} "
+                                                             f"is not writable"),
+                          (["--save", str(locked)], f"--save {locked}: the directory is not writable"),
+                          (["--log-dir", str(locked)], f"--log-dir {locked}: the directory is not writable")):
+        status, lines, _ = in_process(BASE + argv)
+        assert status == 2 and len(lines) == 1 and lines[0].endswith(message), lines
 
 
 def test_sft_cut_report_and_drop(in_process, tmp_path, capsys):

@@ -204,7 +204,11 @@ def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: st
         check_file(path)
     directory = os.path.join(cache_dir, f"sft-{_cache_key(files, tokenizer, args)}")
     new_cache_dir = not os.path.isdir(cache_dir)
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise SFTDataError(f"the SFT cache {directory} cannot be created ({e.strerror}): give a writable "
+                           f"--data-cache-path") from None
     cached = os.path.join(directory, "data.npz")
     try:
         with open(os.path.join(directory, ".lock"), "w") as lock:

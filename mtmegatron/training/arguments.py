@@ -425,4 +425,10 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
         validate_for_training(args)
     if args.log_dir is None:
         args.log_dir = os.path.join("runs", args.model)
+    if for_training:  # metrics, the loss plot and samples are written there
+        from mtmegatron.training.checkpoint_dirs import check_writable_dir
+
+        check_writable_dir("--log-dir", args.log_dir, ConfigError)
+        if args.tensorboard_dir:
+            check_writable_dir("--tensorboard-dir", args.tensorboard_dir, ConfigError)
     return args

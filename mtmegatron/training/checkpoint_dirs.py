@@ -4,7 +4,7 @@
 Layout (Megatron-LM's): ``<root>/iter_0000010/`` (complete once ``metadata.json`` is in it and it is no longer
 ``.partial``) and ``<root>/latest_checkpointed_iteration.txt`` naming the newest. ``check_paths`` refuses, with
 one ``ConfigError`` line each: a ``--save`` or ``--load`` that is a file, a ``--save`` that cannot be created
-or written, a ``--load`` directory that does not exist (unless it is the ``--save`` directory: the first run of
+or written (``check_writable_dir``, also used for ``--log-dir``), a ``--load`` directory that does not exist (unless it is the ``--save`` directory: the first run of
 ``--save X --load X``), a tracker naming an iteration whose checkpoint is missing or incomplete (the complete
 ones are listed), debris without a complete checkpoint, ``--finetune`` or ``--exit-on-missing-checkpoint``
 without a checkpoint. An existing directory holding nothing a save writes starts from scratch (Megatron-LM).
@@ -83,21 +83,21 @@ def _same_path(a: str | None, b: str | None) -> bool:
     return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
 
 
-def _check_save(save: str, error: type[Exception]) -> None:
-    if os.path.exists(save):
-        if not os.path.isdir(save):
-            raise error(f"--save {save} is a file, not a directory: checkpoints are directories (iter_*/ and "
-                        f"{TRACKER}); name a directory")
-        if not os.access(save, os.W_OK | os.X_OK):
-            raise error(f"--save {save}: the directory is not writable")
+def check_writable_dir(flag: str, path: str, error: type[Exception], what: str = "a directory") -> None:
+    """``path`` is a writable directory, or one that can be created; else ``error`` naming ``flag``."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise error(f"{flag} {path} is a file, not a directory: name {what}")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise error(f"{flag} {path}: the directory is not writable")
         return
-    parent = os.path.dirname(os.path.abspath(save))
+    parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise error(f"--save {save} cannot be created: {parent} is a file")
+        raise error(f"{flag} {path} cannot be created: {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise error(f"--save {save} cannot be created: {parent} is not writable")
+        raise error(f"{flag} {path} cannot be created: {parent} is not writable")
 
 
 def _no_checkpoint_reason(args) -> str | None:
@@ -160,7 +160,7 @@ def foreign_format(directory: str) -> str | None:
 def check_paths(args, error: type[Exception]) -> None:
     """``--save`` and ``--load`` usable as the run will use them (see the module docstring)."""
     if args.save:
-        _check_save(args.save, error)
+        check_writable_dir("--save", args.save, error, f"a directory (checkpoints are iter_*/ and {TRACKER})")
     if args.load:
         check_load(args.load, args, error)
 
