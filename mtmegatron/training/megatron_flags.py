@@ -63,6 +63,9 @@ NOOP = {
     "dist_ckpt_format_deprecated": "deprecated in Megatron-LM 0.16 (see --ckpt-format)",
     "ckpt_fully_parallel_save_deprecated": "deprecated in Megatron-LM 0.16 (fully parallel save is the default)",
     "local_rank": "set by legacy launchers; the local rank is read from LOCAL_RANK (torchrun), as Megatron-LM does",
+    # nothing to act on here (a start-up line says so when given)
+    "use_persistent_ckpt_worker": "it keeps megatron-core's --async-save worker alive; saves here are synchronous "
+                                  "(--async-save is refused)",
 }
 
 # --- dests registered from the table (no module adds them by hand) that mtmegatron code reads --------------------
@@ -81,7 +84,7 @@ READ_BY_CODE = frozenset({
     # result validation (training/rerun.py), non-persistent checkpoints (training/non_persistent.py), memory history
     "rerun_mode", "check_for_spiky_loss", "error_injection_rate", "error_injection_type",
     "result_rejected_tracker_filename", "non_persistent_ckpt_type", "non_persistent_global_ckpt_dir",
-    "record_memory_history", "memory_snapshot_path", "use_persistent_ckpt_worker",
+    "record_memory_history", "memory_snapshot_path",
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
