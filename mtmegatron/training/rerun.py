@@ -15,9 +15,10 @@ makes the step run again in place, from the same RNG states and the same micro-b
 ``disabled``: validations still run and a rejected NaN/Inf raises (megatron-core's behaviour).
 ``--error-injection-rate``/``--error-injection-type`` feed megatron-core's ``RerunErrorInjector``;
 ``--result-rejected-tracker-filename`` its log of rejected results.
-Test hook: ``MTMEGATRON_TEST_INJECT_LOSS=ITER:spike|nan:once|always`` multiplies rank 0's first micro-batch loss
-of step ITER by 1000 (or by NaN) before validation and backward, in the first run of the step only (``once``: a
-transient fault) or in every run of it (``always``: a persistent one).
+Test hook: ``MTMEGATRON_TEST_INJECT_LOSS=ITER:spike|nan:once|always[:RANK]`` multiplies that rank's (default 0;
+a rank that computes the loss) first micro-batch loss of step ITER by 1000 (or by NaN) before validation and
+backward, in the first run of the step only (``once``: a transient fault) or in every run of it (``always``: a
+persistent one).
 May assume: megatron-core's parallel state; the bridge makes its ``torch.cuda`` calls resolve to the backend.
 """
 
@@ -121,9 +122,11 @@ _injected_at = None  # (iteration, state) of the last injection: only the step's
 def _inject(loss: torch.Tensor, rerun) -> torch.Tensor:
     global _injected_at
     spec = os.environ.get(INJECT_ENV)
-    if not spec or torch.distributed.get_rank() != 0:
+    if not spec:
         return loss
-    iteration, kind, when = spec.split(":")
+    iteration, kind, when, rank = (spec + ":0").split(":")[:4]
+    if torch.distributed.get_rank() != int(rank):
+        return loss
     if rerun.current_iteration != int(iteration) or _injected_at == (rerun.current_iteration, rerun.state):
         return loss
     if when == "once" and rerun.state != RerunState.INITIAL_RUN:
