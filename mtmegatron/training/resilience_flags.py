@@ -11,7 +11,8 @@ REPORT_STATS_REFUSAL = ("--rerun-mode report_stats: megatron-core 0.16.1 cannot 
                         "'report_stats' to RerunMode, which has no such value, and megatron-core's determinism "
                         "report reads Caller.filename, which Caller lacks); use validate_results or disabled")
 LOCAL_REFUSAL = ("--non-persistent-ckpt-type local: nvidia-resiliency-ext's local checkpoint manager is not wired "
-                 "into mtmegatron's checkpointing; use --non-persistent-ckpt-type global")
+                 "into mtmegatron's checkpointing (nor can it hold the fully reshardable distributed-optimizer state "
+                 "saved here, Megatron-LM 0.16 refuses that too); use --non-persistent-ckpt-type global")
 IN_MEMORY_REFUSAL = ("--non-persistent-ckpt-type in_memory: not supported by Megatron-LM 0.16 either (only global "
                      "and local); use --non-persistent-ckpt-type global")
 
