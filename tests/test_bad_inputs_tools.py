@@ -124,6 +124,7 @@ def _inject_full_disk():
 def _run_case(argv: list[str]) -> tuple[int, str]:
     """``mtmegatron.cli.main(argv)`` with file descriptor 2 (this process's and its workers') on a file."""
     import tempfile
+    import traceback
 
     from mtmegatron import cli
 
@@ -135,6 +136,9 @@ def _run_case(argv: list[str]) -> tuple[int, str]:
             status = cli.main(argv)
         except SystemExit as e:
             status = e.code
+        except Exception:  # a traceback is a failed case, not a failed run of the table
+            traceback.print_exc()
+            status = 1
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
