@@ -94,6 +94,9 @@ CASES = {
                                "--hidden-dropout 1.5 is not a probability"),
     "attention_dropout_negative": (lambda t: BASE + ["--attention-dropout", "-0.1"],
                                    "--attention-dropout -0.1 is not a probability"),
+    "heads_0": (lambda t: BASE + ["--num-attention-heads", "0"], "--num-attention-heads must be >= 1, not 0"),
+    "seq_length_negative": (lambda t: BASE + ["--seq-length", "-4"], "--seq-length must be >= 1, not -4"),
+    "log_interval_0": (lambda t: BASE + ["--log-interval", "0"], "--log-interval must be >= 1, not 0"),
     "not_an_int": (lambda t: BASE + ["--micro-batch-size", "two"], "--micro-batch-size"),
     # --save / --load
     "save_is_a_file": (lambda t: BASE + ["--save", _file(t)], "is a file, not a directory"),

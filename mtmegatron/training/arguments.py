@@ -232,6 +232,10 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
         if getattr(args, field) is None:
             raise ConfigError(f"--{field.replace('_', '-')} is required (Megatron-LM has no default; or name a "
                               f"preset with --model)")
+    # sizes a run divides by or makes tensors of (Megatron-LM fails on them later, in a traceback)
+    for field in ("hidden_size", "num_attention_heads", "seq_length", "vocab_size", "log_interval"):
+        if getattr(args, field) is not None and getattr(args, field) < 1:
+            raise ConfigError(f"--{field.replace('_', '-')} must be >= 1, not {getattr(args, field)}")
     if args.ffn_hidden_size is None:  # Megatron-LM's rule: 4h, or 2/3 of it rounded down to 64 with SwiGLU
         args.ffn_hidden_size = (int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu
                                 else 4 * args.hidden_size)
