@@ -7,13 +7,14 @@
 * the output has the finished marker, bf16 tensors (source dtype kept), and the same keys/shapes/chunks as
   megatron-core's own save; the HF parity tests (test_hf_parity.py, test_hf_families.py) load the streamed output
   under TP1/TP2/EP2 and match HF's logits;
-* a conversion killed mid-write leaves no output and no finished marker; a rerun succeeds;
+* a conversion killed mid-write (``kill -9``) leaves no output and no finished marker, and its workers, stopped so that
+  they cannot notice by themselves, are ended by the kernel within seconds; a rerun succeeds;
 * a converted tiny HF Llama loads into ``pretrain`` under TP2 x PP2 with the TP1 first-iteration loss.
 The way back (convert/streaming_export.py), on the same synthetic checkpoint:
 * ``mcore-to-hf --workers 2``: every worker's VmHWM grows by less than 2 x the largest tensor + 48 MB; the HF
   shards (64 MiB limit -> several files + index) hold every original tensor bit-exactly, in bf16;
-* a killed ``mcore-to-hf`` leaves no output and no finished marker (the rerun's clean-up of the debris is shared
-  with hf-to-mcore and tested there);
+* a killed ``mcore-to-hf`` leaves no output and no finished marker, and its stopped workers die with it (the
+  rerun's clean-up of the debris is shared with hf-to-mcore and tested there);
 * the TP2 x PP2 pretrain checkpoint (distributed optimizer's state in it) converts back with no flags, equal to
   megatron-core's own (in-memory, resharding) load of the same checkpoint.
 """
@@ -57,6 +58,46 @@ def synthetic(tmp_path_factory):
     run_cli("convert", "hf-to-mcore", "--model", "llama3", "--hf-dir", str(root / "hf"), "--out", str(root / "mcore"),
             "--workers", "2")
     return root, config
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (the converter's forked workers)."""
+    found = []
+    for entry in (e for e in os.listdir("/proc") if e.isdigit()):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_converter_and_its_stopped_workers_die(proc) -> None:
+    """``kill -9`` the converter while its workers are stopped (SIGSTOP: they cannot notice by themselves that the
+    parent is gone); the kernel ends them (PR_SET_PDEATHSIG) within seconds."""
+    deadline = time.time() + 60
+    while not (workers := _children(proc.pid)) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)  # the shards exist before the workers are forked
+    assert workers, "no worker to stop"
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 5
+    while time.time() < deadline and any(_running(pid) for pid in workers):
+        time.sleep(0.05)
+    left = [pid for pid in workers if _running(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers {left} outlived the killed converter"
 
 
 def _hwm_within_bound(stats: dict, what: str, bites: bool = True) -> None:
@@ -105,9 +146,7 @@ def test_killed_conversion_leaves_nothing_finished_and_a_rerun_succeeds(syntheti
             break
         time.sleep(0.2)
     assert proc.poll() is None, "the conversion finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    time.sleep(2)
+    _kill_converter_and_its_stopped_workers_die(proc)
     assert not out.exists() and not list(tmp_path.rglob(MARKER))
     assert list(tmp_path.glob("out.partial.*"))  # the debris is only under the temporary name
     run_cli(*argv[3:])
@@ -212,8 +251,6 @@ def test_killed_mcore_to_hf_leaves_nothing_finished(synthetic, tmp_path):
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the conversion finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    time.sleep(2)  # the worker notices its parent is gone
+    _kill_converter_and_its_stopped_workers_die(proc)
     assert not out.exists() and not list(tmp_path.rglob(MARKER))
     assert list(tmp_path.glob("out.partial.*"))  # the debris is only under the temporary name
