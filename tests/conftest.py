@@ -10,16 +10,22 @@ forkserver with megatron-core preloaded for the cpu backend, ~3x faster than spa
 ``MTMEGATRON_TEST_START_METHOD`` overrides. Not plain fork: a rank forked from a pytest process whose earlier
 tests ran torch's OpenMP thread pool can hang in its first parallel region), calls ``worker(rank, world_size, backend_name, *args)`` in each with MASTER_ADDR/MASTER_PORT/RANK/
 WORLD_SIZE/LOCAL_RANK set, and returns the per-rank return values (tensors converted to numpy). Any rank's
-exception, crash or hang fails the caller with every rank's traceback. Workers must be module-level functions
+exception, crash or hang fails the caller with every rank's traceback; a rank still running at the timeout (or 10 s
+after a peer failed) gets SIGABRT first, and faulthandler, enabled in each rank, puts every thread's Python stack
+of it (or of a rank that crashed in native code) into the failure. Workers must be module-level functions
 of a test module. The per-rank entry runs this file through runpy, so it never depends on which
 ``conftest`` module happens to be importable in the child.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue as queue_module
 import runpy
+import shutil
+import signal
+import tempfile
 import time
 import traceback
 
@@ -50,7 +56,11 @@ def _to_plain(value):
     return value
 
 
-def _rank_main(worker, rank: int, world_size: int, port: int, backend_name: str, args: tuple, results) -> None:
+def _rank_main(worker, rank: int, world_size: int, port: int, backend_name: str, args: tuple, results,
+               stacks_path: str) -> None:
+    global _STACKS_FILE
+    _STACKS_FILE = open(stacks_path, "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
+    faulthandler.enable(file=_STACKS_FILE, all_threads=True)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
@@ -92,9 +102,11 @@ def run_ranks(worker, world_size: int, backend_name: str, *args, timeout: float 
         ctx.set_forkserver_preload(["megatron.core.parallel_state", "megatron.core.tensor_parallel"])
     results = ctx.Queue()
     port = find_free_port()
+    stacks_dir = tempfile.mkdtemp(prefix="mtmegatron-rank-stacks-")
+    stacks = [os.path.join(stacks_dir, f"rank{rank}.txt") for rank in range(world_size)]
     procs = []
     for rank in range(world_size):
-        entry_args = (worker, rank, world_size, port, backend_name, args, results)
+        entry_args = (worker, rank, world_size, port, backend_name, args, results, stacks[rank])
         proc = ctx.Process(
             target=runpy.run_path,
             args=(__file__, {"_MTMEGATRON_RANK_ARGS": entry_args}, _RANK_RUN_NAME),
@@ -121,6 +133,9 @@ def run_ranks(worker, world_size: int, backend_name: str, *args, timeout: float 
                 if rank not in outcome and proc.exitcode not in (None, 0):
                     outcome[rank] = ("error", f"process exited with code {proc.exitcode} without a result")
                     first_error_at = first_error_at or time.monotonic()
+    hung = [rank for rank, proc in enumerate(procs) if rank not in outcome and proc.is_alive()]
+    for rank in hung:  # faulthandler writes the rank's stacks, then it ends
+        os.kill(procs[rank].pid, signal.SIGABRT)
     for proc in procs:
         proc.join(timeout=5)
         if proc.is_alive():
@@ -130,8 +145,13 @@ def run_ranks(worker, world_size: int, backend_name: str, *args, timeout: float 
     problems = []
     for rank in range(world_size):
         status, value = outcome.get(rank, ("error", "no result (hung: stopped after the timeout or a peer's failure)"))
+        with open(stacks[rank]) as f:
+            dumped = f.read()[-20000:]  # the stacks of a hung rank (SIGABRT) or of a crash in native code
+        if status != "ok" and dumped:
+            value += f"\nPython stacks (faulthandler{', SIGABRT after the timeout' if rank in hung else ''}):\n{dumped}"
         if status != "ok":
             problems.append(f"--- rank {rank} ---\n{value}")
+    shutil.rmtree(stacks_dir, ignore_errors=True)
     if problems:
         pytest.fail(f"{worker.__name__} failed on {len(problems)}/{world_size} ranks:\n" + "\n".join(problems))
     return [outcome[rank][1] for rank in range(world_size)]

@@ -1,4 +1,6 @@
-"""Starts ``mtmegatron.pretrain`` under torchrun without waiting, for tests that signal or kill its ranks."""
+"""Starts ``mtmegatron.pretrain`` under torchrun without waiting, for tests that signal or kill its ranks.
+``wait_for`` and ``finish`` stop a job past its time with every rank's Python stack in the failure
+(helpers/pretrain_runner.py's ``stop_with_stacks``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from helpers.pretrain_runner import LAUNCHER_VARS, free_port
+from helpers.pretrain_runner import LAUNCHER_VARS, STACKS_ENV, free_port, hang_report, stop_with_stacks
 
 
 def launch(nproc: int, args: list[str], log_dir: Path, extra_env: dict | None = None,
@@ -20,7 +22,7 @@ def launch(nproc: int, args: list[str], log_dir: Path, extra_env: dict | None = 
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            f"--master_port={free_port()}", "-m", "mtmegatron.pretrain", *args, "--log-dir", str(log_dir)]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    env.update({"OMP_NUM_THREADS": "1", **(extra_env or {})})
+    env.update({"OMP_NUM_THREADS": "1", **STACKS_ENV, **(extra_env or {})})
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=new_session)
 
@@ -35,8 +37,15 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300.0, what: st
             out, err = proc.communicate()
             raise AssertionError(f"job exited ({proc.returncode}) before {what}:\n{out[-3000:]}\n{err[-4000:]}")
         time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(hang_report(f"the job waiting for {what}", timeout, *stop_with_stacks(proc)))
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180.0) -> tuple[str, str]:
+    """``proc.communicate(timeout=...)``; past it the job is stopped with every rank's stack in the failure."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(hang_report("the job", timeout, *stop_with_stacks(proc))) from None
 
 
 def rank_pid(proc: subprocess.Popen, rank: int) -> int:

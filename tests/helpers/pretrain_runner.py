@@ -1,12 +1,20 @@
-"""Launches ``mtmegatron.pretrain`` the way users do (torchrun) and reads back metrics.jsonl."""
+"""Launches ``mtmegatron.pretrain`` the way users do (torchrun) and reads back metrics.jsonl.
+
+A job that runs past its time fails with every rank's Python stack in the message (``stop_with_stacks``): jobs
+start with ``PYTHONFAULTHANDLER`` set, so SIGABRT makes each rank write every thread's stack to its stderr (so
+does a crash in native code) before it ends.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import psutil
 
 from helpers.ports import free_port  # noqa: F401  (re-exported: tests import it from here)
 
@@ -21,6 +29,65 @@ TINY = [
 
 LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                   "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
+STACKS_ENV = {"PYTHONFAULTHANDLER": "1"}  # faulthandler.enable() at start-up: SIGABRT dumps every thread's stack
+_FAULTHANDLER_HEADER = "Fatal Python error: Aborted"
+
+
+def _ranks_and_tree(proc: subprocess.Popen):
+    """(the job's ranks: torchrun's children, or the lone process; every process of the job)."""
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root] + root.children(recursive=True)
+        launcher = any(a in ("torch.distributed.run", "torchrun") or a.endswith("/torchrun") for a in root.cmdline())
+        return (root.children() if launcher else [root]), tree
+    except psutil.Error:
+        return [], []
+
+
+def stop_with_stacks(proc: subprocess.Popen, grace: float = 20.0) -> tuple[str, str]:
+    """A job past its time: SIGABRT to each rank (faulthandler writes its stacks to stderr and the rank ends),
+    then every process of the job still there is killed. Returns the job's (stdout, stderr), text pipes."""
+    ranks, tree = _ranks_and_tree(proc)
+    for p in ranks:
+        try:
+            p.send_signal(signal.SIGABRT)
+        except psutil.Error:
+            pass
+    try:
+        out, err = proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:  # a rank's children can hold the pipes open
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        out, err = proc.communicate()
+    for p in tree:  # orphans: ranks of a killed torchrun, DataLoader workers
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return out or "", err or ""
+
+
+def hang_report(what: str, timeout: float, out: str, err: str) -> str:
+    """The failure text of a job stopped by ``stop_with_stacks``: each rank's stacks, then the output's tails."""
+    start = err.find(_FAULTHANDLER_HEADER)
+    stacks = err[start:][:30000] if start >= 0 else "(no stack: no rank answered SIGABRT with faulthandler)"
+    before = err[:start] if start >= 0 else err
+    return (f"{what} ran past {timeout:g} s; every rank's Python stack (faulthandler on SIGABRT):\n{stacks}\n"
+            f"--- stdout (tail) ---\n{out[-3000:]}\n--- stderr before the stacks (tail) ---\n{before[-3000:]}")
+
+
+def run_job(cmd: list[str], env: dict, timeout: float, what: str = "job") -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)``; past ``timeout`` the job is stopped with every
+    rank's stack in the AssertionError (``stop_with_stacks``)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(hang_report(what, timeout, *stop_with_stacks(proc))) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300, expect_ok: bool = True,
@@ -34,9 +101,8 @@ def run_pretrain(nproc: int, args: list[str], log_dir: Path, timeout: int = 300,
     # a launcher's variables left in this process by other tests must not leak into the job
     inherited = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     # one rank: no MASTER_PORT, so its store binds a port the kernel picks (training/setup.py)
-    env = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(cmd + args + ["--log-dir", str(log_dir)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    env = {**inherited, "OMP_NUM_THREADS": "1", **STACKS_ENV, **(env or {})}
+    proc = run_job(cmd + args + ["--log-dir", str(log_dir)], env, timeout, what=f"pretrain on {nproc} rank(s)")
     if expect_ok and proc.returncode != 0:
         raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     metrics = log_dir / "metrics.jsonl"

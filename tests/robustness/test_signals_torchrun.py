@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
+import time
 
 import psutil
+import pytest
 
-from helpers.launch import launch, rows, wait_for
-from helpers.pretrain_runner import TINY
+from helpers.launch import finish, launch, rows, wait_for
+from helpers.pretrain_runner import LAUNCHER_VARS, STACKS_ENV, TINY, free_port, run_job
+from helpers.ranks import run_ranks
 from mtmegatron.training.checkpointing import latest_complete_iteration
 
 ARGS = TINY + ["--use-distributed-optimizer", "--train-iters", "100000", "--exit-signal-handler"]
@@ -31,7 +35,7 @@ def _every_process(proc) -> list[int]:
 def _stop_and_check(proc, log_dir, ckpt, deliver) -> int:
     wait_for(lambda: len(rows(log_dir)) >= 2, proc, what="two iterations")
     deliver(proc)
-    out, err = proc.communicate(timeout=180)
+    out, err = finish(proc)
     assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{out[-2000:]}\n{err[-4000:]}"
     last = _iterations(log_dir)[-1]
     assert f"SIGTERM received: stopping after iteration {last}" in out
@@ -108,3 +112,37 @@ def test_torchrun_exits_0_after_a_signal_only_when_every_worker_did(monkeypatch,
     # a rank killed (SIGKILL after the agent's --shutdown-timeout) or without a handler: torchrun's report, status 1
     assert _hook_outcome(monkeypatch, [0, -9]) == "reported"
     assert _hook_outcome(monkeypatch, [-15, -15]) == "reported"
+
+
+# ---- a job past its time fails with every rank's Python stack ----------------------------------------------------
+SLEEPER = "import time\ndef sleeping_rank():\n    time.sleep(3600)\nprint('started', flush=True)\nsleeping_rank()\n"
+
+
+def test_a_torchrun_job_past_its_time_fails_with_every_ranks_stack(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(script)]
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS} | STACKS_ENV
+    started = time.monotonic()
+    with pytest.raises(AssertionError) as failure:
+        run_job(cmd, env, timeout=8, what="sleeper")
+    message = str(failure.value)
+    assert message.startswith("sleeper ran past 8 s; every rank's Python stack"), message[:2000]
+    assert message.count(f'File "{script}", line 3 in sleeping_rank') == 2, message[:4000]  # both ranks
+    assert time.monotonic() - started < 40
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+def _sleeping_rank(rank, world_size, backend_name):
+    if rank == 1:
+        time.sleep(3600)
+    return rank
+
+
+def test_a_hung_rank_of_run_ranks_fails_with_its_stack():
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run_ranks(_sleeping_rank, 2, "cpu", timeout=6)
+    message = str(failure.value)
+    assert "failed on 1/2 ranks" in message and "--- rank 1 ---" in message and "--- rank 0 ---" not in message
+    assert "in _sleeping_rank" in message, message[:3000]
