@@ -4,9 +4,11 @@ Iteration ``k+1`` trains the next global batch ``[consumed, consumed + G)``; G i
 size from megatron-core's num-microbatches calculator: ``--global-batch-size``, or under ``--rampup-batch-size
 start increment samples`` the ramped size for the samples consumed so far. An iteration listed in
 ``--iterations-to-skip`` (Megatron-LM's numbering: the count of iterations done before it, so ``N`` is the
-iteration reported as ``N+1``) consumes its batch without training it. ``SamplePlan`` walks these global
-batches from a checkpoint's (iteration, consumed samples); the data samplers (training/data.py, sft/dataset.py,
-training/multimodal_data.py) and the training loop (training/loop.py) each walk their own copy, so they agree.
+iteration reported as ``N+1``; with ``--result-rejected-tracker-filename`` also the iterations megatron-core's
+rerun machine logged there as reproducibly rejected, as Megatron-LM adds them) consumes its batch untrained.
+``SamplePlan`` walks these global batches from a checkpoint's (iteration, consumed samples); the data samplers
+(training/data.py, sft/dataset.py, training/multimodal_data.py) and the training loop (training/loop.py) each walk
+their own copy, so they agree.
 May assume: ``args`` validated (global/micro batch size, data-parallel size; rampup checked by schedule_flags.py).
 """
 
@@ -24,6 +26,17 @@ class GlobalBatch:
     size: int               # samples (this iteration's global batch size)
     num_microbatches: int   # per data-parallel rank
     skipped: bool           # --iterations-to-skip: consumed, not trained
+
+
+def add_rejected_iterations(args: argparse.Namespace) -> None:
+    """``--result-rejected-tracker-filename``: as Megatron-LM's argument validation, append the iterations that
+    megatron-core's RerunStateMachine finds reproducibly rejected in that file to ``--iterations-to-skip``."""
+    if getattr(args, "result_rejected_tracker_filename", None) is None:
+        return
+    from megatron.core.rerun_state_machine import RerunStateMachine
+
+    found = RerunStateMachine.get_skipped_iterations_from_tracker_file(args.result_rejected_tracker_filename)
+    args.iterations_to_skip = list(args.iterations_to_skip or []) + list(found)
 
 
 def batch_size_calculator(args: argparse.Namespace):

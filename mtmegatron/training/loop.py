@@ -1,8 +1,10 @@
-"""The iteration loop of ``mtmegatron.pretrain``: steps, metrics rows, validation, periodic and final saves,
-the skipped-step limit, the exit signal and time limit (training/robustness.py), and the placement check after
-the first step on a device. The data position (consumed/skipped samples) advances by training/data_position.py's
-SamplePlan, whose ``--iterations-to-skip`` iterations consume their batch untrained. With --overlap-param-gather
-the parameters are all-gathered before evaluation and every save and when the loop ends (training/overlap.py).
+"""The iteration loop of ``mtmegatron.pretrain``: steps, metrics rows, validation, periodic and final saves, the
+skipped-step limit, the exit signal and time limit (training/robustness.py), and the placement check after the
+first step on a device. The data position (consumed/skipped samples) advances by training/data_position.py's
+SamplePlan, whose ``--iterations-to-skip`` iterations consume their batch untrained; when ``--rampup-batch-size``
+changes the micro-batch count, a checkpoint is saved first (with ``--save``), as Megatron-LM does. With
+--overlap-param-gather the parameters are all-gathered before evaluation and every save and when the loop ends
+(training/overlap.py).
 
 ``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
@@ -54,8 +56,16 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         print_rank0(rank, line)
     history = MemoryHistory(args, backend, rank)  # --record-memory-history
     try:
+        micro_batches = None  # the previous iteration's count: --rampup-batch-size changes it
         for iteration in range(state.start + 1, state.last + 1):
             batch = next(plan)
+            if (args.save and micro_batches not in (None, batch.num_microbatches)
+                    and state.saved_at != iteration - 1):  # Megatron-LM saves before the count changes
+                params.sync()
+                with obs.saving():
+                    checkpointing.save(args.save, iteration - 1, model, optimizer, scheduler, args, state.train_state)
+                state.saved_at = iteration - 1
+            micro_batches = batch.num_microbatches
             if batch.skipped:  # --iterations-to-skip: its samples count as consumed, untrained (Megatron-LM)
                 state.train_state["consumed_train_samples"] += batch.size
                 state.train_state["skipped_train_samples"] += batch.size

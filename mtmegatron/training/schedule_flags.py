@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtmegatron.training.data_position import SamplePlan
+from mtmegatron.training.data_position import SamplePlan, add_rejected_iterations
 
 WSD_DECAY_STYLES = ["exponential", "linear", "cosine", "minus_sqrt"]
 WD_INCR_STYLES = ["constant", "linear", "cosine"]
@@ -115,6 +115,7 @@ def check_schedule_args(args: argparse.Namespace, error) -> None:
     if args.global_batch_size is None:  # Megatron-LM's default: one micro-batch per data-parallel rank
         args.global_batch_size = args.micro_batch_size * args.data_parallel_size
     _check_mode(args, error)
+    add_rejected_iterations(args)  # --result-rejected-tracker-filename extends --iterations-to-skip (Megatron-LM)
     if args.lr_warmup_fraction is not None:
         if args.lr_warmup_iters or args.lr_warmup_samples:
             raise error("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples are mutually exclusive")

@@ -9,7 +9,9 @@ one line per micro-batch handed to the model); what a checkpoint records is read
   from the checkpoint's (eval_iters x global batch per evaluation).
 * ``--rampup-batch-size 2 2 16 --train-samples 60`` with ``--iterations-to-skip 1 4``: the iteration count,
   each iteration's samples and micro-batch count, the LR warmup in trained samples and the recorded consumed
-  and skipped samples are those of Megatron-LM's rules, written out below (not read from mtmegatron).
+  and skipped samples are those of Megatron-LM's rules, written out below (not read from mtmegatron), and a
+  checkpoint is saved before each change of the micro-batch count, as Megatron-LM saves.
+* ``--result-rejected-tracker-filename`` adds the rerun machine's reproducibly rejected iterations to the skips.
 """
 
 from __future__ import annotations
@@ -125,5 +127,22 @@ def test_rampup_and_iterations_to_skip_follow_megatron_lm(tmp_path):
     assert [r["iteration"] for r in rows] == list(expected)
     for row in rows:
         assert math.isclose(row["lr"], lrs[row["iteration"]], rel_tol=1e-9, abs_tol=1e-12), row
-    assert _position(tmp_path / "ckpt", iterations) == {"consumed_train_samples": 60, "skipped_train_samples": 6,
-                                                        "consumed_valid_samples": 0}
+    # Megatron-LM saves before an iteration whose micro-batch count differs (1 -> 2 -> 3 -> 4), and at the end
+    saved = sorted(int(d.name[len("iter_"):]) for d in (tmp_path / "ckpt").glob("iter_*"))
+    assert saved == [3, 5, 6, iterations]
+    for it, (consumed, skipped) in {3: (6, 2), 5: (14, 6), 6: (20, 6), iterations: (60, 6)}.items():
+        assert _position(tmp_path / "ckpt", it) == {"consumed_train_samples": consumed,
+                                                    "skipped_train_samples": skipped, "consumed_valid_samples": 0}
+
+
+def test_rejected_results_tracker_adds_iterations_to_skip(tmp_path):
+    """--result-rejected-tracker-filename: as Megatron-LM, the iterations megatron-core's rerun machine logged
+    as reproducibly rejected twice on one rank are appended to --iterations-to-skip."""
+    from mtmegatron.training.arguments import parse_args
+
+    tracker = tmp_path / "rejected.txt"
+    line = "ts=1 node=n device=0 jobID=7 rank=0 iteration={} status=RerunDiagnostic.{} result=1.0 message=m\n"
+    tracker.write_text(line.format(6, "FIRST_RERUN_REPRODUCIBLE") * 2 + line.format(9, "FIRST_RERUN_REPRODUCIBLE"))
+    args = parse_args(TINY + ["--train-iters", "12", "--iterations-to-skip", "2",
+                              "--result-rejected-tracker-filename", str(tracker)])
+    assert args.iterations_to_skip == [2, 6]  # 9 was rejected only once
