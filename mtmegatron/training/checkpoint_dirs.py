@@ -4,10 +4,10 @@
 Layout (Megatron-LM's): ``<root>/iter_0000010/`` (complete once ``metadata.json`` is in it and it is no longer
 ``.partial``) and ``<root>/latest_checkpointed_iteration.txt`` naming the newest. ``check_paths`` refuses, with
 one ``ConfigError`` line each: a ``--save`` or ``--load`` that is a file, a ``--save`` that cannot be created
-or written (``check_writable_dir``, also used for ``--log-dir``), a ``--load`` directory that does not exist (unless it is the ``--save`` directory: the first run of
-``--save X --load X``), a tracker naming an iteration whose checkpoint is missing or incomplete (the complete
-ones are listed), debris without a complete checkpoint, ``--finetune`` or ``--exit-on-missing-checkpoint``
-without a checkpoint. An existing directory holding nothing a save writes starts from scratch (Megatron-LM).
+or written (``check_writable_dir``, also used for ``--log-dir``), a ``--load`` directory that does not exist
+(unless it is the ``--save`` directory: the first run of ``--save X --load X``), a tracker naming an iteration
+whose checkpoint is missing or incomplete (the complete ones are listed), debris without a complete checkpoint,
+``--finetune`` or ``--exit-on-missing-checkpoint`` without a checkpoint. An existing directory holding nothing a save writes starts from scratch (Megatron-LM).
 May assume: nothing beyond ``os`` (imported at flag validation, before torch or megatron-core).
 """
 
@@ -163,8 +163,3 @@ def check_paths(args, error: type[Exception]) -> None:
         check_writable_dir("--save", args.save, error, f"a directory (checkpoints are iter_*/ and {TRACKER})")
     if args.load:
         check_load(args.load, args, error)
-
-
-def starts_fresh(args) -> bool:
-    """``--load`` given, and it holds no checkpoint (checked by ``check_paths``): the run starts at iteration 0."""
-    return bool(args.load) and latest_complete_iteration(args.load) is None
