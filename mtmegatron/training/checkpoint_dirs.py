@@ -7,7 +7,8 @@ one ``ConfigError`` line each: a ``--save`` or ``--load`` that is a file, a ``--
 or written (``check_writable_dir``, also used for ``--log-dir``), a ``--load`` directory that does not exist
 (unless it is the ``--save`` directory: the first run of ``--save X --load X``), a tracker naming an iteration
 whose checkpoint is missing or incomplete (the complete ones are listed), debris without a complete checkpoint,
-``--finetune`` or ``--exit-on-missing-checkpoint`` without a checkpoint. An existing directory holding nothing a save writes starts from scratch (Megatron-LM).
+``--finetune`` or ``--exit-on-missing-checkpoint`` without a checkpoint. An existing directory holding nothing a
+save writes starts from scratch (Megatron-LM).
 May assume: nothing beyond ``os`` (imported at flag validation, before torch or megatron-core).
 """
 
