@@ -69,7 +69,8 @@ def _check_mode(args: argparse.Namespace, error) -> None:
         if args.train_samples < 0:
             raise error("--train-samples must be >= 0")
         _check_rampup(args, error)
-        args.train_iters = (SamplePlan(args).last_iteration_within(args.train_samples) if args.rampup_batch_size
+        ramped = getattr(args, "rampup_batch_size", None)
+        args.train_iters = (SamplePlan(args).last_iteration_within(args.train_samples) if ramped
                             else args.train_samples // args.global_batch_size)
         return
     if args.train_iters is None:
