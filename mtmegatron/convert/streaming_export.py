@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import sys
 import time
 
 import torch
