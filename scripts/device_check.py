@@ -174,7 +174,9 @@ def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path,
     py = str(venv / "bin/python") if dry else base_python
     site = work / "site"
     wheels = ROOT / (".device/host" if dry else ".device/wheels")
-    env = {"PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONPATH": str(site),
+    # no index and no pip configuration (a find-links or index-url in pip.conf would be another source)
+    env = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PYTHONPATH": str(site),
            "PYTHONUNBUFFERED": "1", "CMAKE_BUILD_PARALLEL_LEVEL": str(cores)}
     boxes = BOXES[mode]
 
@@ -208,7 +210,9 @@ def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path,
     if mode == "quick":
         train_flags = ["--models", "llama3", "--train-iters", "8"]
     elif dry:
-        train_flags = ["--train-iters", "4", "--tp2", "off"]
+        # torch._scaled_mm on cpu is a slow reference (~5 min a step of the tiny model): the step section's tiny
+        # FP8 row runs it instead
+        train_flags = ["--train-iters", "4", "--tp2", "off", "--fp8-executors", "emulated"]
     else:
         train_flags = ["--train-iters", "10"]
     train = [[py, str(ROOT / "scripts/gpu_train_check.py"), "--backend-under-test", backend, *train_flags,

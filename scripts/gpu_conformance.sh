@@ -9,7 +9,8 @@
 #   GPU_TRAIN_CHECK_ARGS="--train-iters 10 --skip-fp8" scripts/gpu_conformance.sh
 #
 # Needs: a CUDA (or torch_musa) build of torch, megatron-core 0.16.x and mtmegatron installed
-# (`pip install --no-build-isolation -e .`). MTMEGATRON_REQUIRE_BACKENDS makes collection fail, instead of
+# (`pip install --no-build-isolation -e .`). On a lent machine with no network, scripts/device_check.sh does the
+# install and build from carried wheels and runs both parts (each time-boxed) plus the step benchmark. MTMEGATRON_REQUIRE_BACKENDS makes collection fail, instead of
 # deselecting the tests, when a required backend is unavailable, so a missing GPU cannot pass silently.
 # Multi-rank tests need one device per rank (NCCL); with fewer devices they are skipped and `-rs` says so.
 set -euo pipefail

@@ -14,7 +14,7 @@ reference runs; each child gets OMP_NUM_THREADS = cores / N unless it is set). P
 
 Usage: python scripts/gpu_train_check.py [--backend-under-test cuda] [--models llama3,mixtral,deepseek-v3]
        [--dtypes fp32,bf16] [--train-iters 20] [--tp2 auto|on|off] [--skip-kernels] [--skip-fp8] [--work-dir D]
-       [--jobs 1] [--json F]
+       [--fp8-executors scaled_mm,transformer_engine,emulated] [--jobs 1] [--json F]
 May assume: mtmegatron and megatron-core installed; torch >= 2.6 (torch.accelerator); torchrun on PATH for TP2.
 """
 from __future__ import annotations
@@ -175,7 +175,7 @@ def training_runs(args, work: Path, tp2: bool) -> dict[tuple[str, str], tuple[li
                 d = work / bt / "tp2" / tag
                 runs["tp2", tag] = (pretrain_cmd(bt, model, dtype, 1, d, nproc=2), d)
     if not args.skip_fp8:
-        for executor in FP8_EXECUTORS:
+        for executor in args.fp8_executors:
             if executor_importable(executor):
                 d = work / bt / "fp8" / executor
                 extra = ("--fp8-format", "e4m3", "--fp8-recipe", "tensorwise", "--fp8-executor", executor)
@@ -252,7 +252,7 @@ def executor_importable(executor: str) -> bool:
 def check_fp8(args, done: dict, first: dict) -> list[Result]:
     results = []
     model = args.models[0]
-    for executor in FP8_EXECUTORS:
+    for executor in args.fp8_executors:
         if ("fp8", executor) not in done:
             results.append(Result(f"fp8 {executor}", "SKIP", "does not import here"))
             continue
@@ -278,14 +278,18 @@ def main(argv=None) -> int:
     p.add_argument("--tp2", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--skip-kernels", action="store_true")
     p.add_argument("--skip-fp8", action="store_true")
+    p.add_argument("--fp8-executors", default=",".join(FP8_EXECUTORS), type=lambda s: [e for e in s.split(",") if e],
+                   help="which FP8 executors to train with (torch._scaled_mm on cpu is a slow reference: ~5 min a "
+                        "step of the tiny model)")
     p.add_argument("--work-dir", default=None, help="where run logs go (default: a temporary directory)")
     p.add_argument("--jobs", type=int, default=1, help="training processes at a time")
     p.add_argument("--run-timeout", type=int, default=600, help="seconds one training process may take")
     p.add_argument("--json", default=None, help="also write the checks and every run's losses to this file")
     args = p.parse_args(argv)
-    bad = [d for d in args.dtypes if d not in DTYPES] + [m for m in args.models if m not in MODELS]
+    bad = ([d for d in args.dtypes if d not in DTYPES] + [m for m in args.models if m not in MODELS]
+           + [e for e in args.fp8_executors if e not in FP8_EXECUTORS])
     if bad:
-        p.error(f"unknown model/dtype {bad} (models {MODELS}, dtypes {DTYPES})")
+        p.error(f"unknown model/dtype/executor {bad} (models {MODELS}, dtypes {DTYPES}, executors {FP8_EXECUTORS})")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="mtm-gpu-train-check-"))
     print(f"gpu_train_check: {args.backend_under_test} vs {args.reference_backend}, logs in {work}", flush=True)
     if args.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:

@@ -113,14 +113,17 @@ def test_cpu_dry_run_plan(capsys):
     assert "-m venv --clear --system-site-packages" in install[0] and venv_py.startswith(plan["venv"])
     assert f"{venv_py} -m pip install --no-index --no-deps" in install[1] and f"--target {site}" in install[1]
     assert "megatron.core.__file__" in install[2] and site in install[2]  # asserts it does not come from the system
-    assert plan["env"]["PIP_NO_INDEX"] == "1" and plan["env"]["PYTHONPATH"] == site
+    assert plan["env"]["PIP_NO_INDEX"] == "1" and plan["env"]["PIP_CONFIG_FILE"] == "/dev/null"
+    assert plan["env"]["PYTHONPATH"] == site
     build = _commands(plan, "build")
     assert build[0].startswith(f"{venv_py} -m pip install --no-index --no-build-isolation --no-deps -e ")
     assert next(s for s in plan["sections"] if s["name"] == "build")["env"] == {"MTMEGATRON_BUILD_CUDA": "0"}
     assert "-k cpu" in _commands(plan, "conformance")[0]
-    assert "--backend-under-test cpu" in _commands(plan, "train_check")[0]
+    train = _commands(plan, "train_check")[0]
+    assert "--backend-under-test cpu" in train and "--fp8-executors emulated" in train  # cpu scaled_mm: minutes
     step = _commands(plan, "step")[0]
     assert "--backend cpu" in step and "--impls local,mtmegatron" in step and "--fp8 on" in step
+    assert "--cpu-size tiny" in step  # where the scaled_mm FP8 row runs in seconds
     assert all(c.startswith(venv_py) for s in plan["sections"][1:] for c in s["commands"])
     assert plan["boxes_total_s"] <= plan["budget_s"] and len(plan["report_files"]) <= 8
 
@@ -134,7 +137,8 @@ def test_device_plan_builds_for_the_device_arch_and_fits_its_time(capsys, quick)
                             "MTMEGATRON_BUILD_CUDA": "1"}
     assert plan["env"]["CMAKE_BUILD_PARALLEL_LEVEL"] == str(plan["cores"])
     assert "-m gpu" in _commands(plan, "conformance")[0]
-    assert "--backend-under-test cuda" in _commands(plan, "train_check")[0]
+    train = _commands(plan, "train_check")[0]
+    assert "--backend-under-test cuda" in train and "--fp8-executors" not in train  # every executor that imports
     step = _commands(plan, "step")[0]
     assert "--backend cuda" in step and "--fp8 on" in step and ("--quick" in step) == quick
     # every box plus its SIGKILL grace fits the budget: 8 minutes, 4 with --quick
