@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.launch import launch, rank_pid, rows, wait_for
+from helpers.launch import finish, launch, rank_pid, rows, wait_for
 from helpers.pretrain_runner import TINY, run_pretrain
 from mtmegatron.training.checkpointing import complete_iterations, latest_complete_iteration
 
@@ -28,7 +28,7 @@ def test_kill9_during_save_keeps_previous_checkpoint_latest(tmp_path):
     marker = ckpt / "paused-rank1"
     wait_for(marker.exists, proc, what="rank 1 to pause inside the save")
     os.kill(int(wait_for(lambda: marker.read_text().strip(), proc, what="pid")), signal.SIGKILL)
-    proc.communicate(timeout=180)
+    finish(proc)
     assert proc.returncode != 0
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert (ckpt / "iter_0000004.partial").is_dir()  # the interrupted save, never renamed
@@ -49,7 +49,7 @@ def test_sigterm_to_one_rank_saves_and_exits_cleanly(tmp_path):
                   tmp_path / "log")
     wait_for(lambda: len(rows(tmp_path / "log")) >= 3, proc, what="three iterations")
     os.kill(rank_pid(proc, 1), signal.SIGTERM)  # as a scheduler preempting one node would
-    out, err = proc.communicate(timeout=180)
+    out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     last = json.loads(rows(tmp_path / "log")[-1])["iteration"]
     assert f"SIGTERM received: stopping after iteration {last}" in out
@@ -72,7 +72,7 @@ def test_nan_gradients_skip_the_step_and_stop_after_max_skipped(tmp_path):
                   "--max-skipped-steps", "2"]
     # nan in rank 1's gradients at iterations 3, 4 and 6: both ranks must skip those steps together
     proc = launch(2, args, tmp_path / "log", {"MTMEGATRON_TEST_INJECT_NAN": "3,4,6:1"})
-    out, err = proc.communicate(timeout=300)
+    out, err = finish(proc, timeout=300)
     assert proc.returncode != 0, "a run stopped by --max-skipped-steps must not look successful"
     assert ("3 steps skipped for inf/nan loss or gradients (more than --max-skipped-steps 2); stopping at "
             "iteration 6") in out, err[-3000:]
