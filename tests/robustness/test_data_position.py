@@ -3,8 +3,9 @@
 Which samples each run trained is read from the test hook ``MTMEGATRON_TEST_TRAINED_SAMPLES`` (training/data.py:
 one line per micro-batch handed to the model); what a checkpoint records is read from its ``args`` Namespace.
 * A 4-iteration run at global batch 8 (saves every 2) resumed with ``--global-batch-size 4 --train-iters 8``
-  trains samples 32-47 (not 16-31 again) and records 48 consumed; resumed with ``--global-batch-size 16`` and
-  ``--override-opt_param-scheduler`` it trains 32-95 (none skipped) and records 96. Together with the first run
+  trains samples 32-47 (not 16-31 again) and records 48 consumed; resumed with ``--global-batch-size 16
+  --train-samples 96`` and ``--override-opt_param-scheduler`` it trains 32-95 (none skipped: iterations 5-8, the
+  samples left after the checkpoint's, not 96 // 16 = 6 iterations in all) and records 96. Together with the first run
   each covers ``[0, consumed)`` exactly once, as the uninterrupted run does. Validation's consumed samples go on
   from the checkpoint's (eval_iters x global batch per evaluation).
 * ``--rampup-batch-size 2 2 16 --train-samples 60`` with ``--iterations-to-skip 1 4``: the iteration count,
@@ -74,9 +75,11 @@ def test_first_run_reads_consecutive_global_batches(first):
 def test_resume_with_another_global_batch_continues_at_the_consumed_samples(first, gbs, consumed):
     tmp, ckpt, _, first_batches = first
     name = f"gbs{gbs}"
-    flags = ["--global-batch-size", str(gbs), "--train-iters", "8", "--load", str(ckpt),
+    # the larger batch counts in samples: 96 in all, so 4 more iterations of 16 after the checkpoint's 32
+    length = ["--train-iters", "8"] if gbs < 8 else ["--train-samples", "96"]
+    flags = ["--global-batch-size", str(gbs), *length, "--load", str(ckpt),
              "--save", str(tmp / f"{name}-ckpt"), "--eval-interval", "2", "--eval-iters", "1"]
-    if gbs > 8:  # the LR decay length (iterations x global batch) changes: Megatron-LM asks for a choice
+    if gbs > 8:  # the LR decay length (in samples) changes: Megatron-LM asks for a choice
         flags.append("--override-opt_param-scheduler")
     rows, batches = _run(tmp, name, flags)
     assert [r["iteration"] for r in rows] == [5, 6, 7, 8]
