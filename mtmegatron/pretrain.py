@@ -130,7 +130,9 @@ def run(args, backend, tokenizer=None, data=None) -> int:
                 f"{' (VPP ' + str(args.virtual_pipeline_model_parallel_size) + ')' if args.virtual_pipeline_model_parallel_size else ''}"
                 f"{' x CP ' + str(args.context_parallel_size) if args.context_parallel_size > 1 else ''}"
                 f" x DP {args.data_parallel_size}, EP {args.expert_model_parallel_size} | {args.model}"
-                f" {num_params / 1e6:.2f}M params | {args.num_microbatches} micro-batches of {args.micro_batch_size}")
+                f" {num_params / 1e6:.2f}M params | {args.num_microbatches} micro-batches of {args.micro_batch_size}"
+                + (" (global batch ramped up from {} by {} over {} samples)".format(*args.rampup_batch_size)
+                   if getattr(args, "rampup_batch_size", None) else ""))
     from mtmegatron.ops import native
 
     print_rank0(rank, f"mtmegatron: {native.status(backend.device_type)}")
