@@ -297,17 +297,22 @@ def main(argv=None) -> int:
     tp2 = args.tp2 == "on" or (args.tp2 == "auto" and device_count(args.backend_under_test) >= 2)
     runs = training_runs(args, work, tp2)
     done = run_all(runs, args.jobs, args.run_timeout)
+
+    def save(results: list[Result]) -> None:  # after each part: a run stopped by a time limit keeps what it found
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "backend_under_test": args.backend_under_test, "reference_backend": args.reference_backend,
+                "train_iters": args.train_iters, "tp2": tp2, "results": [asdict(r) for r in results],
+                "losses": {f"{kind} {tag}": losses for (kind, tag), (losses, _) in done.items()}}, indent=1))
+
     results, first = check_training(args, done, tp2)
-    if not args.skip_kernels:
-        results += check_kernels(args)
     if not args.skip_fp8:
         results += check_fp8(args, done, first)
+    save(results)
+    if not args.skip_kernels:
+        results += check_kernels(args)
+        save(results)
     print(render(results), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "backend_under_test": args.backend_under_test, "reference_backend": args.reference_backend,
-            "train_iters": args.train_iters, "tp2": tp2, "results": [asdict(r) for r in results],
-            "losses": {f"{kind} {tag}": losses for (kind, tag), (losses, _) in done.items()}}, indent=1))
     return 1 if any(r.status == "FAIL" for r in results) else 0
 
 

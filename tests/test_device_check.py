@@ -121,6 +121,7 @@ def test_cpu_dry_run_plan(capsys):
     assert "-k cpu" in _commands(plan, "conformance")[0]
     train = _commands(plan, "train_check")[0]
     assert "--backend-under-test cpu" in train and "--fp8-executors emulated" in train  # cpu scaled_mm: minutes
+    assert "--skip-kernels" in train  # GPU-sized kernel shapes: minutes on cpu
     step = _commands(plan, "step")[0]
     assert "--backend cpu" in step and "--impls local,mtmegatron" in step and "--fp8 on" in step
     assert "--cpu-size tiny" in step  # where the scaled_mm FP8 row runs in seconds
@@ -139,6 +140,7 @@ def test_device_plan_builds_for_the_device_arch_and_fits_its_time(capsys, quick)
     assert "-m gpu" in _commands(plan, "conformance")[0]
     train = _commands(plan, "train_check")[0]
     assert "--backend-under-test cuda" in train and "--fp8-executors" not in train  # every executor that imports
+    assert "--skip-kernels" not in train
     step = _commands(plan, "step")[0]
     assert "--backend cuda" in step and "--fp8 on" in step and ("--quick" in step) == quick
     # every box plus its SIGKILL grace fits the budget: 8 minutes, 4 with --quick
