@@ -53,13 +53,16 @@ class _DropUserErrorReport(logging.Filter):
 def _worker_exit_codes(tb) -> list | None:
     """Exit codes of the agent's workers, found through the traceback (the agent is ``self`` of its ``run`` and
     ``agent`` in ``launch_agent``); None when no frame holds an agent with started workers."""
-    while tb is not None:
-        for value in list(tb.tb_frame.f_locals.values()):
-            context = getattr(value, "_pcontext", None)
-            handlers = getattr(context, "subprocess_handlers", None)  # workers started from a command line
-            if handlers:
-                return [h.proc.poll() for h in handlers.values()]
-        tb = tb.tb_next
+    try:
+        while tb is not None:
+            for value in list(tb.tb_frame.f_locals.values()):
+                context = getattr(value, "_pcontext", None)
+                handlers = getattr(context, "subprocess_handlers", None)  # workers started from a command line
+                if handlers:
+                    return [h.proc.poll() for h in handlers.values()]
+            tb = tb.tb_next
+    except Exception:  # another torch's agent: torchrun reports as usual
+        pass
     return None
 
 
@@ -71,7 +74,7 @@ def _quiet_exit(status: int, line: str | None = None) -> None:
     os._exit(status)
 
 
-def _quiet_user_error_hook(previous):
+def _quiet_exit_hook(previous):
     def hook(exc_type, exc, tb):
         failures = getattr(exc, "failures", None)
         if exc_type.__name__ == "ChildFailedError" and failures and getattr(exc, "name", "") == MODULE:
@@ -82,7 +85,7 @@ def _quiet_user_error_hook(previous):
             codes = _worker_exit_codes(tb)
             if codes and all(code == 0 for code in codes):
                 name = getattr(getattr(exc, "sigval", None), "name", "a signal")
-                _quiet_exit(0, f"torchrun: {name} received; all {len(codes)} workers of this node exited 0")
+                _quiet_exit(0, f"torchrun: {name} received; all {len(codes)} ranks of this node exited 0")
         previous(exc_type, exc, tb)
 
     return hook
@@ -94,7 +97,7 @@ def install(argv: list[str] | None = None) -> bool:
         return False
     logging.getLogger(_AGENT_LOGGER).addFilter(_DropUserErrorReport())
     if not getattr(sys.excepthook, "_mtmegatron", False):
-        sys.excepthook = _quiet_user_error_hook(sys.excepthook)
+        sys.excepthook = _quiet_exit_hook(sys.excepthook)
         sys.excepthook._mtmegatron = True
     return True
 

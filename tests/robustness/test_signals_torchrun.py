@@ -42,7 +42,7 @@ def _stop_and_check(proc, log_dir, ckpt, deliver) -> int:
     assert latest_complete_iteration(str(ckpt)) == last  # a complete checkpoint: every rank saved its part
     assert "Traceback" not in err and "killed by signal" not in err, err[-4000:]
     # torchrun's agent was signalled too: its exit 0 is torchrun_exit's, given only when every rank exited 0
-    assert "torchrun: SIGTERM received; all 2 workers of this node exited 0" in err, err[-4000:]
+    assert "torchrun: SIGTERM received; all 2 ranks of this node exited 0" in err, err[-4000:]
     return last
 
 
@@ -101,7 +101,7 @@ def _hook_outcome(monkeypatch, codes) -> str:
         run(_Agent(codes))
     except SignalException as e:
         exc, tb = e, e.__traceback__
-    hook = torchrun_exit._quiet_user_error_hook(lambda *a: (_ for _ in ()).throw(AssertionError("reported")))
+    hook = torchrun_exit._quiet_exit_hook(lambda *a: (_ for _ in ()).throw(AssertionError("reported")))
     try:
         hook(type(exc), exc, tb)
     except Exited as e:
@@ -113,7 +113,7 @@ def _hook_outcome(monkeypatch, codes) -> str:
 
 def test_torchrun_exits_0_after_a_signal_only_when_every_worker_did(monkeypatch, capsys):
     assert _hook_outcome(monkeypatch, [0, 0]) == "exit 0"
-    assert "SIGTERM received; all 2 workers of this node exited 0" in capsys.readouterr().err
+    assert "SIGTERM received; all 2 ranks of this node exited 0" in capsys.readouterr().err
     # a rank killed (SIGKILL after the agent's --shutdown-timeout) or without a handler: torchrun's report, status 1
     assert _hook_outcome(monkeypatch, [0, -9]) == "reported"
     assert _hook_outcome(monkeypatch, [-15, -15]) == "reported"
