@@ -3,14 +3,16 @@ Megatron-LM's default; ``--check-for-spiky-loss``; NaN checks), non-persistent c
 (``--non-persistent-save-interval``, ``--non-persistent-ckpt-type global``) and the start-up lines of
 ``--record-memory-history`` / ``--use-persistent-ckpt-worker`` on the cpu backend.
 
-Three runs, shared by the tests (module fixture), 16 micro-batches per step so that the spiky-loss check has its
+Four runs, shared by the tests (module fixture), 16 micro-batches per step so that the spiky-loss check has its
 100 samples after 7 validated steps:
 - ``full``: 16 iterations, persistent saves every 4, non-persistent every 2; a persistent NaN loss injected at
   step 16 (every run of it): the step is re-run, the NaN reproduced, a checkpoint of step 15 saved, status 16;
 - ``killed``: the same flags, killed (-9) inside the persistent save of iteration 8;
 - ``resumed``: ``--load`` of the killed run's directory takes the non-persistent checkpoint of iteration 6 (newer
   than the persistent one of 4); a spike (1000x loss) injected once at step 15 is re-run and the run goes on with
-  the losses of the unfaulted run.
+  the losses of the unfaulted run;
+- ``rerun``: ``--load`` of the NaN run's re-run checkpoint re-runs step 16; on the same device the machine asks to
+  be resumed again (status 16), as Megatron-LM's does.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ def runs(tmp_path_factory):
     proc.communicate(timeout=180)
     resumed, _ = run_pretrain(1, FLAGS + ["--save", str(killed_dir), "--load", str(killed_dir)], tmp / "resumed_log",
                               env={INJECT: "15:spike:once"})
-    return {"tmp": tmp, "full": full, "killed_rc": proc.returncode, "resumed": resumed,
+    # the re-run checkpoint re-runs step 16, here on the same device: Megatron-LM's "resume again" (16 again)
+    rerun, _ = run_pretrain(1, FLAGS + ["--save", str(tmp / "full"), "--load", str(tmp / "full")], tmp / "rerun_log",
+                            expect_ok=False)
+    return {"tmp": tmp, "full": full, "killed_rc": proc.returncode, "resumed": resumed, "rerun": rerun,
             "full_losses": _losses(tmp / "full_log"), "resumed_losses": _losses(tmp / "resumed_log")}
 
 
@@ -69,6 +74,18 @@ def test_persistent_nan_is_rerun_then_saved_and_exits_16(runs):
     common = dist_checkpointing.load_common_state_dict(str(tmp / "full" / "iter_0000015"))
     assert common["rerun_state_machine"]["current_iteration"] == 16  # the step to re-run on another device
     assert common["rerun_state_machine"]["state"].name == "WILL_RERUN_FROM_CHECKPOINT"
+
+
+def test_the_rerun_checkpoint_reruns_the_step_when_resumed(runs):
+    rerun = runs["rerun"]
+    assert rerun.returncode == 16, rerun.stderr[-3000:]
+    assert "continuing at iteration 15" in rerun.stdout
+    assert "Getting RerunStateMachine state from checkpoint. Will rerun step." in rerun.stderr
+    assert "Got rescheduled on the same GPU. Need to resume again from the same checkpoint" in rerun.stderr
+    assert "mtmegatron: rerun: step 16: the rejected result was reproduced" in rerun.stdout
+    assert not (runs["tmp"] / "rerun_log" / "metrics.jsonl").exists() or not (
+        runs["tmp"] / "rerun_log" / "metrics.jsonl").read_text().strip()  # step 16 was never applied
+    assert (runs["tmp"] / "full" / "latest_checkpointed_iteration.txt").read_text() == "15"
 
 
 def test_start_up_lines_say_what_each_flag_does(runs):
