@@ -1,7 +1,7 @@
-"""Faults a long run meets: a rank killed (-9) in the middle of a checkpoint save, SIGTERM, inf/nan in the
+"""Faults a long run meets: a rank killed (-9) in the middle of a checkpoint save, inf/nan in the
 gradients, a checkpoint of another model, a damaged checkpoint, corrupt data. None of them may corrupt or
 hide anything: the previous checkpoint stays "latest" and loads, a skipped step leaves the weights alone, and
-user-facing problems are one clear message."""
+user-facing problems are one clear message. (SIGTERM: tests/robustness/test_signals_torchrun.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.launch import finish, launch, rank_pid, rows, wait_for
+from helpers.launch import finish, launch, rows, wait_for
 from helpers.pretrain_runner import TINY, run_pretrain
 from mtmegatron.training.checkpointing import complete_iterations, latest_complete_iteration
 
@@ -40,21 +40,6 @@ def test_kill9_during_save_keeps_previous_checkpoint_latest(tmp_path):
     assert [r["iteration"] for r in resumed] == [3, 4, 5, 6]
     assert sorted(p.name for p in ckpt.iterdir()) == ["iter_0000006", "latest_checkpointed_iteration.txt",
                                                       "paused-rank1"]
-
-
-def test_sigterm_to_one_rank_saves_and_exits_cleanly(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    # --exit-signal-handler: as in Megatron-LM, SIGTERM is caught only when asked for (default --exit-signal)
-    proc = launch(2, DP2 + ["--train-iters", "100000", "--save", str(ckpt), "--exit-signal-handler"],
-                  tmp_path / "log")
-    wait_for(lambda: len(rows(tmp_path / "log")) >= 3, proc, what="three iterations")
-    os.kill(rank_pid(proc, 1), signal.SIGTERM)  # as a scheduler preempting one node would
-    out, err = finish(proc)
-    assert proc.returncode == 0, err[-3000:]
-    last = json.loads(rows(tmp_path / "log")[-1])["iteration"]
-    assert f"SIGTERM received: stopping after iteration {last}" in out
-    assert latest_complete_iteration(str(ckpt)) == last
-    assert (tmp_path / "log" / "loss.png").exists()
 
 
 def _tensors(directory: Path, tmp: Path) -> dict:

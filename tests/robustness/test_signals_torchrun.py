@@ -1,9 +1,12 @@
-"""A scheduler's SIGTERM to a whole torchrun job with ``--exit-signal-handler``: every rank finishes its iteration,
-saves, exits 0, torchrun exits 0, and the next run continues from that checkpoint.
+"""SIGTERM with ``--exit-signal-handler`` under torchrun: every rank finishes its iteration, saves, exits 0,
+torchrun exits 0, and the next run continues from that checkpoint.
 
-torchrun's agent forwards the signal to each rank's process group (each rank leads one: its DataLoader workers
-are in it); a scheduler such as Slurm signals every process of the job itself. Both deliveries are covered, with
-and without DataLoader workers, in two launches: the second resumes from the first's checkpoint."""
+A scheduler's SIGTERM to the whole job: torchrun's agent forwards it to each rank's process group (each rank
+leads one: its DataLoader workers are in it), and a scheduler such as Slurm signals every process of the job
+itself; both at once, with DataLoader workers. Then the resume, without DataLoader workers, is stopped by SIGTERM
+to rank 1 alone (one node preempted): all ranks agree and stop after the same iteration. Two launches.
+The second half: a job or a ``run_ranks`` rank past its time fails with every rank's Python stack.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import time
 import psutil
 import pytest
 
-from helpers.launch import finish, launch, rows, wait_for
+from helpers.launch import finish, launch, rank_pid, rows, wait_for
 from helpers.pretrain_runner import LAUNCHER_VARS, STACKS_ENV, TINY, free_port, run_job
 from helpers.ranks import run_ranks
 from mtmegatron.training.checkpointing import latest_complete_iteration
@@ -28,11 +31,17 @@ def _iterations(log_dir) -> list[int]:
     return [json.loads(line)["iteration"] for line in rows(log_dir)]
 
 
-def _every_process(proc) -> list[int]:
-    return [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+def _whole_job(proc) -> None:
+    """SIGTERM to torchrun's process group (its agent), then to every process of the job as Slurm's scancel."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            child.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
 
 
-def _stop_and_check(proc, log_dir, ckpt, deliver) -> int:
+def _stop_and_check(proc, log_dir, ckpt, deliver, agent_signalled: bool) -> int:
     wait_for(lambda: rows(log_dir), proc, what="the first iteration")
     deliver(proc)
     out, err = finish(proc)
@@ -40,30 +49,23 @@ def _stop_and_check(proc, log_dir, ckpt, deliver) -> int:
     last = _iterations(log_dir)[-1]
     assert f"SIGTERM received: stopping after iteration {last}" in out
     assert latest_complete_iteration(str(ckpt)) == last  # a complete checkpoint: every rank saved its part
+    assert (log_dir / "loss.png").exists()
     assert "Traceback" not in err and "killed by signal" not in err, err[-4000:]
-    # torchrun's agent was signalled too: its exit 0 is torchrun_exit's, given only when every rank exited 0
-    assert "torchrun: SIGTERM received; all 2 ranks of this node exited 0" in err, err[-4000:]
+    # a signalled agent exits 0 through torchrun_exit, only when every rank exited 0
+    assert ("torchrun: SIGTERM received; all 2 ranks of this node exited 0" in err) == agent_signalled, err[-4000:]
     return last
 
 
 def test_sigterm_to_the_whole_job_saves_exits_0_and_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
-    # 1: DataLoader workers (the default --num-workers 2), SIGTERM to every process of the job as Slurm's
-    # scancel does: torchrun, both ranks and their DataLoader workers (which torchrun then signals again)
+    # 1: DataLoader workers (the default --num-workers 2) and SIGTERM to every process of the job
     proc = launch(2, ARGS + ["--save", str(ckpt)], tmp_path / "log1", new_session=True)
-
-    def everyone(p):
-        for pid in _every_process(p):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    first = _stop_and_check(proc, tmp_path / "log1", ckpt, everyone)
-    # 2: no DataLoader workers, resumed from that checkpoint, SIGTERM to torchrun's process group only
+    first = _stop_and_check(proc, tmp_path / "log1", ckpt, _whole_job, agent_signalled=True)
+    # 2: resumed from that checkpoint without DataLoader workers; SIGTERM to rank 1 only
     proc = launch(2, ARGS + ["--num-workers", "0", "--save", str(ckpt), "--load", str(ckpt)], tmp_path / "log2",
                   new_session=True)
-    second = _stop_and_check(proc, tmp_path / "log2", ckpt, lambda p: os.killpg(p.pid, signal.SIGTERM))
+    second = _stop_and_check(proc, tmp_path / "log2", ckpt, lambda p: os.kill(rank_pid(p, 1), signal.SIGTERM),
+                             agent_signalled=False)
     assert _iterations(tmp_path / "log2")[0] == first + 1
     assert second > first
 
