@@ -23,7 +23,7 @@ import signal
 
 import pytest
 
-from helpers.launch import launch, wait_for
+from helpers.launch import finish, launch, wait_for
 from helpers.pretrain_runner import TINY, run_pretrain
 
 _SIZES = {"--micro-batch-size": "1", "--global-batch-size": "16"}
@@ -49,7 +49,7 @@ def runs(tmp_path_factory):
     marker = killed_dir / "paused-rank0"
     wait_for(marker.exists, proc, what="the rank to pause inside the save of iteration 8")
     os.kill(int(wait_for(lambda: marker.read_text().strip(), proc, what="pid")), signal.SIGKILL)
-    proc.communicate(timeout=180)
+    finish(proc)
     resumed, _ = run_pretrain(1, FLAGS + ["--save", str(killed_dir), "--load", str(killed_dir)], tmp / "resumed_log",
                               env={INJECT: "15:spike:once"})
     # the re-run checkpoint re-runs step 16, here on the same device: Megatron-LM's "resume again" (16 again)
