@@ -24,7 +24,6 @@ import os
 import queue as queue_module
 import runpy
 import shutil
-import signal
 import tempfile
 import time
 import traceback
@@ -134,8 +133,11 @@ def run_ranks(worker, world_size: int, backend_name: str, *args, timeout: float 
                     outcome[rank] = ("error", f"process exited with code {proc.exitcode} without a result")
                     first_error_at = first_error_at or time.monotonic()
     hung = [rank for rank, proc in enumerate(procs) if rank not in outcome and proc.is_alive()]
-    for rank in hung:  # faulthandler writes the rank's stacks, then it ends
-        os.kill(procs[rank].pid, signal.SIGABRT)
+    if hung:
+        from helpers.pretrain_runner import abort_without_core
+
+        for rank in hung:  # faulthandler writes the rank's stacks, then it ends
+            abort_without_core(procs[rank].pid)
     for proc in procs:
         proc.join(timeout=5)
         if proc.is_alive():

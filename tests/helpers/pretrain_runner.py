@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -33,6 +34,18 @@ STACKS_ENV = {"PYTHONFAULTHANDLER": "1"}  # faulthandler.enable() at start-up: S
 _FAULTHANDLER_HEADER = "Fatal Python error: Aborted"
 
 
+def abort_without_core(pid: int) -> None:
+    """SIGABRT to ``pid`` (faulthandler dumps its stacks), with no core file whatever the machine's limit."""
+    try:
+        resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+    except OSError:
+        pass
+    try:
+        os.kill(pid, signal.SIGABRT)
+    except OSError:
+        pass
+
+
 def _ranks_and_tree(proc: subprocess.Popen):
     """(the job's ranks: torchrun's children, or the lone process; every process of the job)."""
     try:
@@ -49,10 +62,7 @@ def stop_with_stacks(proc: subprocess.Popen, grace: float = 20.0) -> tuple[str, 
     then every process of the job still there is killed. Returns the job's (stdout, stderr), text pipes."""
     ranks, tree = _ranks_and_tree(proc)
     for p in ranks:
-        try:
-            p.send_signal(signal.SIGABRT)
-        except psutil.Error:
-            pass
+        abort_without_core(p.pid)
     try:
         out, err = proc.communicate(timeout=grace)
     except subprocess.TimeoutExpired:  # a rank's children can hold the pipes open
