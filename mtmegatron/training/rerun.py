@@ -1,5 +1,6 @@
 """Megatron-LM's result validation: megatron-core's ``RerunStateMachine`` wired as Megatron-LM core_v0.16.1 wires
-it (initialize.py, training.py's train_step, pretrain_gpt.py's loss_func, checkpointing.py).
+it (initialize.py, training.py's train_step, pretrain_gpt.py's loss_func — here the text and SFT losses;
+LLaVA's, as pretrain_vlm.py's, is not validated —, checkpointing.py).
 
 ``--rerun-mode`` (Megatron-LM's default ``validate_results``): each micro-batch loss is validated — NaN and Inf
 with ``--check-for-nan-in-loss-and-grad`` (default on; megatron-core's DDP validates each gradient bucket's norm
@@ -75,6 +76,8 @@ def describe(args) -> str:
     checks = [name for name, on in (("NaN/Inf loss and gradients", args.check_for_nan_in_loss_and_grad),
                                     ("spiky loss (10x)", args.check_for_spiky_loss)) if on]
     what = " and ".join(checks) or "nothing (no check asked for)"
+    if args.model == "llava" and checks:  # as Megatron-LM's pretrain_vlm: its loss is not validated
+        what = f"{what} (LLaVA: gradients only, as Megatron-LM's pretrain_vlm)"
     if args.rerun_mode == "disabled":
         return f"mtmegatron: --rerun-mode disabled: validates {what}; a NaN/Inf raises, nothing is re-run"
     return (f"mtmegatron: --rerun-mode validate_results: validates {what} from the second step on; a rejected "
