@@ -20,7 +20,8 @@ Test hook: ``MTMEGATRON_TEST_INJECT_LOSS=ITER:spike|nan:once|always[:RANK]`` mul
 a rank that computes the loss) first micro-batch loss of step ITER by 1000 (or by NaN) before validation and
 backward, in the first run of the step only (``once``: a transient fault) or in every run of it (``always``: a
 persistent one).
-May assume: megatron-core's parallel state; the bridge makes the machine's CUDA calls (RNG states, device index) resolve to the backend.
+May assume: megatron-core's parallel state; the bridge makes the machine's CUDA calls (RNG states, device index)
+resolve to the backend.
 """
 
 from __future__ import annotations
