@@ -21,6 +21,7 @@ on, off, ...) ``--repeats`` times, medians, spread, and the faster-or-equal verd
 Usage: python benchmarks/step.py [--backend cpu] [--cpu-size small|tiny] [--iters 6] [--threads 1] [--quick]
        [--impls local,mtmegatron] [--fp8 auto|on|off] [--no-ablation] [--matmul-size N] [--json F]
        [--fusion-ab --repeats 5]
+Exit status 1 when a row's run failed (the table still shows every other row).
 May assume: mtmegatron installed; torch >= 2.6; no launcher variables needed.
 """
 
@@ -221,7 +222,7 @@ def ablation_rows(impl: str, running: str) -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "musa"])
     p.add_argument("--iters", type=int, default=6)
@@ -258,7 +259,7 @@ def main(argv=None) -> None:
         print(f"backend {a.backend}, {a.iters} timed iterations after {a.warmup}, OMP_NUM_THREADS={a.threads}; "
               f"model: {' '.join(models['dense'])}", flush=True)
         fusion_ab(base["dense"], a)
-        return
+        return 0
     if a.backend == "musa":
         importlib.import_module("torch_musa")
     device = torch.device(a.backend)
@@ -329,7 +330,11 @@ def main(argv=None) -> None:
             if name.endswith("fusions on") and not (a.quick or a.no_ablation):
                 rows += ablation_rows(name.split(",")[0], result["fusions"])
         done += 1
+    failed = [r["row"] for r in report["rows"] if "error" in r]
+    if failed:
+        print(f"{len(failed)} rows failed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
