@@ -46,10 +46,42 @@ def fingerprint(args) -> dict:
     return {k: _normal(getattr(args, k)) for k in FINGERPRINT_FIELDS if hasattr(args, k)}
 
 
+_ROTARY = ("rope", "mrope", "yarn")
+
+
+def derived(values: dict) -> dict:
+    """``values`` with every field Megatron-LM derives filled in as its validate_args (and megatron-core's
+    TransformerConfig) derives it, so that a flag left to its default and the value it stands for compare
+    equal: the QKV bias whenever linear biases are on (megatron-core builds it either way), ``kv_channels``
+    hidden/heads, ``ffn_hidden_size`` 4h (SwiGLU: 2/3 of it rounded down to 64), ``num_query_groups`` the head
+    count, ``moe_ffn_hidden_size`` the FFN size; RoPE fields drop out where positions are not rotary, the RoPE
+    scaling factor where scaling is off."""
+    out = {k: _normal(v) for k, v in values.items()}
+    if out.get("disable_bias_linear") is False:
+        out["add_qkv_bias"] = True
+    hidden, heads = out.get("hidden_size"), out.get("num_attention_heads")
+    if hidden and heads:
+        if out.get("kv_channels") is None and "kv_channels" in out and hidden % heads == 0:
+            out["kv_channels"] = hidden // heads
+        if out.get("num_query_groups") is None and "num_query_groups" in out:
+            out["num_query_groups"] = heads
+    if hidden and out.get("ffn_hidden_size") is None and "ffn_hidden_size" in out:
+        out["ffn_hidden_size"] = int((4 * hidden * 2 / 3) / 64) * 64 if out.get("swiglu") else 4 * hidden
+    if out.get("num_experts") and out.get("moe_ffn_hidden_size") is None and "moe_ffn_hidden_size" in out:
+        out["moe_ffn_hidden_size"] = out.get("ffn_hidden_size")
+    if out.get("position_embedding_type", "rope") not in _ROTARY:
+        for k in ("rotary_base", "use_rope_scaling", "rope_scaling_factor"):
+            out.pop(k, None)
+    if not out.get("use_rope_scaling", True):
+        out.pop("rope_scaling_factor", None)
+    return out
+
+
 def mismatches(saved: dict, args) -> dict:
-    """``{field: (checkpoint value, run value)}`` for the saved fields whose value differs from the run's."""
-    run = fingerprint(args)
-    return {k: (v, run[k]) for k, v in saved.items() if k in run and _normal(v) != run[k]}
+    """``{field: (checkpoint value, run value)}`` for the fields both sides hold whose value differs once each
+    side's derived fields are filled in (``derived``)."""
+    run, saved = derived(fingerprint(args)), derived(saved)
+    return {k: (v, run[k]) for k, v in saved.items() if k in run and v != run[k]}
 
 
 def describe_mismatches(found: dict) -> str:

@@ -57,3 +57,48 @@ def test_use_checkpoint_args_takes_the_model_from_megatron_lm_namespace():
 def test_use_checkpoint_args_without_a_saved_namespace_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="no complete checkpoint under --load"):
         parse_args(BASE + ["--load", str(tmp_path), "--use-checkpoint-args"], world_size=1)
+
+
+# Megatron-LM's defaults for a GPT-2-style model (LayerNorm, GeLU, learned positions, linear biases, tied
+# embeddings, no GQA) as its validate_args leaves them in the saved Namespace: add_qkv_bias switched on by
+# add_bias_linear, num_query_groups its parser default 1 (ignored without --group-query-attention), kv_channels
+# and ffn_hidden_size derived
+GPT2_NAMESPACE = dict(normalization="LayerNorm", position_embedding_type="learned_absolute", add_bias_linear=True,
+                      add_qkv_bias=True, swiglu=False, untie_embeddings_and_output_weights=False,
+                      group_query_attention=False, num_query_groups=1, kv_channels=16, ffn_hidden_size=256)
+GPT2_FLAGS = ["--backend", "cpu", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+              "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "128", "--mock-data",
+              "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-4"]
+
+
+def _megatron_lm_common(**fields) -> dict:
+    import copy
+
+    import torch
+
+    common = torch.load(FIXTURE / "iter_0000003" / "common.pt", weights_only=False)
+    common["args"] = copy.copy(common["args"])
+    vars(common["args"]).update(fields)
+    return common
+
+
+@pytest.mark.parametrize("ckpt_fields, flags, found", [
+    ({}, [], {}),  # Megatron-LM's defaults on both sides
+    ({}, ["--ffn-hidden-size", "256", "--kv-channels", "16"], {}),  # the derived values given explicitly
+    ({"num_query_groups": 4, "group_query_attention": True}, [], {}),  # GQA with as many groups as heads
+    ({}, ["--ffn-hidden-size", "128"], {"ffn_hidden_size": (256, 128)}),
+    ({}, ["--normalization", "RMSNorm"], {"normalization": ("LayerNorm", "RMSNorm")}),
+    ({"add_bias_linear": False}, ["--disable-bias-linear"], {"add_qkv_bias": (True, False)}),  # Qwen2-style vs none
+    ({"rotary_base": 500000}, [], {}),  # learned positions: the RoPE base is unused
+])
+def test_megatron_lm_checkpoint_compared_after_megatron_lm_derivations(ckpt_fields, flags, found):
+    from mtmegatron.models.fingerprint import describe_mismatches, mismatches
+    from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
+
+    common = _megatron_lm_common(**{**GPT2_NAMESPACE, **ckpt_fields})
+    args = parse_args(GPT2_FLAGS + flags, world_size=1)
+    got = mismatches(recorded_fingerprint(common), args)
+    assert got == found
+    if found:  # one line naming the field and both values
+        field, (ckpt, run) = next(iter(found.items()))
+        assert f"{field}: checkpoint {ckpt} vs run {run}" == describe_mismatches(got)
