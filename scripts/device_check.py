@@ -206,7 +206,7 @@ def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path,
     conformance = [[py, "-m", "pytest", *select, str(ROOT / "tests/conformance"), "-p", "no:cacheprovider",
                     "-rs", "-q", "--junitxml", str(work / "conformance.xml")]]
 
-    jobs = 2 if dry else 4
+    jobs = 2 if dry else 6  # device runs beside cpu reference runs: 16 cores, one GPU
     if mode == "quick":
         train_flags = ["--models", "llama3", "--train-iters", "8"]
     elif dry:
