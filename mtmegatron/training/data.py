@@ -33,15 +33,17 @@ from megatron.core.datasets.utils import get_blend_from_list
 from mtmegatron.training.data_flags import per_split_paths, requested_splits
 from mtmegatron.training.data_position import SamplePlan, rank_micro_batches
 from mtmegatron.training.robustness import data_worker_init
+from mtmegatron.training.training_flags import dataset_config_fields
 
 
 class MockTokenizer:
-    """The two facts megatron-core's mock dataset needs from a tokenizer."""
+    """The two facts megatron-core's mock dataset needs from a tokenizer: Megatron-LM's ``NullTokenizer
+    --vocab-size V-1`` (V ids, end-of-document V-1). Like it, no pad id: megatron-core's dataset then pads with
+    -1, which no token equals, so no label is masked (a pad id 0 would drop every label 0 from the loss)."""
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
         self.eod = vocab_size - 1
-        self.pad = 0
         self.unique_identifiers = {"class": "MockTokenizer", "vocab_size": vocab_size}
 
 
@@ -80,6 +82,7 @@ def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fi
         eod_mask_loss=args.eod_mask_loss,
         create_attention_mask=args.reset_attention_mask and args.create_attention_mask_in_dataloader,
         mmap_bin_files=args.mmap_bin_files,
+        **dataset_config_fields(args),  # the builder's threads, surplus, caches (training/training_flags.py)
         **fields,
     )
     return BlendedMegatronDatasetBuilder(dataset_class, sizes, lambda: True, config).build()

@@ -48,7 +48,7 @@ def _write_corpus(prefix: str, low: int, high: int, seed: int) -> str:
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
     root = tmp_path_factory.mktemp("data_flags")
-    # token 0 is the mock tokenizer's pad id (megatron masks its loss), so documents start at 1
+    # documents start at 1: token 0 is the pad id of most real tokenizers (megatron masks its loss)
     return {"a": _write_corpus(str(root / "a"), 1, 31, 0), "b": _write_corpus(str(root / "b"), 31, EOD, 1)}
 
 
