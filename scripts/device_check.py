@@ -161,9 +161,13 @@ def probe(python: str) -> dict:
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
 def cuda_arch_flags(arch: str) -> dict[str, str]:
-    """Build for this device only: torch's extension helpers read TORCH_CUDA_ARCH_LIST (9.0), CMake wants 90."""
-    return {"TORCH_CUDA_ARCH_LIST": arch, "CMAKE_ARGS": f"-DCMAKE_CUDA_ARCHITECTURES={arch.replace('.', '')}",
-            "MTMEGATRON_BUILD_CUDA": "1"}
+    """Build for this device only: torch's extension helpers read TORCH_CUDA_ARCH_LIST (9.0), CMake wants 90.
+    CUDACXX names nvcc where it is not on PATH but in the usual place (/usr/local/cuda/bin)."""
+    flags = {"TORCH_CUDA_ARCH_LIST": arch, "CMAKE_ARGS": f"-DCMAKE_CUDA_ARCHITECTURES={arch.replace('.', '')}",
+             "MTMEGATRON_BUILD_CUDA": "1"}
+    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        flags["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
+    return flags
 
 
 def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path, base_python: str,
