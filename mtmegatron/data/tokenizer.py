@@ -85,8 +85,9 @@ def configured_eos(tokenizer_file: str) -> str:
     return eos
 
 
-def load_tokenizer(path: str) -> HFTokenizer:
-    """``path``: a ``tokenizer.json`` file or a directory holding one."""
+def load_tokenizer(path: str, require_eod: bool = True) -> HFTokenizer:
+    """``path``: a ``tokenizer.json`` file or a directory holding one. ``require_eod`` False: a tokenizer that
+    names no end-of-document token loads with ``eod`` None (preprocess without --append-eod)."""
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise TokenizerError(f"no tokenizer at {path} (expected a tokenizer.json file or a directory with one)")
@@ -94,7 +95,14 @@ def load_tokenizer(path: str) -> HFTokenizer:
         tokenizer = Tokenizer.from_file(file)
     except Exception as e:  # the tokenizers library raises its own Exception type for bad JSON
         raise TokenizerError(f"{file} is not a valid HF tokenizer file: {e}") from None
-    return HFTokenizer(tokenizer, file)
+    try:
+        return HFTokenizer(tokenizer, file)
+    except TokenizerError:
+        if require_eod:
+            raise
+        hf = HFTokenizer(tokenizer, file, eod=-1)
+        hf.eod = None
+        return hf
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str,

@@ -33,18 +33,23 @@ class CoreTokenizer:
     """A megatron-core text tokenizer with the interface this package and megatron-core's datasets read
     (``vocab_size``, ``eod``, ``pad``, ``unique_identifiers``, ``tokenize``, ``detokenize``) plus ``source``."""
 
-    def __init__(self, inner, kind: str, source: str, model_vocab_size: int | None = None):
+    def __init__(self, inner, kind: str, source: str, model_vocab_size: int | None = None, require_eod: bool = True):
         self.inner = inner
         self.kind = kind
         self.source = source
         self.vocab_size = int(inner.vocab_size)
-        self.eod = inner.eod
-        if self.eod is None or not 0 <= int(self.eod) < self.vocab_size:
+        try:
+            self.eod = inner.eod
+        except Exception:  # megatron-core's tokenizer classes raise their own types for a token they lack
+            self.eod = None
+        if self.eod is not None and not 0 <= int(self.eod) < self.vocab_size:
+            self.eod = None
+        if self.eod is None and require_eod:  # preprocess without --append-eod does not (nor Megatron-LM's)
             raise TokenizerError(f"--tokenizer-type {kind} {source} defines no end-of-document token"
                                  + (" (no eos_token in its tokenizer_config.json)" if kind == "HuggingFaceTokenizer"
                                     else " (the model has no EOS piece)" if "SentencePiece" in kind or
                                     kind == "Llama2Tokenizer" else ""))
-        self.eod = int(self.eod)
+        self.eod = None if self.eod is None else int(self.eod)
         self.model_vocab_size = model_vocab_size or self.vocab_size
         self.unique_identifiers = inner.unique_identifiers
 
@@ -140,7 +145,7 @@ def build_tokenizer(args: argparse.Namespace):
                 logging.disable(previous)
         if kind == "SentencePieceTokenizer":
             model_vocab_size = sentencepiece_model_vocab_size(args.tokenizer_model)
-        return CoreTokenizer(inner, kind, source, model_vocab_size)
+        return CoreTokenizer(inner, kind, source, model_vocab_size, require_eod=getattr(args, "append_eod", True))
     except TokenizerError:
         raise
     except AssertionError as e:
@@ -162,7 +167,7 @@ def tokenizer_from_flags(args: argparse.Namespace):
         return build_tokenizer(args)
     from mtmegatron.data.tokenizer import load_tokenizer
 
-    return load_tokenizer(args.tokenizer_model)
+    return load_tokenizer(args.tokenizer_model, require_eod=getattr(args, "append_eod", True))
 
 
 def tokenizer_flags_text(args: argparse.Namespace, tokenizer) -> str:

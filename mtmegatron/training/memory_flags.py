@@ -78,10 +78,12 @@ def check_memory_args(args: argparse.Namespace, error: type[Exception]) -> None:
 
 
 def _check_recompute(args: argparse.Namespace, error: type[Exception]) -> None:
+    """megatron-core's rules (TransformerConfig.__post_init__, Megatron-LM's validate_args); --recompute-method /
+    --recompute-num-layers / --recompute-modules that the granularity does not read are ignored, as there.
+    Stricter here, on purpose: ``uniform`` with a count that does not divide a model chunk's layers
+    (megatron-core's _checkpointed_forward loops forever on 0 and indexes past the last layer otherwise)."""
     granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
     if granularity is None:
-        if method is not None or n is not None or args.recompute_modules:
-            raise error("--recompute-method/--recompute-num-layers/--recompute-modules need --recompute-granularity")
         return
     if granularity == "selective":
         if method is not None or n is not None:
@@ -89,19 +91,17 @@ def _check_recompute(args: argparse.Namespace, error: type[Exception]) -> None:
                         "--recompute-num-layers (as in megatron-core)")
         modules = args.recompute_modules if args.recompute_modules is not None else ["core_attn"]
         if "mla_up_proj" in modules and not args.multi_latent_attention:
-            raise error("--recompute-modules mla_up_proj needs --multi-latent-attention")
+            raise error("--recompute-modules mla_up_proj needs --multi-latent-attention (as in megatron-core)")
         if "moe_act" in modules and not args.moe_grouped_gemm:
             raise error("--recompute-modules moe_act needs megatron-core's grouped GEMM experts: add "
                         "--moe-grouped-gemm, or use moe or mlp")
-        if any(m in modules for m in ("moe", "shared_experts")) and not args.num_experts:
-            raise error("--recompute-modules moe/shared_experts need an MoE model (--num-experts)")
         return
-    if args.recompute_modules:
-        raise error("--recompute-modules applies to --recompute-granularity selective only")
     if method is None or n is None:
         raise error("--recompute-granularity full needs --recompute-method uniform|block and --recompute-num-layers")
     per_stage = args.num_layers // args.pipeline_model_parallel_size
     if args.virtual_pipeline_model_parallel_size:
         per_stage = args.num_layers_per_virtual_pipeline_stage
-    if not 1 <= n <= per_stage:
-        raise error(f"--recompute-num-layers {n} must be between 1 and the {per_stage} layers of a model chunk")
+    if method == "uniform" and (n < 1 or per_stage % n):
+        raise error(f"--recompute-method uniform: --recompute-num-layers {n} must divide the {per_stage} layers "
+                    f"of a model chunk (megatron-core recomputes groups of N layers; use block to recompute the "
+                    f"first N, or none with 0)")

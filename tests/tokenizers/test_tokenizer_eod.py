@@ -121,6 +121,17 @@ def test_hf_config_without_a_usable_eos_token_is_refused(tokenizer_set, tmp_path
     with pytest.raises(TokenizerError, match="defines no end-of-document token .*no eos_token"):
         build_tokenizer(_flags(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
                                 str(tmp_path / "tok")]))
+    # preprocess without --append-eod never reads it (Megatron-LM's preprocess_data.py neither): accepted
+    assert load_tokenizer(str(tmp_path / "tok"), require_eod=False).eod is None
+    args = _flags(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path / "tok")])
+    args.append_eod = False
+    assert build_tokenizer(args).eod is None
+    from mtmegatron import cli
+
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in tokenizer_set["docs"][:3]))
+    assert cli.main(["preprocess", "--input", str(tmp_path / "docs.jsonl"), "--output-prefix", str(tmp_path / "out"),
+                     "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path / "tok")]) == 0
+    assert (tmp_path / "out_text_document.bin").stat().st_size > 0
     config["eos_token"] = "</never>"
     config_file.write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(TokenizerError, match="'</never>' is not in its vocabulary"):
