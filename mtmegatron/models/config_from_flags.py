@@ -61,6 +61,10 @@ def _megatron_renames(args: argparse.Namespace) -> dict:
         from megatron.core.activations import squared_relu
 
         fields["activation_func"] = squared_relu
+    elif args.quick_geglu:  # Megatron-LM: gated quick-GeLU
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        fields["activation_func"], fields["gated_linear_unit"] = quick_gelu, True
     if args.init_method_xavier_uniform:
         fields["init_method"] = fields["scaled_init_method"] = torch.nn.init.xavier_uniform_
     return fields

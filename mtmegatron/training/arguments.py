@@ -383,7 +383,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     check_tokenizer_args(args, ConfigError)
     check_observability_args(args, ConfigError)
     check_checkpoint_args(args, ConfigError)
-    from mtmegatron.training import run_args
+    from mtmegatron.training import run_args, training_flags
+
+    training_flags.check(args, ConfigError)
 
     run_args.validate(args, ConfigError)
     check_sft_args(args, ConfigError)

@@ -66,6 +66,12 @@ NOOP = {
     # nothing to act on here (a start-up line says so when given)
     "use_persistent_ckpt_worker": "it keeps megatron-core's --async-save worker alive; saves here are synchronous "
                                   "(--async-save is refused)",
+    # read nowhere by Megatron-LM 0.16.1's megatron-core models and training loop (only by its legacy models)
+    "head_lr_mult": "Megatron-LM 0.16.1 reads it nowhere (a leftover of its vision fine-tuning)",
+    "openai_gelu": "read only by Megatron-LM's legacy models; megatron-core models ignore it in Megatron-LM 0.16",
+    "scatter_gather_tensors_in_pipeline": "Megatron-LM 0.16.1 reads it nowhere (megatron-core's p2p sends whole "
+                                          "tensors)",
+    "log_loss_scale_to_tensorboard": "mtmegatron writes no loss-scale scalar to TensorBoard: nothing to turn off",
 }
 
 # --- dests registered from the table (no module adds them by hand) that mtmegatron code reads --------------------
@@ -85,6 +91,13 @@ READ_BY_CODE = frozenset({
     "rerun_mode", "check_for_spiky_loss", "error_injection_rate", "error_injection_type",
     "result_rejected_tracker_filename", "non_persistent_ckpt_type", "non_persistent_global_ckpt_dir",
     "record_memory_history", "memory_snapshot_path",
+    # training/training_flags.py: data loader, optimizer param groups, DDP buckets, rank order, logging, dataset
+    # builder fields
+    "dataloader_type", "no_weight_decay_cond_type", "ddp_num_buckets", "use_tp_pp_dp_mapping", "logging_level",
+    "quick_geglu", "dump_param_to_param_group_map", "num_dataset_builder_threads", "mid_level_dataset_surplus",
+    "allow_ambiguous_pad_tokens", "dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap",
+    "per_dataset_sequences_path",
+    "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
@@ -95,6 +108,20 @@ _RL = "reinforcement-learning training is not part of mtmegatron"
 _OTHER_MODELS = "model type not supported here (GPT-style decoders and LLaVA only)"
 _SERVICES = "integration with an NVIDIA service/library that mtmegatron does not ship"
 _NOT_YET = "not implemented in mtmegatron"
+_BERT_T5_RETRIEVAL = "a BERT/T5/ICT/REALM (retrieval) flag: this trainer builds GPT-style decoders (and LLaVA)"
+_VISION = "a vision-pretraining (ViT classification/inpainting/DINO) flag: this trainer builds GPT-style decoders"
+_INFERENCE_ENGINE = ("an inference engine/server flag: mtmegatron.pretrain trains; `mtmegatron generate` has its "
+                     "own flags")
+_NVIDIA_TOOLING = "NVIDIA cluster tooling with no MUSA/CPU counterpart here"
+_FSDP = "an FSDP flag: FSDP is not wired into mtmegatron (--use-torch-fsdp2/--use-megatron-fsdp are refused)"
+_LOCAL_CKPT = ("nvidia-resiliency-ext's local-checkpoint replication: --non-persistent-ckpt-type local is refused "
+               "here")
+_FIM = ("fill-in-the-middle samples: Megatron-LM's GPTFIMDataset is part of Megatron-LM's training package, not of "
+        "megatron-core, and mtmegatron has no FIM dataset yet")
+_DATA_ARGS_FILES = ("data blends from a file: Megatron-LM's --data-args-path family is read by its training "
+                    "package; give the blend as --data-path (or --train/valid/test-data-path)")
+_LEGACY_TOKENIZER = ("Megatron-LM's legacy tokenizer package is not part of megatron-core; mtmegatron's tokenizers "
+                     "are --tokenizer-type's (data/tokenizer_flags.py)")
 
 # Flags a module reads ("honoured") of which training/arguments.py's validation refuses some values: dest -> which
 # (the flag report says so instead of a plain "honoured"; tests/flags check each refusal really happens)
@@ -105,6 +132,8 @@ PARTLY_REFUSED = {
     "fp16": "refused with --use-distributed-optimizer and with FP8 (use --bf16)",
     "add_position_embedding": "--no-position-embedding is refused unless --position-embedding-type rope "
                               "(deprecated; Megatron-LM raises too)",
+    "dataloader_type": "cyclic (its per-epoch shuffle is not built) and external (no hook for a user's "
+                       "dataloader); single, Megatron-LM's default, is honoured",
     "rerun_mode": "report_stats (megatron-core 0.16.1 cannot run it); validate_results and disabled are honoured",
     "non_persistent_ckpt_type": "local (nvidia-resiliency-ext's local checkpoints are not wired in) and in_memory "
                                 "(Megatron-LM 0.16 refuses it too); global is honoured",
@@ -138,6 +167,51 @@ REFUSED = {
     "non_persistent_local_ckpt_algo": "only for --non-persistent-ckpt-type local, which is refused here "
                                       "(nvidia-resiliency-ext's local checkpoints are not wired in)",
     "distributed_backend": "the collective library follows --backend (nccl on cuda, mccl on musa, gloo on cpu)",
+    **dict.fromkeys(("block_data_path", "titles_data_path", "evidence_data_path", "embedding_path", "mask_prob",
+                     "short_seq_prob", "query_in_block_prob", "use_one_sent_docs", "output_bert_embeddings",
+                     "vocab_extra_ids", "encoder_num_layers", "encoder_seq_length",
+                     "relative_attention_max_distance", "relative_attention_num_buckets", "indexer_batch_size",
+                     "indexer_log_interval", "sample_rate"), _BERT_T5_RETRIEVAL),
+    **dict.fromkeys(("vision_pretraining", "vision_pretraining_type", "vision_backbone_type", "swin_backbone_type",
+                     "num_classes", "num_channels", "classes_fraction", "data_per_class_fraction", "iter_per_epoch",
+                     "mask_type", "mask_factor"), _VISION),
+    **dict.fromkeys(("enable_chunked_prefill", "decode_only_cuda_graphs", "nccl_all_reduce_for_prefill",
+                     "use_legacy_static_engine", "inference_wandb_logging", "disable_chunked_prefill", "moe_pad_experts_for_cuda_graph_inference",
+                     "tokenizer_metadata"), _INFERENCE_ENGINE),
+    **dict.fromkeys(("perform_rl_step", "refit_method", "train_sync_interval"), _RL),
+    "use_sharp": _NVIDIA_TOOLING + " (InfiniBand SHARP in NCCL)",
+    "sharp_enabled_group": _NVIDIA_TOOLING + " (InfiniBand SHARP in NCCL)",
+    "log_straggler": _NVIDIA_TOOLING + " (the straggler detector of nvidia-resiliency-ext)",
+    "log_energy": _NVIDIA_TOOLING + " (the energy monitor reads NVML)",
+    "calc_ft_timeouts": _NVIDIA_TOOLING + " (nvidia-resiliency-ext fault tolerance)",
+    "nccl_communicator_config_path": _NVIDIA_TOOLING + " (a YAML of NCCL communicator settings)",
+    "high_priority_stream_groups": _NVIDIA_TOOLING + " (NCCL high-priority communicator streams)",
+    "object_storage_cache_path": _SERVICES + " (Multi-Storage Client / S3 data loading)",
+    **dict.fromkeys(("torch_fsdp2_reshard_after_forward", "enable_full_sharding_in_hsdp",
+                     "strict_fsdp_dtensor_load"), _FSDP),
+    **dict.fromkeys(("replication", "replication_jump", "replication_factor"), _LOCAL_CKPT),
+    "heterogeneous_layers_config_encoded_json": "heterogeneous (NAS) layer configs are not supported; "
+                                                "DeepSeek-style dense/MoE patterns use --moe-layer-freq",
+    **dict.fromkeys(("hybrid_attention_ratio", "hybrid_mlp_ratio"), "hybrid (Mamba) models are not supported"),
+    **dict.fromkeys(("fim_data", "fim_rate", "fim_spm_rate", "fim_split_sample", "fim_fragment_rate",
+                     "fim_no_prefix", "fim_prefix_token", "fim_middle_token", "fim_suffix_token", "fim_pad_token",
+                     "fim_eod_token"), _FIM),
+    **dict.fromkeys(("data_args_path", "per_split_data_args_path"), _DATA_ARGS_FILES),
+    "decoder_num_layers": "Megatron-LM 0.16 reads it only in its legacy models and pretrain_vlm.py (the language "
+                          "model's layers); give --num-layers",
+    "legacy_tokenizer": _LEGACY_TOKENIZER,
+    "data_sharding": "only for --dataloader-type cyclic, which is refused here",
+    "onnx_safe": "ONNX export workarounds: mtmegatron exports checkpoints (`mtmegatron convert`), not ONNX graphs",
+    "fake_process_group": "torch's fake process group (no communication, for memory estimation) is not wired in: "
+                          "the cpu backend runs the real collectives over gloo",
+    "lazy_mpu_init": "for external launchers that initialise model parallelism themselves; mtmegatron.pretrain "
+                     "initialises it",
+    "dist_ckpt_save_pre_mcore_014": "writes the checkpoint layout of megatron-core < 0.14; mtmegatron saves with "
+                                    "megatron-core 0.16's",
+    "mock_data_json": "Megatron-LM's multimodal mock-data description; --mock-data builds megatron-core's mock GPT "
+                      "dataset (LLaVA: --mock-data with the llava preset)",
+    "enable_experimental": "megatron-core's experimental-feature switch: none of its experimental features is wired "
+                           "into mtmegatron",
 }
 
 # option-string prefixes -> reason (the first match wins), for whole families of flags

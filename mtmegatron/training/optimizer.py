@@ -47,7 +47,8 @@ def build_optimizer(args, model, params_dtype: torch.dtype):
     # the offloaded optimizer's param groups name its sub-optimizer classes; they are saved in the checkpoint's
     # common state, which megatron reads with torch.load(weights_only=True)
     torch.serialization.add_safe_globals([FusedAdam, torch.optim.AdamW])
-    optimizer = get_megatron_optimizer(optimizer_config(args, params_dtype), model)
+    optimizer = get_megatron_optimizer(optimizer_config(args, params_dtype), model,
+                                       dump_param_to_param_group_map=args.dump_param_to_param_group_map)
     rank = torch.distributed.get_rank()
     if rank == 0:
         print(f"mtmegatron: {describe(optimizer, args)}", flush=True)

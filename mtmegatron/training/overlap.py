@@ -49,7 +49,8 @@ def install_sync_funcs(config, model, args) -> None:
     config.no_sync_func = config.grad_sync_func = config.param_sync_func = None
     if args.overlap_grad_reduce:
         config.no_sync_func = _per_chunk([chunk.no_sync for chunk in model])
-        config.grad_sync_func = _per_chunk([chunk.start_grad_sync for chunk in model])
+        if args.align_grad_reduce:  # --no-align-grad-reduce: each stage reduces when its backward ends
+            config.grad_sync_func = _per_chunk([chunk.start_grad_sync for chunk in model])
     if model[0].ddp_config.overlap_param_gather and model[0].ddp_config.align_param_gather:
         config.param_sync_func = _per_chunk([chunk.start_param_sync for chunk in model])
 

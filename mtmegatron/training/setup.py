@@ -20,7 +20,7 @@ from megatron.core.transformer.module import Float16Module
 
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
-from mtmegatron.training import overlap
+from mtmegatron.training import overlap, training_flags
 from mtmegatron.training.device import compute_device, move_module
 from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
@@ -42,7 +42,9 @@ def init_distributed(args, backend) -> None:
         context_parallel_size=args.context_parallel_size,
         expert_model_parallel_size=args.expert_model_parallel_size,
         distributed_timeout_minutes=args.distributed_timeout_minutes,
+        order=training_flags.parallel_order(args),  # --use-tp-pp-dp-mapping
     )
+    training_flags.apply_logging_level(args)  # --logging-level / MEGATRON_LOGGING_LEVEL
     seed_everything(initialization.rank_seed(args))  # Megatron-LM's: --seed + 100 * pipeline rank
 
 
@@ -82,6 +84,8 @@ def build(args):
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = overlap.ddp_config(args)
+    if args.ddp_num_buckets is not None:  # Megatron-LM: this rank's parameters // N
+        ddp_config.bucket_size = training_flags.ddp_bucket_size(args, chunks)
     model = [  # Megatron-LM: chunks after the first are not bucketed (their reduce overlaps anyway)
         DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=(i > 0))
         for i, chunk in enumerate(chunks)

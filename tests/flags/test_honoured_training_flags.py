@@ -1,0 +1,116 @@
+"""Megatron-LM training flags honoured through training/training_flags.py, each checked where its effect shows:
+the rank order given to megatron-core (``--use-tp-pp-dp-mapping``) and the root logger's level
+(``--logging-level``) through setup.init_distributed with megatron-core's initialisation captured (in-process);
+one one-rank build (setup.build, as pretrain calls it) for the DDP buckets (``--ddp-num-buckets``), the schedule's
+grad-sync hook (``--no-align-grad-reduce``), the optimizer's weight-decay groups (``--no-weight-decay-cond-type``),
+the param-group map (``--dump-param-to-param-group-map``), the activation (``--quick-geglu``) and the dataset
+builder's fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+
+from helpers.ranks import run_ranks
+from mtmegatron.training.arguments import ConfigError, parse_args
+
+BASE = ["--backend", "cpu", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "16", "--max-position-embeddings", "16", "--micro-batch-size", "1",
+        "--global-batch-size", "1", "--train-iters", "1", "--vocab-size", "128", "--mock-data", "--lr", "1e-4"]
+
+
+def test_rank_order_and_logging_level_reach_initialisation(monkeypatch):
+    """``--use-tp-pp-dp-mapping``: megatron-core gets ``tp-cp-ep-pp-dp``, whose groups at TP1 PP2 DP2 are
+    Megatron-LM's (data-parallel peers 0 and 2, not 0 and 1); ``--logging-level``: the root logger's level."""
+    from megatron.core.parallel_state import RankGenerator
+
+    from mtmegatron.models import initialization
+    from mtmegatron.training import setup
+
+    captured = []
+    monkeypatch.setattr(setup.torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(setup.parallel_state, "initialize_model_parallel", lambda **kw: captured.append(kw))
+    monkeypatch.setattr(initialization, "rank_seed", lambda args: 0)
+    monkeypatch.setattr(setup, "seed_everything", lambda seed: None)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "level", root.level)  # restored afterwards
+    backend = types.SimpleNamespace(set_device=lambda index: None)
+    dp_groups = {}
+    for mapping in ([], ["--use-tp-pp-dp-mapping"]):
+        args = parse_args(BASE + ["--pipeline-model-parallel-size", "2", "--logging-level", "25",
+                                  "--global-batch-size", "2"] + mapping, world_size=4)
+        setup.init_distributed(args, backend)
+        order = captured[-1]["order"]
+        dp_groups[bool(mapping)] = RankGenerator(tp=1, ep=1, dp=2, pp=2, cp=1, order=order).get_ranks("dp")
+        assert root.level == 25
+    assert dp_groups == {False: [[0, 1], [2, 3]], True: [[0, 2], [1, 3]]}
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--ddp-num-buckets", "2", "--ddp-bucket-size", "1000", "--overlap-grad-reduce"], "exclude each other"),
+    (["--ddp-num-buckets", "0"], "must be positive"),
+    (["--quick-geglu", "--swiglu"], "exclude each other"),
+    (["--dataloader-fast-cache-load"], "--data-cache-path"),
+])
+def test_contradictions_are_one_line(flags, says):
+    with pytest.raises(ConfigError) as e:
+        parse_args(BASE + flags, world_size=1)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def _build_worker(rank, world_size, backend_name, tmp):
+    import os
+
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+    import mtmegatron
+    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.training.data import build_mock_dataset
+    from mtmegatron.training.setup import build, init_distributed
+
+    backend = mtmegatron.activate(backend_name)
+    dump = os.path.join(tmp, "param_groups")
+    args = parse_args(BASE + ["--qk-layernorm", "--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm",
+                              "--overlap-grad-reduce", "--ddp-num-buckets", "3", "--no-align-grad-reduce",
+                              "--dump-param-to-param-group-map", dump, "--quick-geglu",
+                              "--num-dataset-builder-threads", "2", "--mid-level-dataset-surplus", "0.01",
+                              "--allow-ambiguous-pad-tokens"], world_size=1)
+    init_distributed(args, backend)
+    model, optimizer, _, config = build(args)
+    buffer = model[0].buffers[0]
+    numel = sum(p.nelement() for p in model[0].module.parameters())
+    wd = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            wd[param] = group["wd_mult"]
+    names = {param: name for name, param in model[0].module.named_parameters()}
+    dataset = build_mock_dataset(args, 4)
+    return {
+        "bucket_size": model[0].ddp_config.bucket_size, "num_buckets": len(buffer.buckets), "numel": numel,
+        "grad_sync_func": config.grad_sync_func is not None, "no_sync_func": config.no_sync_func is not None,
+        "wd_mult": {names[p]: m for p, m in wd.items() if "layernorm" in names[p] or "norm" in names[p]},
+        "dumped": sorted(os.listdir(dump)) if os.path.isdir(dump) else [],
+        "quick_geglu": config.activation_func is quick_gelu and config.gated_linear_unit,
+        "dataset": [dataset.config.num_dataset_builder_threads, dataset.config.mid_level_dataset_surplus,
+                    dataset.config.allow_ambiguous_pad_tokens],
+    }
+
+
+def test_one_build_honours_the_flags(tmp_path):
+    (result,) = run_ranks(_build_worker, 1, "cpu", str(tmp_path), timeout=300)
+    # --ddp-num-buckets 3: bucket size = parameters // 3 (Megatron-LM's get_model), so about 3 buckets
+    assert result["bucket_size"] == result["numel"] // 3
+    assert 3 <= result["num_buckets"] <= 4, result
+    # --no-align-grad-reduce: gradients reduce without the schedule's per-chunk hook; no_sync still installed
+    assert result["no_sync_func"] and not result["grad_sync_func"]
+    # --no-weight-decay-cond-type apply_wd_to_qk_layernorm: q/k layer norms keep weight decay, other norms not
+    qk = {n: m for n, m in result["wd_mult"].items() if "q_layernorm" in n or "k_layernorm" in n}
+    others = {n: m for n, m in result["wd_mult"].items() if n not in qk}
+    assert qk and set(qk.values()) == {1.0}, result["wd_mult"]
+    assert others and set(others.values()) == {0.0}, result["wd_mult"]
+    assert ".metadata" in result["dumped"], result["dumped"]  # megatron-core's param -> group map
+    assert result["quick_geglu"]
+    assert result["dataset"] == [2, 0.01, True]
