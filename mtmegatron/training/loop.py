@@ -4,7 +4,7 @@ first step on a device. The data position (consumed/skipped samples) advances by
 SamplePlan, whose ``--iterations-to-skip`` iterations consume their batch untrained; when ``--rampup-batch-size``
 changes the micro-batch count, a checkpoint is saved first (with ``--save``), as Megatron-LM does. With
 --overlap-param-gather the parameters are all-gathered before evaluation and every save and when the loop ends
-(training/overlap.py).
+(training/overlap.py). ``--log-progress`` appends to ``<--save>/progress.txt`` (training/progress_log.py).
 
 ``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
@@ -24,6 +24,7 @@ from mtmegatron.training.memory_history import MemoryHistory
 from mtmegatron.training.metrics import print_rank0
 from mtmegatron.training.observability import Observability
 from mtmegatron.training.overlap import ParamGather
+from mtmegatron.training.progress_log import ProgressLog
 from mtmegatron.training.train_step import train_step
 
 
@@ -55,6 +56,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     for line in [rerun.describe(args)] + non_persistent.startup_lines(args):
         print_rank0(rank, line)
     history = MemoryHistory(args, backend, rank)  # --record-memory-history
+    progress = ProgressLog(args, state.train_state.get("num_floating_point_operations_so_far", 0))  # --log-progress
     try:
         micro_batches = None  # the previous iteration's count: --rampup-batch-size changes it
         for iteration in range(state.start + 1, state.last + 1):
@@ -62,8 +64,10 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             if (args.save and micro_batches not in (None, batch.num_microbatches)
                     and state.saved_at != iteration - 1):  # Megatron-LM saves before the count changes
                 params.sync()
+                progress.count_in(state.train_state)
                 with obs.saving():
                     checkpointing.save(args.save, iteration - 1, model, optimizer, scheduler, args, state.train_state)
+                progress.saved(iteration - 1, state.train_state["consumed_train_samples"])
                 state.saved_at = iteration - 1
             micro_batches = batch.num_microbatches
             if batch.skipped:  # --iterations-to-skip: its samples count as consumed, untrained (Megatron-LM)
@@ -88,6 +92,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             release_unused_memory(args.empty_unused_memory_level, "step")
             elapsed = time.perf_counter() - t0
             state.train_state["consumed_train_samples"] += batch.size
+            progress.trained(batch.size)
             params.after_step(not stats["skipped"])
             if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
                 device = compute_device()
@@ -112,8 +117,10 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 break
             if args.save and args.save_interval and iteration % args.save_interval == 0:
                 params.sync()
+                progress.count_in(state.train_state)
                 with obs.saving():
                     checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
+                progress.saved(iteration, state.train_state["consumed_train_samples"])
                 state.saved_at = iteration
             elif non_persistent.due(args, iteration):  # --non-persistent-save-interval: only the newest kept
                 params.sync()
@@ -128,8 +135,10 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         params.finish()  # the model is plain from here on: final save, sampling, export
         if (state.status == 0 and args.save and state.saved_at != state.last
                 and (state.last > state.start or state.last == 0)):  # 0: the initial checkpoint
+            progress.count_in(state.train_state)
             with obs.saving():
                 path = checkpointing.save(args.save, state.last, model, optimizer, scheduler, args, state.train_state)
+            progress.saved(state.last, state.train_state["consumed_train_samples"])
             print_rank0(rank, f"mtmegatron: saved {path}")
     finally:
         obs.close()

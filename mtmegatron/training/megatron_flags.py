@@ -97,6 +97,7 @@ READ_BY_CODE = frozenset({
     "quick_geglu", "dump_param_to_param_group_map", "num_dataset_builder_threads", "mid_level_dataset_surplus",
     "allow_ambiguous_pad_tokens", "dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap",
     "per_dataset_sequences_path",
+    "log_progress",  # training/progress_log.py: <--save>/progress.txt
     "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
 })
 

@@ -114,3 +114,28 @@ def test_one_build_honours_the_flags(tmp_path):
     assert ".metadata" in result["dumped"], result["dumped"]  # megatron-core's param -> group map
     assert result["quick_geglu"]
     assert result["dataset"] == [2, 0.01, True]
+
+
+def test_log_progress_writes_megatron_lms_progress_file(tmp_path):
+    """``--log-progress``: ``<--save>/progress.txt`` with Megatron-LM's lines (a start, then one per saved
+    checkpoint with its iteration, FLOPs and tokens), appended to by a resumed job."""
+    from helpers.pretrain_runner import TINY, run_pretrain
+
+    from mtmegatron.training import throughput
+
+    save = tmp_path / "ckpt"
+    common = TINY + ["--save", str(save), "--save-interval", "2", "--log-progress", "--num-workers", "0",
+              "--lr-decay-iters", "4"]
+    run_pretrain(1, common + ["--train-iters", "2"], tmp_path / "a")
+    run_pretrain(1, common + ["--train-iters", "4", "--load", str(save)], tmp_path / "b")
+    lines = [line.split("\t") for line in (save / "progress.txt").read_text().splitlines()]
+    assert [fields[3] for fields in lines] == ["Starting job", "Saved checkpoint", "Starting job", "Saved checkpoint"]
+    assert all(fields[1] == "Job ID: " and fields[2] == "# GPUs: 1" for fields in lines)
+    saved = [dict(field.split(": ", 1) for field in fields[4:]) for fields in lines if len(fields) > 4]
+    assert [s["Iteration"] for s in saved] == ["2", "4"]
+    args = parse_args(TINY + ["--train-iters", "4"], world_size=1)
+    per_iteration = throughput.num_floating_point_operations(args, 8)  # global batch 8
+    assert [float(s["Floating-point operations"]) for s in saved] == pytest.approx(
+        [2 * per_iteration, 4 * per_iteration], rel=1e-2)  # the file keeps 3 significant digits
+    assert [s["Tokens (in billions)"] for s in saved] == ["0.00", "0.00"]  # 16 and 32 samples of 32 tokens
+    assert all(s["Job throughput"].endswith(" TFLOP/s/GPU") for s in saved)
