@@ -5,8 +5,9 @@ explicit so no preset value leaks in (a ConversionError names the first config f
 has no equivalent: ``check_representable``); ``hf_config_from_args(family, args)`` gives a config.json
 for the way back. Facts used: Llama/Mixtral/Mistral/Qwen have no
 biases except Qwen2's on q/k/v (``--add-qkv-bias``); a head_dim other than hidden/heads is ``--kv-channels``;
-Llama-3.x ``rope_scaling`` (type ``llama3``) is megatron-core's ``--use-rope-scaling`` with its fixed frequency
-factors; Qwen3 normalises each head's q and k (``--qk-layernorm``); Qwen3-MoE's softmax router with
+Llama-3.x ``rope_scaling`` (type ``llama3``) is megatron-core's ``--use-rope-scaling`` with the config's own
+frequency factors and original context (``--rope-scaling-low/high-freq-factor``,
+``--rope-scaling-original-max-position-embeddings``; patches/llama3_rope_scaling_values.py); Qwen3 normalises each head's q and k (``--qk-layernorm``); Qwen3-MoE's softmax router with
 ``norm_topk_prob`` is megatron's default softmax router (top-k of the logits, softmax over those); DeepSeek-V3's router
 scores a group by its top-2 experts (megatron: top topk/group_topk), normalises the top-k weights (megatron's
 sigmoid router always does), and its RoPE dims are interleaved pairs (rope_interleave, undone in mapping.py).
@@ -21,8 +22,10 @@ FAMILIES = {"llama": "llama3", "mixtral": "mixtral", "deepseek_v3": "deepseek-v3
 HF_ARCH = {"llama3": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "deepseek-v3": "DeepseekV3ForCausalLM",
            "llava": "LlavaForConditionalGeneration", "qwen2.5": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
            "qwen3-moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM"}
-# megatron-core's Llama-3.x RoPE scaling (RotaryEmbedding._apply_scaling) fixes these; other values are refused
-LLAMA3_ROPE_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# Llama-3.x rope_scaling fields -> their flags (defaults: megatron-core's RotaryEmbedding._apply_scaling's)
+LLAMA3_ROPE_FLAGS = {"low_freq_factor": "rope_scaling_low_freq_factor", "high_freq_factor":
+                     "rope_scaling_high_freq_factor",
+                     "original_max_position_embeddings": "rope_scaling_original_max_position_embeddings"}
 HF_TYPE = {v: k for k, v in FAMILIES.items()}
 
 
@@ -105,12 +108,16 @@ def _common(config: dict) -> list[str]:
 
 
 def _llama3_rope_scaling(scaling: dict) -> list[str]:
-    """megatron-core's Llama-3.x scaling, refusing the fields it cannot take."""
-    for field, fixed in LLAMA3_ROPE_FIXED.items():
-        value = scaling.get(field, fixed)
-        _require(float(value) == fixed, f"config.json field rope_scaling.{field} = {value!r}: megatron-core's Llama-3.x "
-                                        f"RoPE scaling fixes it at {fixed:g}; not converted")
-    return ["--use-rope-scaling", "--rope-scaling-factor", repr(float(scaling["factor"]))]
+    """megatron-core's Llama-3.x scaling with the config's own factors and original context (absent: HF's and
+    megatron-core's Llama-3.1 values)."""
+    from mtmegatron.models.family_args import LLAMA3_SCALING_DEFAULTS
+
+    flags = ["--use-rope-scaling", "--rope-scaling-factor", repr(float(scaling["factor"]))]
+    for field, dest in LLAMA3_ROPE_FLAGS.items():
+        value = scaling.get(field, LLAMA3_SCALING_DEFAULTS[dest])
+        value = int(value) if field == "original_max_position_embeddings" else float(value)
+        flags += ["--" + dest.replace("_", "-"), repr(value)]
+    return flags
 
 
 def _llama_like(config: dict) -> list[str]:
@@ -221,7 +228,8 @@ def hf_config_from_args(family: str, args, rope_interleave: bool = True) -> dict
     if family != "deepseek-v3":  # DeepSeek's head_dim is its RoPE dim (set below from the MLA fields)
         config["head_dim"] = args.kv_channels or args.hidden_size // args.num_attention_heads
     if args.use_rope_scaling:
-        config["rope_scaling"] = {"rope_type": "llama3", "factor": args.rope_scaling_factor, **LLAMA3_ROPE_FIXED}
+        config["rope_scaling"] = {"rope_type": "llama3", "factor": args.rope_scaling_factor,
+                                  **{field: getattr(args, dest) for field, dest in LLAMA3_ROPE_FLAGS.items()}}
     if family.startswith("qwen"):
         del config["attention_bias"]
         config.update(use_sliding_window=False, sliding_window=None)

@@ -2,8 +2,11 @@
 Megatron-LM flags, and what megatron-core builds from them.
 
 Flags (Megatron-LM 0.16.1's spellings, dests and defaults): ``--use-rope-scaling`` / ``--rope-scaling-factor``
-(Llama-3.x's frequency scaling, megatron-core's ``RotaryEmbedding(rope_scaling=...)``; megatron-core fixes the
-low/high frequency factors at 1/4 and the original context at 8192, the Llama-3.1 values), ``--add-qkv-bias``
+(Llama-3.x's frequency scaling, megatron-core's ``RotaryEmbedding(rope_scaling=...)``), with mtmegatron's
+``--rope-scaling-low-freq-factor`` / ``--rope-scaling-high-freq-factor`` /
+``--rope-scaling-original-max-position-embeddings`` (HF's rope_scaling fields; default megatron-core's fixed 1, 4
+and 8192, the Llama-3.1 values; others reach megatron-core through patches/llama3_rope_scaling_values.py),
+``--add-qkv-bias``
 (biases on q/k/v only, Qwen2), ``--kv-channels`` (the head dim when it is not hidden/heads, Qwen3).
 ``--qk-layernorm`` is registered in training/arguments.py (DeepSeek-V3 uses it too); it works for plain
 attention unchanged.
@@ -20,15 +23,27 @@ import argparse
 
 # Megatron-LM's defaults (shared/megatron-lm-0.16.1-flags.tsv)
 DEFAULTS = {"use_rope_scaling": False, "rope_scaling_factor": 8.0, "add_qkv_bias": False, "kv_channels": None}
+# megatron-core's RotaryEmbedding._apply_scaling defaults (mtmegatron's flags, not Megatron-LM's)
+LLAMA3_SCALING_DEFAULTS = {"rope_scaling_low_freq_factor": 1.0, "rope_scaling_high_freq_factor": 4.0,
+                           "rope_scaling_original_max_position_embeddings": 8192}
 
 
 def add_family_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Llama-3.x RoPE scaling, Qwen qkv bias and head dim")
     g.add_argument("--use-rope-scaling", action="store_true", default=False,
                    help="apply Llama-3.x RoPE frequency scaling (low/high frequency factors 1/4, original "
-                        "context 8192: megatron-core's fixed values)")
+                        "context 8192 unless given below)")
     g.add_argument("--rope-scaling-factor", type=float, default=8.0,
                    help="Llama-3.x RoPE scaling factor with --use-rope-scaling (8 for Llama-3.1, 32 for 3.2)")
+    g.add_argument("--rope-scaling-low-freq-factor", type=float, default=1.0,
+                   help="Llama-3.x RoPE scaling: HF's rope_scaling.low_freq_factor (mtmegatron's flag; default "
+                        "megatron-core's fixed 1)")
+    g.add_argument("--rope-scaling-high-freq-factor", type=float, default=4.0,
+                   help="Llama-3.x RoPE scaling: HF's rope_scaling.high_freq_factor (mtmegatron's flag; default "
+                        "megatron-core's fixed 4)")
+    g.add_argument("--rope-scaling-original-max-position-embeddings", type=int, default=8192,
+                   help="Llama-3.x RoPE scaling: HF's rope_scaling.original_max_position_embeddings (mtmegatron's "
+                        "flag; default megatron-core's fixed 8192)")
     g.add_argument("--add-qkv-bias", action="store_true", default=False,
                    help="biases on the query/key/value projections only (Qwen2/2.5), even with --disable-bias-linear")
     g.add_argument("--kv-channels", type=int, default=None,
@@ -60,6 +75,12 @@ def check_family_args(args: argparse.Namespace, error: type[Exception]) -> None:
             raise error("--use-rope-scaling is Llama-3.x scaling; MLA scales RoPE with --rope-type yarn")
         if args.rope_scaling_factor <= 0:
             raise error(f"--rope-scaling-factor must be positive, not {args.rope_scaling_factor}")
+        low, high = args.rope_scaling_low_freq_factor, args.rope_scaling_high_freq_factor
+        if not 0 < low < high or args.rope_scaling_original_max_position_embeddings < 1:
+            raise error(f"--rope-scaling-low-freq-factor {low:g} / --rope-scaling-high-freq-factor {high:g} / "
+                        f"--rope-scaling-original-max-position-embeddings "
+                        f"{args.rope_scaling_original_max_position_embeddings}: the factors must be positive and "
+                        f"low < high (the smoothing divides by their difference), the context positive")
 
 
 def transformer_config_fields(args: argparse.Namespace) -> dict:

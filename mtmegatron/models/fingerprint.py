@@ -18,7 +18,8 @@ FINGERPRINT_FIELDS = (
     "kv_channels", "add_qkv_bias",
     # the math of norms, activations and positions
     "normalization", "norm_epsilon", "swiglu", "qk_layernorm", "position_embedding_type", "rotary_base",
-    "use_rope_scaling", "rope_scaling_factor",
+    "use_rope_scaling", "rope_scaling_factor", "rope_scaling_low_freq_factor", "rope_scaling_high_freq_factor",
+    "rope_scaling_original_max_position_embeddings",
     # MLA and its RoPE (YaRN) scaling
     "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
     "rope_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
@@ -47,6 +48,8 @@ def fingerprint(args) -> dict:
 
 
 _ROTARY = ("rope", "mrope", "yarn")
+_LLAMA3_SCALING = ("rope_scaling_factor", "rope_scaling_low_freq_factor", "rope_scaling_high_freq_factor",
+                   "rope_scaling_original_max_position_embeddings")
 
 
 def derived(values: dict) -> dict:
@@ -54,8 +57,8 @@ def derived(values: dict) -> dict:
     TransformerConfig) derives it, so that a flag left to its default and the value it stands for compare
     equal: the QKV bias whenever linear biases are on (megatron-core builds it either way), ``kv_channels``
     hidden/heads, ``ffn_hidden_size`` 4h (SwiGLU: 2/3 of it rounded down to 64), ``num_query_groups`` the head
-    count, ``moe_ffn_hidden_size`` the FFN size; RoPE fields drop out where positions are not rotary, the RoPE
-    scaling factor where scaling is off."""
+    count, ``moe_ffn_hidden_size`` the FFN size; RoPE fields drop out where positions are not rotary, the
+    Llama-3.x scaling values where scaling is off."""
     out = {k: _normal(v) for k, v in values.items()}
     if out.get("disable_bias_linear") is False:
         out["add_qkv_bias"] = True
@@ -70,10 +73,11 @@ def derived(values: dict) -> dict:
     if out.get("num_experts") and out.get("moe_ffn_hidden_size") is None and "moe_ffn_hidden_size" in out:
         out["moe_ffn_hidden_size"] = out.get("ffn_hidden_size")
     if out.get("position_embedding_type", "rope") not in _ROTARY:
-        for k in ("rotary_base", "use_rope_scaling", "rope_scaling_factor"):
+        for k in ("rotary_base", "use_rope_scaling") + _LLAMA3_SCALING:
             out.pop(k, None)
     if not out.get("use_rope_scaling", True):
-        out.pop("rope_scaling_factor", None)
+        for k in _LLAMA3_SCALING:
+            out.pop(k, None)
     return out
 
 

@@ -9,6 +9,7 @@ May assume: megatron-core parallel state is initialised and the backend bridge i
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
@@ -84,8 +85,19 @@ def _two_stage_interleaved(args) -> bool:
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP); for ``--model llava``
     one LLaVAModel per stage (models/llava.py). Built where models/initialization.py says the weights are born."""
-    with initialization.birth_device(args):
+    with initialization.birth_device(args), llama3_scaling(args):
         return _build_model_chunks(args, config)
+
+
+def llama3_scaling(args: argparse.Namespace):
+    """The Llama-3.x RoPE scaling values of ``args`` for the RotaryEmbeddings built in this block
+    (patches/llama3_rope_scaling_values.py)."""
+    from mtmegatron.patches.llama3_rope_scaling_values import scaling_values
+
+    if not getattr(args, "use_rope_scaling", False):
+        return contextlib.nullcontext()
+    return scaling_values(args.rope_scaling_low_freq_factor, args.rope_scaling_high_freq_factor,
+                          args.rope_scaling_original_max_position_embeddings)
 
 
 def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:

@@ -115,6 +115,10 @@ def model_fingerprint(ns: argparse.Namespace) -> dict:
         values["norm_epsilon"] = ns.layernorm_epsilon
     if not getattr(ns, "group_query_attention", True):
         values["num_query_groups"] = getattr(ns, "num_attention_heads", None)
+    if getattr(ns, "use_rope_scaling", False):  # Megatron-LM always scales with megatron-core's fixed values
+        from mtmegatron.models.family_args import LLAMA3_SCALING_DEFAULTS
+
+        values = {**LLAMA3_SCALING_DEFAULTS, **values}
     if not getattr(ns, "multi_latent_attention", False):
         for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type",
                   "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
@@ -146,8 +150,28 @@ def _device_rng_state():
     return torch.get_device_module(device.type).get_rng_state(device)
 
 
+def rng_shape() -> tuple:
+    """The shape of Megatron-LM's sharded ``rng_state`` in this run: one per (PP, TP) rank, and per DP rank too
+    under expert parallelism (its get_rng_state)."""
+    from megatron.core import parallel_state as ps
+
+    shape = (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size())
+    if ps.get_expert_model_parallel_world_size() > 1:
+        return shape + (ps.get_data_parallel_world_size(with_context_parallel=True),)
+    return shape
+
+
+def saved_rng_shape(ns: argparse.Namespace) -> tuple:
+    """``rng_shape()`` of the run that wrote a checkpoint, from its Namespace."""
+    tp, pp = getattr(ns, "tensor_model_parallel_size", 1), getattr(ns, "pipeline_model_parallel_size", 1)
+    if getattr(ns, "expert_model_parallel_size", 1) > 1:
+        return (pp, tp, getattr(ns, "world_size", tp * pp) // (tp * pp))
+    return (pp, tp)
+
+
 def rng_state_object():
-    """This rank's RNG states as Megatron-LM's sharded object ``rng_state`` (one per (PP, TP) rank)."""
+    """This rank's RNG states as Megatron-LM's sharded object ``rng_state`` (``rng_shape()``: one per (PP, TP)
+    rank, replicated over DP; one per (PP, TP, DP) rank under expert parallelism)."""
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -159,10 +183,12 @@ def rng_state_object():
         "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states(),
     }]
     ps = parallel_state
-    return ShardedObject("rng_state", state,
-                         (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
-                         (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
-                         replica_id=ps.get_data_parallel_rank(with_context_parallel=True))
+    offset = (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
+    dp_rank = ps.get_data_parallel_rank(with_context_parallel=True)
+    shape = rng_shape()
+    if len(shape) == 3:
+        return ShardedObject("rng_state", state, shape, offset + (dp_rank,), replica_id=0)
+    return ShardedObject("rng_state", state, shape, offset, replica_id=dp_rank)
 
 
 def restore_rng(saved) -> None:

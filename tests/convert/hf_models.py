@@ -77,6 +77,16 @@ def _llama31_config():
                                         "original_max_position_embeddings": 8192})
 
 
+def _llama3_own_rope_values_config():
+    """Llama-3.x RoPE scaling with other values than megatron-core's fixed 1 / 4 / 8192 (factor 8, low 2, high 6,
+    original context 16): the 16-token sequence spans the scaled and the smoothed frequency bands."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**{**_llama31_config().to_dict(), "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 6.0,
+        "original_max_position_embeddings": 16}})
+
+
 def _qwen2_config():
     """Qwen2.5-style: q/k/v biases, tied embeddings (as the small releases), an unused sliding-window size."""
     from transformers import Qwen2Config
@@ -112,7 +122,8 @@ def _mistral_config():
                          rope_theta=1e6, sliding_window=None, tie_word_embeddings=False)
 
 
-CONFIGS = {"llama3": _llama_config, "llama3:3.1-rope-scaling": _llama31_config, "qwen2.5": _qwen2_config,
+CONFIGS = {"llama3": _llama_config, "llama3:3.1-rope-scaling": _llama31_config,
+           "llama3:rope-own-values": _llama3_own_rope_values_config, "qwen2.5": _qwen2_config,
            "qwen3": _qwen3_config, "qwen3-moe": _qwen3_moe_config, "mistral": _mistral_config, "mixtral": _mixtral_config, "deepseek-v3": _deepseek_config,
            "llama3:mha-tied-163": _llama_mha_tied_config, "mixtral:vocab-163": _mixtral_vocab163_config}
 
@@ -157,7 +168,8 @@ def save_tiny(family: str, directory: str, shard: bool = False):
     config = CONFIGS[family]()
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     _randomize(model)
-    if family == "llama3:3.1-rope-scaling":  # large q/k so a 16-token RoPE difference shows (~3e-3 in the logits)
+    if family in ("llama3:3.1-rope-scaling", "llama3:rope-own-values"):  # large q/k: a 16-token RoPE difference
+        # shows (~3e-3 in the logits)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "q_proj" in name or "k_proj" in name:

@@ -72,13 +72,23 @@ BASE = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediat
 @pytest.mark.parametrize("field,value", [
     ("attention_bias", True), ("mlp_bias", True), ("sliding_window", 16), ("partial_rotary_factor", 0.5),
     ("rope_scaling", {"rope_type": "linear", "factor": 8.0}), ("hidden_act", "gelu"),
-    ("rope_scaling.low_freq_factor", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0}),
-    ("rope_scaling.original_max_position_embeddings", {"rope_type": "llama3", "factor": 8.0,
-                                                       "original_max_position_embeddings": 4096}),
 ])
 def test_math_changing_fields_we_cannot_represent_are_refused(field, value):
     with pytest.raises(ConversionError, match=f"field {field}"):
         flags_from_hf("llama3", {**BASE, field.split(".")[0]: value})
+
+
+def test_llama3_rope_scaling_converts_with_the_config_values():
+    """Not only megatron-core's fixed 1 / 4 / 8192 (absent fields are those values, as in HF)."""
+    flags = flags_from_hf("llama3", {**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                                              "low_freq_factor": 2.0,
+                                                              "original_max_position_embeddings": 4096}})
+    given = {f: flags[flags.index(f) + 1] for f in ("--rope-scaling-factor", "--rope-scaling-low-freq-factor",
+                                                    "--rope-scaling-high-freq-factor",
+                                                    "--rope-scaling-original-max-position-embeddings")}
+    assert "--use-rope-scaling" in flags and given == {
+        "--rope-scaling-factor": "8.0", "--rope-scaling-low-freq-factor": "2.0",
+        "--rope-scaling-high-freq-factor": "4.0", "--rope-scaling-original-max-position-embeddings": "4096"}
 
 
 def test_harmless_values_of_those_fields_convert():

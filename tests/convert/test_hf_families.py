@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_hf_parity import MAX_ABS, _logits_worker, _model_flags, run_cli, save_reference  # noqa: E402
 
 # variant (hf_models.CONFIGS key) -> converter --model
-FAMILIES = {"llama3:3.1-rope-scaling": "llama3", "qwen2.5": "qwen2.5", "qwen3": "qwen3", "qwen3-moe": "qwen3-moe",
+FAMILIES = {"llama3:3.1-rope-scaling": "llama3", "llama3:rope-own-values": "llama3", "qwen2.5": "qwen2.5", "qwen3": "qwen3", "qwen3-moe": "qwen3-moe",
             "mistral": "mistral"}
 LAYOUTS = {"tp1": (1, []), "tp2": (2, ["--tensor-model-parallel-size", "2"]),
            "ep2": (2, ["--expert-model-parallel-size", "2"])}
 # each family once, at the layout that adds its risk (sharded qkv bias, q/k norm under TP, experts under EP);
 # the bit-exact round trip and the first-loss test below cover every family at one rank as well
-CASES = [("llama3:3.1-rope-scaling", "tp1"), ("qwen2.5", "tp2"), ("qwen3", "tp2"), ("qwen3-moe", "ep2"),
+CASES = [("llama3:3.1-rope-scaling", "tp1"), ("llama3:rope-own-values", "tp1"), ("qwen2.5", "tp2"), ("qwen3", "tp2"), ("qwen3-moe", "ep2"),
          ("mistral", "tp1")]
 TRAIN = ["--backend", "cpu", "--mock-data", "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size",
          "4", "--train-iters", "2", "--lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "100"]
@@ -74,15 +74,30 @@ def test_logits_match_hf(converted, run_ranks, monkeypatch, variant, layout):
     assert diff <= MAX_ABS, f"{variant} {layout}: max |logit diff| {diff:.3e} > {MAX_ABS}"
 
 
-def test_llama31_without_rope_scaling_does_not_match(converted, run_ranks, monkeypatch):
+OWN_VALUES = {"--rope-scaling-factor": "8.0", "--rope-scaling-low-freq-factor": "2.0",
+              "--rope-scaling-high-freq-factor": "6.0", "--rope-scaling-original-max-position-embeddings": "16"}
+FIXED_VALUES = {"--rope-scaling-low-freq-factor": "1.0", "--rope-scaling-high-freq-factor": "4.0",
+                "--rope-scaling-original-max-position-embeddings": "8192"}  # megatron-core's own
+
+
+@pytest.mark.parametrize("variant", ["llama3:3.1-rope-scaling", "llama3:rope-own-values"])
+def test_llama3_rope_scaling_is_what_makes_it_match(converted, run_ranks, monkeypatch, variant):
+    """Without --use-rope-scaling (Llama-3.1), or with megatron-core's fixed values instead of the config's own
+    (the flags the converter wrote carry them), the logits are far off."""
     monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
-    _, mc_dir, reference, tokens = converted("llama3:3.1-rope-scaling")
+    _, mc_dir, reference, tokens = converted(variant)
     flags = _model_flags(mc_dir)
-    assert "--use-rope-scaling" in flags and flags[flags.index("--rope-scaling-factor") + 1] == "32.0"
-    flags.remove("--use-rope-scaling")
+    assert "--use-rope-scaling" in flags
+    if variant == "llama3:3.1-rope-scaling":
+        assert flags[flags.index("--rope-scaling-factor") + 1] == "32.0"
+        flags.remove("--use-rope-scaling")
+    else:
+        assert {k: flags[flags.index(k) + 1] for k in OWN_VALUES} == OWN_VALUES
+        for flag, value in FIXED_VALUES.items():
+            flags[flags.index(flag) + 1] = value
     diff = _max_diff(run_ranks, flags, 1, mc_dir, tokens, reference)
-    print(f"\nllama3.1 without --use-rope-scaling: max |logit diff| vs HF = {diff:.3e}")
-    assert diff > 10 * MAX_ABS  # measured 1.6e-3 (2.6e-7 with the scaling)
+    print(f"\n{variant} without its scaling: max |logit diff| vs HF = {diff:.3e}")
+    assert diff > 10 * MAX_ABS  # llama3.1 measured 1.6e-3 (2.6e-7 with the scaling)
 
 
 @pytest.mark.parametrize("variant", list(FAMILIES))
