@@ -231,6 +231,55 @@ def _materialize_optimizer_state(optimizer) -> None:
             inner._init_optimizer_states_with_dummy_values()
 
 
+# what tells megatron-core's param groups apart, less the expert-parallel flag (optimizer.py's identifier keys)
+_GROUP_KEYS = ("wd_mult", "lr_mult", "is_decoupled_lr")
+
+
+def _saved_optimizers(state) -> list[dict]:
+    """The per-optimizer entries of an optimizer state (common part): a chained optimizer's ``{0: .., 1: ..}``,
+    or the one optimizer's own dict."""
+    if isinstance(state, dict) and "optimizer" not in state:
+        return [state[k] for k in sorted(k for k in state if isinstance(k, int)) if "optimizer" in state[k]]
+    return [state] if state else []
+
+
+def _check_optimizer_count(common: dict, optimizer, sharding, directory: str) -> None:
+    """Megatron-LM keeps a dense and an expert-parallel optimizer (a ChainedOptimizer) when experts are split
+    over EP ranks, one optimizer under EP1: the count changes with EP. The fully reshardable format keys the
+    tensor state by parameter, so it regroups (``_regroup_optimizers``); the other formats do not."""
+    saved = len(_saved_optimizers(common.get("optimizer")))
+    ours = len(getattr(optimizer, "chained_optimizers", [optimizer]))
+    if saved and saved != ours and sharding not in DistributedOptimizer.checkpoint_fully_reshardable_formats:
+        raise CheckpointError(f"checkpoint {directory} holds {saved} optimizers ('{sharding}' state: dense and "
+                              f"expert-parallel ones are separate only under expert parallelism), this run {ours}: "
+                              f"run with the checkpoint's --expert-model-parallel-size (1 or more than 1 as it was), "
+                              f"or pass --no-load-optim")
+
+
+def _regroup_optimizers(loaded: dict, optimizer) -> dict:
+    """The loaded optimizer state in this run's chaining. dist_checkpointing gives the checkpoint's common part
+    (param groups: step, lr; one entry per optimizer that wrote it) merged with this run's tensor state (one
+    ``param_state`` per optimizer of this run, keyed by parameter in the fully reshardable format). When the two
+    counts differ (EP>1 on one side only), each group of each of this run's optimizers takes the checkpoint's
+    group of the same (wd_mult, lr_mult, is_decoupled_lr), whichever optimizer held it."""
+    inner = list(getattr(optimizer, "chained_optimizers", [optimizer]))
+    saved = _saved_optimizers({k: v for k, v in loaded.items() if k != "param_state"})
+    if len(saved) == len(inner) or not saved:
+        return loaded
+    pool = {}
+    for entry in saved:
+        for group in entry["optimizer"]["param_groups"]:
+            pool.setdefault(tuple(group.get(k) for k in _GROUP_KEYS), group)
+    states = [loaded["param_state"]] if len(inner) == 1 else [loaded[i]["param_state"] for i in range(len(inner))]
+    entries = []
+    for opt, param_state in zip(inner, states):
+        groups = [{**pool[tuple(g.get(k) for k in _GROUP_KEYS)], "is_expert_parallel": g["is_expert_parallel"]}
+                  for g in opt.optimizer.param_groups]
+        entries.append({**{k: v for k, v in saved[0].items() if k != "optimizer" and not isinstance(k, int)},
+                        "optimizer": {**saved[0]["optimizer"], "param_groups": groups}, "param_state": param_state})
+    return entries[0] if len(entries) == 1 else dict(enumerate(entries))
+
+
 def _describe(error: BaseException) -> str:
     """The first underlying failure of a (possibly per-rank wrapped) checkpoint error, on one line."""
     failures = getattr(error, "failures", None)  # torch's CheckpointException: {rank: exception}
@@ -335,11 +384,17 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         raise CheckpointError(f"checkpoint {directory}: its distributed-optimizer state ('{sharding}', Megatron-LM's "
                               f"default) loads only under its own TP/PP layout {saved['layout']}, not {_layout()} "
                               f"(save with --dist-ckpt-optim-fully-reshardable); or pass --no-load-optim")
-    if load_rng and saved["layout"] != _layout():
-        # RNG states are per (PP, TP) rank: they have no meaning under another layout (as in Megatron-LM)
+    rng_layouts = ((mlm.saved_rng_shape(common["args"]), mlm.rng_shape()) if saved["megatron_lm_layout"]
+                   else (saved["layout"], _layout()))
+    if load_rng and (saved["layout"] != _layout() or rng_layouts[0] != rng_layouts[1]):
+        # RNG states are per (PP, TP) rank (and DP rank under expert parallelism): they have no meaning under
+        # another layout (as in Megatron-LM)
         load_rng = False
-        _say(f"checkpoint layout {saved['layout']} differs from this run's {_layout()}: RNG states not restored "
-             f"(dropout masks will differ from the original run)")
+        _say(f"checkpoint layout {saved['layout']} (RNG states {rng_layouts[0]}) differs from this run's "
+             f"{_layout()} ({rng_layouts[1]}): RNG states not restored (dropout masks will differ from the "
+             f"original run)")
+    if load_optim:
+        _check_optimizer_count(common, optimizer, sharding, directory)
     if load_optim and saved["scheduler"] is not None:
         check_schedule(saved["scheduler"], scheduler, args, directory, CheckpointError)
     metadata = _sharded_metadata(content)
@@ -368,7 +423,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     for key, chunk in zip(_model_keys(model), model):
         _unwrap(chunk).load_state_dict(loaded[key])
     if load_optim:
-        optimizer.load_state_dict(loaded["optimizer"])
+        optimizer.load_state_dict(_regroup_optimizers(loaded["optimizer"], optimizer))
         scheduler.load_state_dict(loadable_state(saved["scheduler"], scheduler))
     else:  # the optimizer's fp32 main copies must follow the freshly loaded weights
         optimizer.reload_model_params()

@@ -15,6 +15,12 @@ end-of-document 127 = our mock tokenizer of --vocab-size 128.
 - The PP2 run saves at iteration 4; that checkpoint, read the way Megatron-LM's ``load_checkpoint`` reads it
   (tests/checkpoint_interop/worker.py) at TP1 PP1, takes its step 5 to Megatron-LM's own loss at 5.
 The same round trip through Megatron-LM's real trainer is ``scripts/make_megatron_lm_fixture.py --reader``.
+
+Three more fixtures of the same script (``--config``; each with Megatron-LM's losses after its own resume and
+after its own ``--finetune``): Megatron-LM's GPT defaults (LayerNorm, GeLU, learned positions, biases, tied
+embeddings) at sequence length 64, an MoE written with EP2 and the distributed optimizer (a dense and an
+expert optimizer), a dense model written under PP2 with a warm-up + cosine schedule. Each resumes under another
+layout with Megatron-LM's next two losses and learning rates, and fine-tunes with its first two losses.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ HERE = Path(__file__).parent
 FIXTURE = HERE.parent / "fixtures" / "megatron_lm_ckpt"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 sys.path.insert(0, str(HERE))
-from worker import FIXTURE_FLAGS  # noqa: E402
+from worker import FIXTURE_FLAGS, TRAINING_FLAGS  # noqa: E402
 
 TOLERANCE = 1e-5  # fp32, the same data; the losses differ only by reduction order
 
@@ -106,3 +112,67 @@ def test_no_save_optim_and_no_save_rng_leave_them_out_as_megatron_lm_does(resume
     keys = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
     assert any(k.startswith("decoder.layers.") for k in keys)
     assert not [k for k in keys if k.startswith(("optimizer.", "rng_state"))]
+
+
+# Megatron-LM's configurations (scripts/make_megatron_lm_fixture.py --config NAME): our flags for its model, and
+# the layout we resume it under (it was written under another one)
+CONFIGS = {
+    "gpt-defaults": (["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "64",
+                      "--max-position-embeddings", "64", "--lr-warmup-iters", "1"],
+                     ["--tensor-model-parallel-size", "2"]),  # written TP1 DP2
+    "moe-ep2-distopt": (["--num-layers", "2", "--hidden-size", "32", "--ffn-hidden-size", "32",
+                         "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+                         "--seq-length", "32", "--max-position-embeddings", "32", "--position-embedding-type", "rope",
+                         "--normalization", "RMSNorm", "--swiglu", "--untie-embeddings-and-output-weights",
+                         "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2",
+                         "--moe-token-dispatcher-type", "alltoall", "--lr-warmup-iters", "1"],
+                        []),  # written EP2 DP2 (dense + expert optimizers): resumed EP1 DP2 (one optimizer)
+    "dense-pp2-cosine": (["--num-layers", "2", "--hidden-size", "32", "--ffn-hidden-size", "64",
+                          "--num-attention-heads", "4", "--seq-length", "48", "--max-position-embeddings", "48",
+                          "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--lr-warmup-iters", "2"],
+                         []),  # written PP2 DP1: resumed PP1 DP2
+}
+
+
+def config_fixture(name: str) -> Path:
+    return HERE.parent / "fixtures" / f"megatron_lm_{name.replace('-', '_')}"
+
+
+@pytest.fixture(scope="module")
+def megatron_lm_runs(tmp_path_factory):
+    """Per configuration, run once: our resume under another layout (2 ranks) and our ``--finetune`` (1 rank)."""
+    tmp = tmp_path_factory.mktemp("configs")
+    cache = {}
+
+    def runs(name: str):
+        if name not in cache:
+            model, layout = CONFIGS[name]
+            flags = TRAINING_FLAGS + model + ["--load", str(config_fixture(name))]
+            resumed = run_pretrain(2, flags + layout, tmp / f"{name}-resume", timeout=600)
+            finetuned = run_pretrain(1, flags + ["--finetune", "--exit-interval", "2"], tmp / f"{name}-finetune",
+                                     timeout=600)
+            cache[name] = resumed, finetuned
+        return cache[name]
+
+    return runs
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_megatron_lm_run_continues_under_another_layout_and_finetunes_with_its_losses(megatron_lm_runs, name):
+    expected = json.loads((config_fixture(name) / "expected.json").read_text())
+    assert expected["config"] == name
+    (proc, rows), (_, finetune_rows) = megatron_lm_runs(name)
+    assert "loaded Megatron-LM checkpoint" in proc.stdout and "continuing at iteration 3" in proc.stdout
+    logged = {**expected["losses_before_save"], **expected["losses_after_resume"]}
+    assert [r["iteration"] for r in rows] == [4, 5]
+    for row in rows:
+        megatron_lm = logged[str(row["iteration"])]
+        assert abs(row["loss"] - megatron_lm["lm_loss"]) < TOLERANCE, (name, row, megatron_lm)
+        # Megatron-LM logs the learning rate after the step's scheduler update: the one iteration i+1 uses
+        assert row["lr"] == pytest.approx(logged[str(row["iteration"] - 1)]["lr"], rel=1e-9, abs=1e-12), (name, row)
+    assert [r["iteration"] for r in finetune_rows] == [1, 2]
+    for row in finetune_rows:
+        megatron_lm = expected["losses_finetune"][str(row["iteration"])]["lm_loss"]
+        assert abs(row["loss"] - megatron_lm) < TOLERANCE, (name, "finetune", row, megatron_lm)
+    assert finetune_rows[1]["lr"] == pytest.approx(expected["losses_finetune"]["1"]["lr"], rel=1e-9)
