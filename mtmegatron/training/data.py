@@ -96,8 +96,9 @@ def build_mock_dataset(args: argparse.Namespace, num_samples: int):
 
 def build_mock_validation(args: argparse.Namespace, num_samples: int | None):
     """``--mock-data`` with ``--eval-interval``: megatron-core's mock dataset as the valid split (random
-    documents like the training ones, as Megatron-LM evaluates on mock data); None without validation."""
-    if not num_samples or not args.eval_interval:
+    documents like the training ones, as Megatron-LM evaluates on mock data); None without validation (with
+    ``--skip-train`` validation is all the run does)."""
+    if not num_samples or not (args.eval_interval or args.skip_train):
         return None
     _, valid, _ = _build(PretrainMockGPTDataset, [None, num_samples, None], args, MockTokenizer(args.vocab_size),
                          split="0,1,0")

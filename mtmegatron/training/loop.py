@@ -5,6 +5,7 @@ SamplePlan, whose ``--iterations-to-skip`` iterations consume their batch untrai
 changes the micro-batch count, a checkpoint is saved first (with ``--save``), as Megatron-LM does. With
 --overlap-param-gather the parameters are all-gathered before evaluation and every save and when the loop ends
 (training/overlap.py). ``--log-progress`` appends to ``<--save>/progress.txt`` (training/progress_log.py).
+``--skip-train`` trains and saves nothing: it prints the validation loss at the loaded iteration (Megatron-LM).
 
 ``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
@@ -13,6 +14,7 @@ May assume: process groups, model, optimizer, scheduler and data iterators are b
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -44,6 +46,19 @@ class RunState:
                                 "consumed_valid_samples": 0}
 
 
+def _validate_only(args, rank, model, valid, params, obs, state: RunState) -> None:
+    """``--skip-train`` (Megatron-LM): no training step and no save; the validation loss at the loaded
+    iteration."""
+    state.last = state.start
+    if valid is None or not args.eval_iters:
+        print_rank0(rank, "mtmegatron: --skip-train: nothing to do (no validation data or --eval-iters 0)")
+        return
+    with params.gathered(), obs.evaluation():
+        loss = validation_loss(valid, model, args)
+    print_rank0(rank, f"mtmegatron: --skip-train: validation loss at iteration {state.start} on validation set | "
+                f"lm loss value: {loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E}")
+
+
 def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state: RunState) -> RunState:
     """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end."""
     termination = robustness.TerminationRequest(args)
@@ -57,6 +72,14 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         print_rank0(rank, line)
     history = MemoryHistory(args, backend, rank)  # --record-memory-history
     progress = ProgressLog(args, state.train_state.get("num_floating_point_operations_so_far", 0))  # --log-progress
+    if args.skip_train:
+        try:
+            _validate_only(args, rank, model, valid, params, obs, state)
+        finally:
+            obs.close()
+            writer.close()
+            termination.restore()
+        return state
     try:
         micro_batches = None  # the previous iteration's count: --rampup-batch-size changes it
         for iteration in range(state.start + 1, state.last + 1):

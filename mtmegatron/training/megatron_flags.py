@@ -98,7 +98,9 @@ READ_BY_CODE = frozenset({
     "allow_ambiguous_pad_tokens", "dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap",
     "per_dataset_sequences_path",
     "log_progress",  # training/progress_log.py: <--save>/progress.txt
+    "skip_train",  # training/loop.py: validation at the loaded iteration, no step, no save
     "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
+    "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------

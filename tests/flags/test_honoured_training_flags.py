@@ -116,18 +116,19 @@ def test_one_build_honours_the_flags(tmp_path):
     assert result["dataset"] == [2, 0.01, True]
 
 
-def test_log_progress_writes_megatron_lms_progress_file(tmp_path):
+def test_log_progress_and_skip_train(tmp_path):
     """``--log-progress``: ``<--save>/progress.txt`` with Megatron-LM's lines (a start, then one per saved
-    checkpoint with its iteration, FLOPs and tokens), appended to by a resumed job."""
+    checkpoint with its iteration, FLOPs and tokens), appended to by a resumed job. ``--skip-train`` on the
+    resumed job's checkpoint: no step and no save, the validation loss that job reported at that iteration."""
     from helpers.pretrain_runner import TINY, run_pretrain
 
     from mtmegatron.training import throughput
 
     save = tmp_path / "ckpt"
     common = TINY + ["--save", str(save), "--save-interval", "2", "--log-progress", "--num-workers", "0",
-              "--lr-decay-iters", "4"]
+              "--lr-decay-iters", "4", "--eval-interval", "2", "--eval-iters", "2"]
     run_pretrain(1, common + ["--train-iters", "2"], tmp_path / "a")
-    run_pretrain(1, common + ["--train-iters", "4", "--load", str(save)], tmp_path / "b")
+    _, rows = run_pretrain(1, common + ["--train-iters", "4", "--load", str(save)], tmp_path / "b")
     lines = [line.split("\t") for line in (save / "progress.txt").read_text().splitlines()]
     assert [fields[3] for fields in lines] == ["Starting job", "Saved checkpoint", "Starting job", "Saved checkpoint"]
     assert all(fields[1] == "Job ID: " and fields[2] == "# GPUs: 1" for fields in lines)
@@ -139,3 +140,12 @@ def test_log_progress_writes_megatron_lms_progress_file(tmp_path):
         [2 * per_iteration, 4 * per_iteration], rel=1e-2)  # the file keeps 3 significant digits
     assert [s["Tokens (in billions)"] for s in saved] == ["0.00", "0.00"]  # 16 and 32 samples of 32 tokens
     assert all(s["Job throughput"].endswith(" TFLOP/s/GPU") for s in saved)
+
+    saved_dirs = sorted(p.name for p in save.iterdir())
+    proc, skip_rows = run_pretrain(1, common + ["--train-iters", "4", "--load", str(save), "--skip-train"],
+                                   tmp_path / "c")
+    assert skip_rows == [] and sorted(p.name for p in save.iterdir()) == saved_dirs
+    line = next(line for line in proc.stdout.splitlines() if "--skip-train: validation loss" in line)
+    assert "at iteration 4 " in line
+    value = float(line.split("lm loss value: ")[1].split(" ")[0])
+    assert value == pytest.approx(rows[-1]["val_loss"], rel=1e-5, abs=0), (line, rows[-1])
