@@ -126,7 +126,8 @@ CONFIGS = {
                          "--normalization", "RMSNorm", "--swiglu", "--untie-embeddings-and-output-weights",
                          "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2",
                          "--moe-token-dispatcher-type", "alltoall", "--lr-warmup-iters", "1"],
-                        []),  # written EP2 DP2 (dense + expert optimizers): resumed EP1 DP2 (one optimizer)
+                        ["--save", "{tmp}/moe-ours", "--save-interval", "4"]),  # written EP2 DP2 (dense + expert
+    # optimizers): resumed EP1 DP2 (one optimizer), saving at 4 for test_our_ep1_checkpoint_resumes_under_ep2
     "dense-pp2-cosine": (["--num-layers", "2", "--hidden-size", "32", "--ffn-hidden-size", "64",
                           "--num-attention-heads", "4", "--seq-length", "48", "--max-position-embeddings", "48",
                           "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
@@ -149,12 +150,14 @@ def megatron_lm_runs(tmp_path_factory):
         if name not in cache:
             model, layout = CONFIGS[name]
             flags = TRAINING_FLAGS + model + ["--load", str(config_fixture(name))]
+            layout = [flag.format(tmp=tmp) for flag in layout]
             resumed = run_pretrain(2, flags + layout, tmp / f"{name}-resume", timeout=600)
             finetuned = run_pretrain(1, flags + ["--finetune", "--exit-interval", "2"], tmp / f"{name}-finetune",
                                      timeout=600)
             cache[name] = resumed, finetuned
         return cache[name]
 
+    runs.tmp = tmp
     return runs
 
 
@@ -176,3 +179,22 @@ def test_megatron_lm_run_continues_under_another_layout_and_finetunes_with_its_l
         megatron_lm = expected["losses_finetune"][str(row["iteration"])]["lm_loss"]
         assert abs(row["loss"] - megatron_lm) < TOLERANCE, (name, "finetune", row, megatron_lm)
     assert finetune_rows[1]["lr"] == pytest.approx(expected["losses_finetune"]["1"]["lr"], rel=1e-9)
+
+
+def test_our_ep1_checkpoint_resumes_under_ep2_with_megatron_lm_losses(megatron_lm_runs):
+    """The other direction: our EP1 save (one optimizer) at iteration 4 of the MoE fixture's run, resumed under
+    EP2 (a dense and an expert optimizer), takes step 5 to Megatron-LM's loss."""
+    import shutil
+
+    megatron_lm_runs("moe-ep2-distopt")
+    tmp = megatron_lm_runs.tmp
+    ours = tmp / "moe-ours-at-4"
+    shutil.copytree(tmp / "moe-ours" / "iter_0000004", ours / "iter_0000004")
+    (ours / "latest_checkpointed_iteration.txt").write_text("4")
+    model, _ = CONFIGS["moe-ep2-distopt"]
+    proc, rows = run_pretrain(2, TRAINING_FLAGS + model + ["--expert-model-parallel-size", "2", "--load", str(ours)],
+                              tmp / "moe-ep2-resume", timeout=600)
+    assert "continuing at iteration 4" in proc.stdout and "RNG states not restored" in proc.stdout
+    expected = json.loads((config_fixture("moe-ep2-distopt") / "expected.json").read_text())
+    assert [r["iteration"] for r in rows] == [5]
+    assert abs(rows[0]["loss"] - expected["losses_after_resume"]["5"]["lm_loss"]) < TOLERANCE, rows
