@@ -18,7 +18,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from mtmegatron.training import checkpointing, non_persistent, placement, rerun, robustness
+from mtmegatron.training import checkpointing, memory_report, non_persistent, placement, rerun, robustness
 from mtmegatron.training.data_position import SamplePlan
 from mtmegatron.training.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_loss
@@ -132,6 +132,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 state.train_state["consumed_valid_samples"] += args.eval_iters * args.global_batch_size
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             history.after_step(iteration, iteration == state.start + 1)
+            memory_report.maybe_report(args, compute_device(), iteration)  # --log-memory-interval
             if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:
                 print_rank0(rank, f"mtmegatron: error: {skipped} steps skipped for inf/nan "
                             f"loss or gradients (more than --max-skipped-steps {args.max_skipped_steps}); "

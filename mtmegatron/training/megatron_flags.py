@@ -71,6 +71,8 @@ NOOP = {
     "openai_gelu": "read only by Megatron-LM's legacy models; megatron-core models ignore it in Megatron-LM 0.16",
     "scatter_gather_tensors_in_pipeline": "Megatron-LM 0.16.1 reads it nowhere (megatron-core's p2p sends whole "
                                           "tensors)",
+    "exit_signal_handler_for_dataloader": "Megatron-LM 0.16.1 reads it nowhere (its data-loader workers take the "
+                                          "handler with --exit-signal-handler, as here)",
     "log_loss_scale_to_tensorboard": "mtmegatron writes no loss-scale scalar to TensorBoard: nothing to turn off",
 }
 
@@ -98,6 +100,7 @@ READ_BY_CODE = frozenset({
     "allow_ambiguous_pad_tokens", "dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap",
     "per_dataset_sequences_path",
     "log_progress",  # training/progress_log.py: <--save>/progress.txt
+    "log_memory_interval", "log_device_memory_used",  # training/memory_report.py
     "skip_train",  # training/loop.py: validation at the loaded iteration, no step, no save
     "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
     "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
@@ -179,7 +182,8 @@ REFUSED = {
                      "num_classes", "num_channels", "classes_fraction", "data_per_class_fraction", "iter_per_epoch",
                      "mask_type", "mask_factor"), _VISION),
     **dict.fromkeys(("enable_chunked_prefill", "decode_only_cuda_graphs", "nccl_all_reduce_for_prefill",
-                     "use_legacy_static_engine", "inference_wandb_logging", "disable_chunked_prefill", "moe_pad_experts_for_cuda_graph_inference",
+                     "use_legacy_static_engine", "inference_wandb_logging", "disable_chunked_prefill",
+                     "moe_pad_experts_for_cuda_graph_inference",
                      "tokenizer_metadata"), _INFERENCE_ENGINE),
     **dict.fromkeys(("perform_rl_step", "refit_method", "train_sync_interval"), _RL),
     "use_sharp": _NVIDIA_TOOLING + " (InfiniBand SHARP in NCCL)",

@@ -7,8 +7,8 @@ each persistent checkpoint ``...\\tSaved checkpoint\\tIteration: I\\tJob through
 throughput: Y TFLOP/s/GPU\\tFloating-point operations: F\\tTokens (in billions): T``. F counts the model FLOPs of
 every trained iteration (training/throughput.py, Megatron-LM's formula) on top of the loaded checkpoint's
 ``num_floating_point_operations_so_far``, which each save under ``--log-progress`` records (without it mtmegatron
-does not count FLOPs and a checkpoint carries the loaded value or 0); the job throughput is over this job (from when training started), the
-cumulative one since the first "Starting job" line of the same world size (Megatron-LM's reading of the file).
+does not count FLOPs and a checkpoint carries the loaded value or 0); the job throughput is over this job (from
+when training started), the cumulative one since the first "Starting job" line of the same world size (Megatron-LM's reading of the file).
 May assume: process groups are up; args validated (padded vocabulary set).
 """
 

@@ -116,10 +116,11 @@ def test_one_build_honours_the_flags(tmp_path):
     assert result["dataset"] == [2, 0.01, True]
 
 
-def test_log_progress_and_skip_train(tmp_path):
+def test_log_progress_memory_interval_and_skip_train(tmp_path):
     """``--log-progress``: ``<--save>/progress.txt`` with Megatron-LM's lines (a start, then one per saved
     checkpoint with its iteration, FLOPs and tokens), appended to by a resumed job. ``--skip-train`` on the
-    resumed job's checkpoint: no step and no save, the validation loss that job reported at that iteration."""
+    resumed job's checkpoint: no step and no save, the validation loss that job reported at that iteration.
+    ``--log-memory-interval``: Megatron-LM's memory line in the resumed job."""
     from helpers.pretrain_runner import TINY, run_pretrain
 
     from mtmegatron.training import throughput
@@ -128,7 +129,11 @@ def test_log_progress_and_skip_train(tmp_path):
     common = TINY + ["--save", str(save), "--save-interval", "2", "--log-progress", "--num-workers", "0",
               "--lr-decay-iters", "4", "--eval-interval", "2", "--eval-iters", "2"]
     run_pretrain(1, common + ["--train-iters", "2"], tmp_path / "a")
-    _, rows = run_pretrain(1, common + ["--train-iters", "4", "--load", str(save)], tmp_path / "b")
+    resumed, rows = run_pretrain(1, common + ["--train-iters", "4", "--load", str(save), "--log-memory-interval",
+                                              "2", "--log-device-memory-used"], tmp_path / "b")
+    # --log-memory-interval 2: Megatron-LM's line after iteration 4 (resident memory on the cpu backend)
+    memory = [line for line in resumed.stdout.splitlines() if " iterations) memory (MB) | " in line]
+    assert [line.split(" memory")[0] for line in memory] == ["[Rank 0] (after 4 iterations)"], memory
     lines = [line.split("\t") for line in (save / "progress.txt").read_text().splitlines()]
     assert [fields[3] for fields in lines] == ["Starting job", "Saved checkpoint", "Starting job", "Saved checkpoint"]
     assert all(fields[1] == "Job ID: " and fields[2] == "# GPUs: 1" for fields in lines)
