@@ -8,7 +8,8 @@ throughput: Y TFLOP/s/GPU\\tFloating-point operations: F\\tTokens (in billions):
 every trained iteration (training/throughput.py, Megatron-LM's formula) on top of the loaded checkpoint's
 ``num_floating_point_operations_so_far``, which each save under ``--log-progress`` records (without it mtmegatron
 does not count FLOPs and a checkpoint carries the loaded value or 0); the job throughput is over this job (from
-when training started), the cumulative one since the first "Starting job" line of the same world size (Megatron-LM's reading of the file).
+when training started), the cumulative one since the first "Starting job" line of the same world size
+(Megatron-LM's reading of the file).
 May assume: process groups are up; args validated (padded vocabulary set).
 """
 
