@@ -58,8 +58,11 @@ def derived(values: dict) -> dict:
     equal: the QKV bias whenever linear biases are on (megatron-core builds it either way), ``kv_channels``
     hidden/heads, ``ffn_hidden_size`` 4h (SwiGLU: 2/3 of it rounded down to 64), ``num_query_groups`` the head
     count, ``moe_ffn_hidden_size`` the FFN size; RoPE fields drop out where positions are not rotary, the
-    Llama-3.x scaling values where scaling is off."""
+    Llama-3.x scaling values where scaling is off; the vocabulary is compared as Megatron-LM compares it, by the
+    embedding's rows (``padded_vocab_size``), not the tokenizer's size."""
     out = {k: _normal(v) for k, v in values.items()}
+    if out.get("padded_vocab_size") is not None:  # the rows; the vocabulary is the tokenizer's (not compared)
+        out.pop("vocab_size", None)
     if out.get("disable_bias_linear") is False:
         out["add_qkv_bias"] = True
     hidden, heads = out.get("hidden_size"), out.get("num_attention_heads")
@@ -88,5 +91,9 @@ def mismatches(saved: dict, args) -> dict:
     return {k: (v, run[k]) for k, v in saved.items() if k in run and v != run[k]}
 
 
-def describe_mismatches(found: dict) -> str:
-    return ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in found.items())
+def describe_mismatches(found: dict, args=None) -> str:
+    """``field: checkpoint A vs run B`` for each; the embedding rows (with ``args``) name the flag that fixes it."""
+    from mtmegatron.models.vocab import rows_mismatch
+
+    return ", ".join(rows_mismatch(a, args) if k == "padded_vocab_size" and args is not None
+                     else f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in found.items())

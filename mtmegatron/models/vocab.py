@@ -8,7 +8,9 @@ checkpoint loads under every layout; ``--make-vocab-size-divisible-by 256`` at T
 row count exactly. The padding rows never affect the math: they start at zero and the output layer's logits
 for padded ids are set to -inf (a forward hook), so softmax, loss, gradients and sampling see only the real
 vocabulary — the loss equals the unpadded model's, the padding rows stay zero through training, and logits
-over the real ids match an HF model of the real vocabulary.
+over the real ids match an HF model of the real vocabulary. ``--padded-vocab-size N`` (Megatron-LM's) sets the rows
+to N instead: a converted checkpoint with more rows than its tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens)
+keeps them; rows past the vocabulary are padding as above (their logits -inf, their loaded values untouched).
 May assume: ``args`` is a pretrain namespace with vocab_size, make_vocab_size_divisible_by and TP size.
 """
 
@@ -22,9 +24,21 @@ def padded_vocab_size(vocab_size: int, divisible_by: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+def padded_size_given(args) -> bool:
+    """``--padded-vocab-size`` on the command line (Megatron-LM's flag: the model's rows, used as given)."""
+    return "padded_vocab_size" in getattr(args, "given_flags", {})
+
+
 def check_vocab_padding(args, error=ValueError) -> None:
-    """Set ``args.padded_vocab_size``; refuse a multiple that the tensor-parallel size does not divide."""
+    """Set ``args.padded_vocab_size`` (``--padded-vocab-size`` when given, as in Megatron-LM: a converted HF
+    model whose embedding has more rows than its tokenizer keeps them); refuse a row count that the
+    tensor-parallel size does not divide, or one below the vocabulary (ids past the rows)."""
     multiple, tp = args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
+    if padded_size_given(args):
+        if not args.vocab_size <= args.padded_vocab_size or args.padded_vocab_size % tp:
+            raise error(f"--padded-vocab-size {args.padded_vocab_size} must be at least the vocabulary "
+                        f"({args.vocab_size}) and divisible by --tensor-model-parallel-size {tp}")
+        return
     if multiple < 1:
         raise error(f"--make-vocab-size-divisible-by must be >= 1 (got {multiple})")
     args.padded_vocab_size = padded_vocab_size(args.vocab_size, multiple)
@@ -76,3 +90,11 @@ def _mask_hook(first_padded_local: int, vocab_size: int, padded: int):
         return logits, bias
 
     return hook
+
+
+def rows_mismatch(checkpoint_rows: int, args) -> str:
+    """One line for a checkpoint whose embedding has other rows than this run builds, with the flag that fixes it."""
+    why = ("--padded-vocab-size" if padded_size_given(args) else
+           f"vocabulary {args.vocab_size} padded to a multiple of {args.make_vocab_size_divisible_by}")
+    return (f"checkpoint has {checkpoint_rows} embedding rows, this run {args.padded_vocab_size} ({why}): pass "
+            f"--padded-vocab-size {checkpoint_rows}")

@@ -104,6 +104,7 @@ READ_BY_CODE = frozenset({
     "skip_train",  # training/loop.py: validation at the loaded iteration, no step, no save
     "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
     "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
+    "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------

@@ -169,3 +169,45 @@ def test_pretrain_load_first_loss_equals_hf(converted, tmp_path, variant):
         assert auto.names == given.names == HFCheckpoint(str(hf_dir)).names
         assert all(torch.equal(auto[n], given[n]) for n in auto.names)
         assert not torch.equal(auto["model.norm.weight"], HFCheckpoint(str(hf_dir))["model.norm.weight"])  # trained
+
+
+def test_more_embedding_rows_than_the_tokenizer_trains_with_padded_vocab_size(converted, tmp_path):
+    """A converted model whose embedding has more rows than its tokenizer (Qwen2.5's case: 151,936 rows, 151,665
+    tokens; here 128 rows and NullTokenizer's 50 ids padded to 64): with Megatron-LM's tokenizer flags the
+    model's rows follow the tokenizer, so the load names both sizes and --padded-vocab-size; with it, it trains
+    from the checkpoint's rows (its first loss HF's model's with the extra rows' logits masked)."""
+    from helpers.pretrain_runner import run_pretrain
+
+    from mtmegatron.convert.model import checkpoint_common
+    from mtmegatron.data.resolve import resolve_data
+    from mtmegatron.models.fingerprint import describe_mismatches, mismatches
+    from mtmegatron.training.arguments import parse_args
+
+    _, mc_dir, _, _ = converted("llama3:rope-own-values")
+    flags = (shlex.split((mc_dir / "model_flags.txt").read_text()) + TRAIN
+             + ["--load", str(mc_dir), "--tokenizer-type", "NullTokenizer", "--vocab-size", "49",
+                "--make-vocab-size-divisible-by", "64", "--log-dir", str(tmp_path / "parse")])
+    saved = checkpoint_common(str(mc_dir))["args"]
+    assert saved["padded_vocab_size"] == 128
+    args = parse_args(flags, world_size=1)
+    resolve_data(args, progress=False)
+    assert (args.vocab_size, args.padded_vocab_size) == (50, 64)
+    assert describe_mismatches(mismatches(saved, args), args) == (
+        "checkpoint has 128 embedding rows, this run 64 (vocabulary 50 padded to a multiple of 64): pass "
+        "--padded-vocab-size 128")
+    _, rows = run_pretrain(1, flags + ["--padded-vocab-size", "128", "--save", str(tmp_path / "trained")],
+                           tmp_path / "run")
+    assert len(rows) == 2 and rows[1]["loss"] != rows[0]["loss"], rows
+    # the rows past the tokenizer came from the checkpoint and stayed (their logits are masked: no gradient;
+    # weight decay alone moves them, by lr x wd per step)
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    for directory, out in ((mc_dir / "iter_0000000", tmp_path / "converted.pt"),
+                           (tmp_path / "trained" / "iter_0000002", tmp_path / "trained.pt")):
+        dcp_to_torch_save(directory, out)
+    before, after = torch.load(tmp_path / "converted.pt"), torch.load(tmp_path / "trained.pt")
+    for key in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        old, new = before[key], after[key]
+        assert new.shape[0] == 128 and old[50:].abs().min() > 0
+        torch.testing.assert_close(new[50:], old[50:], rtol=1e-4, atol=0)
+        assert not torch.equal(new[:50], old[:50])  # the tokenizer's rows trained
