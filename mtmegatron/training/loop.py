@@ -18,7 +18,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from mtmegatron.training import checkpointing, memory_report, non_persistent, placement, rerun, robustness
+from mtmegatron.training import (checkpointing, memory_report, non_persistent, placement, rerun, robustness,
+                                 weight_hash)
 from mtmegatron.training.data_position import SamplePlan
 from mtmegatron.training.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_loss
@@ -81,6 +82,9 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             termination.restore()
         return state
     try:
+        if weight_hash.due(args, state.start, first=True):  # --check-weight-hash-across-dp-replicas-interval
+            with params.gathered():
+                weight_hash.check(model, state.start)
         micro_batches = None  # the previous iteration's count: --rampup-batch-size changes it
         for iteration in range(state.start + 1, state.last + 1):
             batch = next(plan)
@@ -133,6 +137,9 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             history.after_step(iteration, iteration == state.start + 1)
             memory_report.maybe_report(args, compute_device(), iteration)  # --log-memory-interval
+            if weight_hash.due(args, iteration, first=False):
+                with params.gathered():
+                    weight_hash.check(model, iteration)
             if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:
                 print_rank0(rank, f"mtmegatron: error: {skipped} steps skipped for inf/nan "
                             f"loss or gradients (more than --max-skipped-steps {args.max_skipped_steps}); "

@@ -101,9 +101,9 @@ READ_BY_CODE = frozenset({
     "per_dataset_sequences_path",
     "log_progress",  # training/progress_log.py: <--save>/progress.txt
     "log_memory_interval", "log_device_memory_used",  # training/memory_report.py
+    "check_weight_hash_across_dp_replicas_interval",  # training/weight_hash.py
     "skip_train",  # training/loop.py: validation at the loaded iteration, no step, no save
     "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
-    "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
     "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
 })
 

@@ -154,3 +154,14 @@ def test_log_progress_memory_interval_and_skip_train(tmp_path):
     assert "at iteration 4 " in line
     value = float(line.split("lm loss value: ")[1].split(" ")[0])
     assert value == pytest.approx(rows[-1]["val_loss"], rel=1e-5, abs=0), (line, rows[-1])
+
+
+def test_weight_hash_check_across_data_parallel_replicas(tmp_path):
+    """``--check-weight-hash-across-dp-replicas-interval 1`` on two data-parallel ranks: megatron-core's
+    cross-check before the first iteration and after each one, with Megatron-LM's line."""
+    from helpers.pretrain_runner import TINY, run_pretrain
+
+    proc, _ = run_pretrain(2, TINY + ["--train-iters", "2", "--num-workers", "0",
+                                      "--check-weight-hash-across-dp-replicas-interval", "1"], tmp_path)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(">>> Weight hashes match")]
+    assert lines == [f">>> Weight hashes match after {i} iterations..." for i in (0, 1, 2)], proc.stdout[-2000:]
