@@ -18,8 +18,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from mtmegatron.training import (checkpointing, memory_report, non_persistent, placement, rerun, robustness,
-                                 weight_hash)
+from mtmegatron.training import (checkpointing, memory_report, non_persistent, pg_timeout, placement, rerun,
+                                 robustness, weight_hash)
 from mtmegatron.training.data_position import SamplePlan
 from mtmegatron.training.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_loss
@@ -121,6 +121,8 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             state.train_state["consumed_train_samples"] += batch.size
             progress.trained(batch.size)
             params.after_step(not stats["skipped"])
+            if iteration == state.start + 1:  # --distributed-timeout-seconds-after-init
+                pg_timeout.after_first_iteration(args)
             if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
                 device = compute_device()
                 checked = placement.check(model, optimizer, device)

@@ -102,6 +102,7 @@ READ_BY_CODE = frozenset({
     "log_progress",  # training/progress_log.py: <--save>/progress.txt
     "log_memory_interval", "log_device_memory_used",  # training/memory_report.py
     "check_weight_hash_across_dp_replicas_interval",  # training/weight_hash.py
+    "distributed_timeout_seconds_after_init",  # training/pg_timeout.py
     "skip_train",  # training/loop.py: validation at the loaded iteration, no step, no save
     "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
     "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
