@@ -367,7 +367,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     mismatched = mismatches(saved["fingerprint"], args)
     if mismatched:
         raise CheckpointError(f"checkpoint {directory} was written for a different model "
-                              f"({describe_mismatches(mismatched, args)}) by {saved['written_by']}")
+                              f"({describe_mismatches(mismatched)}) by {saved['written_by']}")
     starts_over = args.finetune or saved["model_only"]
     load_optim = not (starts_over or args.no_load_optim) and saved["has_optim"]
     load_rng = not (starts_over or args.no_load_rng) and saved["has_rng"]
@@ -384,7 +384,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         raise CheckpointError(f"checkpoint {directory}: its distributed-optimizer state ('{sharding}', Megatron-LM's "
                               f"default) loads only under its own TP/PP layout {saved['layout']}, not {_layout()} "
                               f"(save with --dist-ckpt-optim-fully-reshardable); or pass --no-load-optim")
-    rng_layouts = ((mlm.saved_rng_shape(common["args"]), mlm.rng_shape()) if saved["megatron_lm_layout"]
+    rng_layouts = ((mlm.stored_rng_shape(directory), mlm.rng_shape()) if saved["megatron_lm_layout"]
                    else (saved["layout"], _layout()))
     if load_rng and (saved["layout"] != _layout() or rng_layouts[0] != rng_layouts[1]):
         # RNG states are per (PP, TP) rank (and DP rank under expert parallelism): they have no meaning under

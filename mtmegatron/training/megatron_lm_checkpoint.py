@@ -115,10 +115,6 @@ def model_fingerprint(ns: argparse.Namespace) -> dict:
         values["norm_epsilon"] = ns.layernorm_epsilon
     if not getattr(ns, "group_query_attention", True):
         values["num_query_groups"] = getattr(ns, "num_attention_heads", None)
-    if getattr(ns, "use_rope_scaling", False):  # Megatron-LM always scales with megatron-core's fixed values
-        from mtmegatron.models.family_args import LLAMA3_SCALING_DEFAULTS
-
-        values = {**LLAMA3_SCALING_DEFAULTS, **values}
     if not getattr(ns, "multi_latent_attention", False):
         for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type",
                   "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
@@ -161,12 +157,15 @@ def rng_shape() -> tuple:
     return shape
 
 
-def saved_rng_shape(ns: argparse.Namespace) -> tuple:
-    """``rng_shape()`` of the run that wrote a checkpoint, from its Namespace."""
-    tp, pp = getattr(ns, "tensor_model_parallel_size", 1), getattr(ns, "pipeline_model_parallel_size", 1)
-    if getattr(ns, "expert_model_parallel_size", 1) > 1:
-        return (pp, tp, getattr(ns, "world_size", tp * pp) // (tp * pp))
-    return (pp, tp)
+def stored_rng_shape(directory: str) -> tuple | None:
+    """The shape of the ``rng_state`` a checkpoint holds, from its metadata (megatron-core names each shard of a
+    sharded object ``rng_state/shard_<offset>_<shape>``); None without one."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    for key in FileSystemReader(directory).read_metadata().state_dict_metadata:
+        if key.startswith("rng_state/shard_"):
+            return tuple(int(n) for n in key.rsplit("_", 1)[1].split("."))
+    return None
 
 
 def rng_state_object():
