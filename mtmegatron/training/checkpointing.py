@@ -367,7 +367,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     mismatched = mismatches(saved["fingerprint"], args)
     if mismatched:
         raise CheckpointError(f"checkpoint {directory} was written for a different model "
-                              f"({describe_mismatches(mismatched)}) by {saved['written_by']}")
+                              f"({describe_mismatches(mismatched, args)}) by {saved['written_by']}")
     starts_over = args.finetune or saved["model_only"]
     load_optim = not (starts_over or args.no_load_optim) and saved["has_optim"]
     load_rng = not (starts_over or args.no_load_rng) and saved["has_rng"]
