@@ -115,6 +115,10 @@ def model_fingerprint(ns: argparse.Namespace) -> dict:
         values["norm_epsilon"] = ns.layernorm_epsilon
     if not getattr(ns, "group_query_attention", True):
         values["num_query_groups"] = getattr(ns, "num_attention_heads", None)
+    if getattr(ns, "use_rope_scaling", False):  # Megatron-LM always scales with megatron-core's fixed values
+        from mtmegatron.models.family_args import LLAMA3_SCALING_DEFAULTS
+
+        values = {**LLAMA3_SCALING_DEFAULTS, **values}
     if not getattr(ns, "multi_latent_attention", False):
         for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type",
                   "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
