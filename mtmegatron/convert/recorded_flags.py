@@ -14,7 +14,7 @@ from __future__ import annotations
 from mtmegatron.convert.hf_config import ConversionError
 from mtmegatron.models.deepseek_args import _ZERO_IS_NONE
 
-_DERIVED = {"padded_vocab_size"}  # computed from --vocab-size and the layout
+_DERIVED = {"padded_vocab_size"}  # given as --padded-vocab-size at the end (the rows the checkpoint holds)
 
 
 def family_of_fingerprint(saved: dict) -> str:
@@ -54,4 +54,6 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
         flags.append("--group-query-attention")
     if "vocab_size" not in saved and saved.get("padded_vocab_size"):  # Megatron-LM records only the padded rows
         flags += ["--vocab-size", str(saved["padded_vocab_size"])]
+    elif saved.get("padded_vocab_size"):  # the rows as written, whatever divisor or --padded-vocab-size made them
+        flags += ["--padded-vocab-size", str(saved["padded_vocab_size"])]
     return flags

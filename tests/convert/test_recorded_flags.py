@@ -28,6 +28,15 @@ def test_fingerprint_gives_back_the_same_model(model, size, family):
     assert fingerprint(_parse(flags)) == saved
 
 
+@pytest.mark.parametrize("rows_flags", [["--make-vocab-size-divisible-by", "64"], ["--padded-vocab-size", "192"]])
+def test_the_rows_come_back_whatever_made_them(rows_flags):
+    """A run whose embedding rows are not the default padding of its vocabulary (another divisor, or
+    --padded-vocab-size) is rebuilt with exactly those rows, so its checkpoint loads for mcore-to-hf."""
+    saved = fingerprint(_parse(["--model", "llama3", "--model-size", "tiny", "--vocab-size", "50"] + rows_flags))
+    assert saved["padded_vocab_size"] in (64, 192)
+    assert fingerprint(_parse(flags_from_fingerprint(saved))) == saved
+
+
 def test_a_checkpoint_without_a_fingerprint_asks_for_flags():
     from mtmegatron.convert.hf_config import ConversionError
 
