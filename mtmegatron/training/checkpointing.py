@@ -250,7 +250,8 @@ def _check_optimizer_count(common: dict, optimizer, sharding, directory: str) ->
     saved = len(_saved_optimizers(common.get("optimizer")))
     ours = len(getattr(optimizer, "chained_optimizers", [optimizer]))
     if saved and saved != ours and sharding not in DistributedOptimizer.checkpoint_fully_reshardable_formats:
-        raise CheckpointError(f"checkpoint {directory} holds {saved} optimizers ('{sharding}' state: dense and "
+        state = f"'{sharding}'" if sharding else "non-distributed optimizer"
+        raise CheckpointError(f"checkpoint {directory} holds {saved} optimizers ({state} state: dense and "
                               f"expert-parallel ones are separate only under expert parallelism), this run {ours}: "
                               f"run with the checkpoint's --expert-model-parallel-size (1 or more than 1 as it was), "
                               f"or pass --no-load-optim")

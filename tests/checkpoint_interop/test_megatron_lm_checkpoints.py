@@ -198,3 +198,19 @@ def test_our_ep1_checkpoint_resumes_under_ep2_with_megatron_lm_losses(megatron_l
     expected = json.loads((config_fixture("moe-ep2-distopt") / "expected.json").read_text())
     assert [r["iteration"] for r in rows] == [5]
     assert abs(rows[0]["loss"] - expected["losses_after_resume"]["5"]["lm_loss"]) < TOLERANCE, rows
+
+
+def test_optimizer_count_change_outside_the_fully_reshardable_format_is_refused_in_one_line():
+    """Megatron-LM's default 'dp_reshardable' state is laid out per optimizer: an EP>1 checkpoint (dense + expert
+    optimizers) into an EP1 run (one) is refused naming the layout to use; the fully reshardable one regroups."""
+    from types import SimpleNamespace
+
+    from mtmegatron.training import checkpointing
+
+    common = {"optimizer": {0: {"optimizer": {"param_groups": []}}, 1: {"optimizer": {"param_groups": []}}}}
+    one = SimpleNamespace(chained_optimizers=[object()])
+    with pytest.raises(checkpointing.CheckpointError, match=r"holds 2 optimizers \('dp_reshardable' state.*this run "
+                                                            r"1: run with the checkpoint's --expert-model-parallel"):
+        checkpointing._check_optimizer_count(common, one, "dp_reshardable", "ckpt/iter_0000003")
+    checkpointing._check_optimizer_count(common, one, "fully_reshardable", "ckpt/iter_0000003")
+    checkpointing._check_optimizer_count(common, SimpleNamespace(chained_optimizers=[1, 2]), "dp_reshardable", "d")
