@@ -176,7 +176,7 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     else:
         dataset, valid = build_gpt_datasets(args, num_samples, args.eval_iters * gbs or None, tokenizer)
         print_rank0(rank, f"mtmegatron: data {describe_data(args)} | {len(dataset)} train samples"
-                    f"{f', {len(valid)} valid' if valid is not None else ', no validation split'}"
+                    f"{f', {_valid_sizes(valid)} valid' if valid is not None else ', no validation split'}"
                     f" | tokenizer {tokenizer.source} ({tokenizer.vocab_size} tokens)")
     dp_rank = parallel_state.get_data_parallel_rank()
     iterators = [micro_batches(dataset, args, dp_rank, state.start, plan.consumed) for _ in model]
@@ -201,6 +201,11 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return state.status
+
+
+def _valid_sizes(valid) -> str:
+    """Samples of the validation set, or of each set (``--multiple-validation-sets``: ``N0 + N1 + ...``)."""
+    return " + ".join(str(len(v)) for v in valid) if isinstance(valid, list) else str(len(valid))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ are read by a torch DataLoader with ``--num-workers`` worker processes (Megatron
 training process) over a batch sampler of exactly those indices, so workers change where samples are read, not
 which. Megatron-LM's data flags (training/data_flags.py) go to megatron-core's GPTDatasetConfig.
 Test hook: ``MTMEGATRON_TEST_TRAINED_SAMPLES=DIR`` makes each rank append one JSON line per training micro-batch
-it hands to the model, ``{"iteration": I, "samples": [...]}``, to ``DIR/rank<R>.jsonl``.
+it hands to the model, ``{"iteration": I, "samples": [...]}``, to ``DIR/rank<R>.jsonl`` (validation micro-batches
+to ``DIR/valid-rank<R>.jsonl``, or ``DIR/valid<i>-rank<R>.jsonl`` for set i of several).
 May assume: megatron-core's dataset builder; mock data needs no files. Real data (``--data-path``, or the
 embedded corpus) has been checked and its tokenizer resolved by ``mtmegatron.data.resolve``.
 """
@@ -108,12 +109,16 @@ def build_mock_validation(args: argparse.Namespace, num_samples: int | None):
 def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int | None, tokenizer):
     """(train, valid) GPTDatasets over ``--data-path`` (a prefix, or a weighted blend ``W1 P1 W2 P2 ...``) cut by
     ``--split``, or over the separate ``--train/valid/test-data-path`` blends; valid is None when there is no
-    validation data."""
+    validation data. ``--full-validation``: valid is one epoch of its split (``num_valid`` is not used), and
+    with ``--multiple-validation-sets`` megatron-core's builder returns a list, one per valid prefix."""
     per_split = per_split_paths(args)
     if per_split:
         fields = {"blend_per_split": [get_blend_from_list(p) if p else None for p in per_split]}
     else:
         fields = {"blend": get_blend_from_list(args.data_path), "split": args.split}
+    if args.full_validation:  # one epoch of the valid split; with several sets, one per --valid-data-path prefix
+        num_valid = None
+        fields.update(full_validation=True, multiple_validation_sets=args.multiple_validation_sets)
     train, valid, _ = _build(PretrainGPTDataset, [num_train] + requested_splits(args, num_valid), args, tokenizer,
                              path_to_cache=args.data_cache_path, **fields)
     return train, valid
@@ -131,9 +136,11 @@ TRAINED_SAMPLES_ENV = "MTMEGATRON_TEST_TRAINED_SAMPLES"
 
 
 def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int = 0,
-                  consumed: int | None = None, validation: bool = False) -> Iterator[dict]:
+                  consumed: int | None = None, validation: bool = False,
+                  valid_set: int | None = None) -> Iterator[dict]:
     """This DP rank's micro-batches for iterations ``start_iteration + 1, ...`` (SamplePlan: from sample
-    ``consumed``, default ``start_iteration`` x global batch); ``validation``: the validation order."""
+    ``consumed``, default ``start_iteration`` x global batch); ``validation``: the validation order
+    (``valid_set``: which of several validation sets, for the test hook's file name)."""
     plan = SamplePlan(args, start_iteration, consumed, validation)
     if args.sft:  # SFT hook: packed or padded conversations (mtmegatron/sft/dataset.py); dataset: SFTInputs
         from mtmegatron.sft.dataset import micro_batches as sft_micro_batches
@@ -147,8 +154,9 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
         dataset, batch_sampler=MicroBatchIndices(plan, args, dp_rank), collate_fn=_stack,
         num_workers=args.num_workers, worker_init_fn=data_worker_init(args))  # outlives the exit signal
     record = os.environ.get(TRAINED_SAMPLES_ENV)
-    if record and not validation:
-        return _recorded(loader, MicroBatchIndices(plan, args, dp_rank), record)
+    if record:
+        name = f"valid{valid_set if valid_set is not None else ''}-" if validation else ""
+        return _recorded(loader, MicroBatchIndices(plan, args, dp_rank), record, name)
     return iter(loader)
 
 
@@ -166,10 +174,10 @@ class MicroBatchIndices:
         return rank_micro_batches(self.plan, self.args, self.dp_rank)
 
 
-def _recorded(loader, indices: MicroBatchIndices, directory: str) -> Iterator[dict]:
+def _recorded(loader, indices: MicroBatchIndices, directory: str, name: str = "") -> Iterator[dict]:
     """The loader's micro-batches, each recorded (test hook) as it is handed out: the DataLoader keeps the
     sampler's order, so a second walk of the same sampler names each batch's samples."""
-    path = os.path.join(directory, f"rank{torch.distributed.get_rank()}.jsonl")
+    path = os.path.join(directory, f"{name}rank{torch.distributed.get_rank()}.jsonl")
     for (iteration, samples), batch in zip(indices.with_iterations(), loader):
         with open(path, "a") as f:
             f.write(json.dumps({"iteration": iteration, "samples": samples}) + "\n")

@@ -62,6 +62,7 @@ def check_data_args(args: argparse.Namespace, error) -> None:
         args.split = LEGACY_DEFAULT_SPLIT
     if args.num_workers < 0:
         raise error(f"--num-workers must be >= 0, not {args.num_workers}")
+    _check_validation_flags(args, error)
     if args.reset_attention_mask and args.context_parallel_size > 1:
         raise error("--reset-attention-mask needs an explicit attention mask, which context parallelism does not "
                     "take here; drop one of them")
@@ -98,3 +99,23 @@ def empty_splits(args: argparse.Namespace, num_sequences: int, num_valid: int | 
     return [name for name, bounds, size in zip(("train", "valid", "test"), matrix, sizes)
             if bounds is not None and size is not None
             and int(round(bounds[0] * num_sequences)) == int(round(bounds[1] * num_sequences))]
+
+
+def _check_validation_flags(args: argparse.Namespace, error) -> None:
+    """``--full-validation`` reads whole validation sets of token datasets (training/evaluate.py);
+    ``--multiple-validation-sets`` needs it (as Megatron-LM 0.16.1) and one set per --valid-data-path prefix."""
+    if args.multiple_validation_sets and not args.full_validation:
+        raise error("--multiple-validation-sets needs --full-validation (as in Megatron-LM 0.16.1)")
+    if args.multiple_validation_sets and not args.valid_data_path:
+        raise error("--multiple-validation-sets keeps one validation set per --valid-data-path prefix: give "
+                    "--valid-data-path")
+    if not args.full_validation:
+        return
+    if args.mock_data or args.sft or args.model == "llava":
+        raise error("--full-validation reads a whole validation set of --data-path/--valid-data-path token data; "
+                    "mock data, SFT and --model llava have none")
+    weighted = [p for p in (args.data_path, None if args.multiple_validation_sets else args.valid_data_path)
+                if p and get_blend(p)[1] is not None]
+    if weighted:
+        raise error("--full-validation reads one epoch of the validation data, which a weighted blend does not "
+                    "define: give the prefixes without weights (or --multiple-validation-sets)")

@@ -22,7 +22,7 @@ from mtmegatron.training import (checkpointing, memory_report, non_persistent, p
                                  robustness, weight_hash)
 from mtmegatron.training.data_position import SamplePlan
 from mtmegatron.training.device import compute_device, release_unused_memory
-from mtmegatron.training.evaluate import validation_loss
+from mtmegatron.training.evaluate import validation_losses, validation_sets
 from mtmegatron.training.memory_history import MemoryHistory
 from mtmegatron.training.metrics import print_rank0
 from mtmegatron.training.observability import Observability
@@ -47,24 +47,31 @@ class RunState:
                                 "consumed_valid_samples": 0}
 
 
-def _validate_only(args, rank, model, valid, params, obs, state: RunState) -> None:
+def _validate_only(args, rank, model, sets, params, obs, state: RunState) -> None:
     """``--skip-train`` (Megatron-LM): no training step and no save; the validation loss at the loaded
-    iteration."""
+    iteration (one line per set with --multiple-validation-sets)."""
     state.last = state.start
-    if valid is None or not args.eval_iters:
+    if not sets:
         print_rank0(rank, "mtmegatron: --skip-train: nothing to do (no validation data or --eval-iters 0)")
         return
     with params.gathered(), obs.evaluation():
-        loss = validation_loss(valid, model, args)
-    print_rank0(rank, f"mtmegatron: --skip-train: validation loss at iteration {state.start} on validation set | "
-                f"lm loss value: {loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E}")
+        losses = validation_losses(sets, model, args)
+    for s in sets:
+        loss = losses["val_loss" if s.index is None else f"val_loss_{s.index}"]
+        print_rank0(rank, f"mtmegatron: --skip-train: validation{s.suffix} loss at iteration {state.start} on "
+                    f"validation set | lm loss value: {loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E}")
 
 
 def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state: RunState) -> RunState:
     """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end."""
     termination = robustness.TerminationRequest(args)
     plan = iter(SamplePlan(args, state.start, state.train_state["consumed_train_samples"]))  # as the iterators'
-    evaluate = valid is not None and args.eval_iters > 0 and args.eval_interval
+    sets = validation_sets(valid, args)  # --full-validation / --multiple-validation-sets: training/evaluate.py
+    evaluate = bool(sets) and args.eval_interval
+    if args.full_validation:
+        for s in sets:
+            print_rank0(rank, f"mtmegatron: --full-validation: validation{s.suffix} set of {len(s.dataset)} samples "
+                        f"read as {s.eval_iters} global batches of {args.global_batch_size} per evaluation")
     params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
     params.start()
     obs = Observability(args, backend, rank, model, optimizer, writer, state.start)  # --log-*, timers, profiler
@@ -75,7 +82,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     progress = ProgressLog(args, state.train_state.get("num_floating_point_operations_so_far", 0))  # --log-progress
     if args.skip_train:
         try:
-            _validate_only(args, rank, model, valid, params, obs, state)
+            _validate_only(args, rank, model, sets, params, obs, state)
         finally:
             obs.close()
             writer.close()
@@ -134,8 +141,8 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             if evaluate and (iteration % args.eval_interval == 0 or iteration == state.last):
                 release_unused_memory(args.empty_unused_memory_level, "eval")
                 with params.gathered(), obs.evaluation():
-                    row["val_loss"] = validation_loss(valid, model, args)
-                state.train_state["consumed_valid_samples"] += args.eval_iters * args.global_batch_size
+                    row.update(validation_losses(sets, model, args))
+                state.train_state["consumed_valid_samples"] += sum(s.eval_iters for s in sets) * args.global_batch_size
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             history.after_step(iteration, iteration == state.start + 1)
             memory_report.maybe_report(args, compute_device(), iteration)  # --log-memory-interval

@@ -106,6 +106,7 @@ READ_BY_CODE = frozenset({
     "skip_train",  # training/loop.py: validation at the loaded iteration, no step, no save
     "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
     "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
+    "full_validation", "multiple_validation_sets",  # training/evaluate.py: whole validation sets, one loss per set
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------

@@ -10,13 +10,20 @@ training/data.py), without process groups:
 * ``--train-data-path/--valid-data-path`` are separate blends (each split reads only its own corpus), a
   weighted ``--data-path`` blend draws in its weights' proportion, ``--split`` defaults to Megatron-LM's
   ``969, 30, 1``, ``--no-mmap-bin-files`` reads the same tokens without mmap; mistakes are one ConfigError.
+* ``--full-validation --multiple-validation-sets`` (one pretrain launch, NullTokenizer over the two corpora): one
+  validation set per ``--valid-data-path`` prefix, each read whole (every sample of its one epoch, recorded by
+  the data test hook) and reported as its own loss (``val_loss_0``, ``val_loss_1``; ``val_loss`` is set 0's).
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
+
+from helpers.pretrain_runner import run_pretrain
 
 from mtmegatron.training.arguments import ConfigError, parse_args
 from mtmegatron.training.data import MockTokenizer, build_gpt_datasets, micro_batches
@@ -137,6 +144,36 @@ def test_per_split_paths_blend_weights_split_default_and_mmap(corpora):
         assert torch.equal(x["tokens"], y["tokens"])
 
 
+def _one_epoch_samples(prefix: str) -> int:
+    """Samples in one epoch of a prefix: its tokens, less the extra label token, in sequences of SEQ."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    dataset = IndexedDataset(prefix)  # its mmap must outlive the read
+    return (int(dataset.sequence_lengths.sum()) - 1) // SEQ
+
+
+def test_full_validation_reads_each_valid_prefix_whole_as_its_own_set(corpora, tmp_path):
+    a, b = corpora["a"], corpora["b"]
+    record = tmp_path / "record"
+    record.mkdir()
+    flags = BASE[:BASE.index("--vocab-size")] + BASE[BASE.index("--vocab-size") + 2:] + [
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB - 1), "--lr", "1e-3",
+        "--train-iters", "2", "--eval-interval", "2", "--global-batch-size", "2", "--log-interval", "1",
+        "--train-data-path", a, "--valid-data-path", a, b, "--full-validation", "--multiple-validation-sets"]
+    proc, rows = run_pretrain(1, flags, tmp_path / "run", env={"MTMEGATRON_TEST_TRAINED_SAMPLES": str(record)})
+    sizes = [_one_epoch_samples(a), _one_epoch_samples(b)]
+    for index, size in enumerate(sizes):
+        read = [s for line in (record / f"valid{index}-rank0.jsonl").read_text().splitlines()
+                for s in json.loads(line)["samples"]]
+        assert sorted(read) == list(range(size // 2 * 2)), (index, size, len(read))  # G=2: the whole epoch
+        assert f"validation-{index} set of {size} samples read as {size // 2} global batches" in proc.stdout
+    evaluated = [r for r in rows if "val_loss" in r]
+    assert [r["iteration"] for r in evaluated] == [2]
+    row = evaluated[0]
+    assert row["val_loss"] == row["val_loss_0"] and np.isfinite(row["val_loss_1"])
+    assert abs(row["val_loss_0"] - row["val_loss_1"]) > 1e-3  # two corpora of disjoint tokens: two losses
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--data-path", "P", "--train-data-path", "P"], "mutually exclusive"),
     (["--mock-data", "--train-data-path", "P"], "mutually exclusive"),
@@ -144,6 +181,10 @@ def test_per_split_paths_blend_weights_split_default_and_mmap(corpora):
     (["--train-data-path", "P", "--split", "90,5,5"], "--split divides --data-path"),
     (["--data-path", "P", "--num-workers", "-1"], "--num-workers must be >= 0"),
     (["--mock-data", "--reset-attention-mask", "--context-parallel-size", "2"], "context parallelism"),
+    (["--train-data-path", "P", "--valid-data-path", "P", "--multiple-validation-sets"], "needs --full-validation"),
+    (["--data-path", "P", "--full-validation", "--multiple-validation-sets"], "give --valid-data-path"),
+    (["--mock-data", "--full-validation"], "mock data"),
+    (["--data-path", "0.5", "P", "0.5", "Q", "--full-validation"], "weighted blend"),
 ])
 def test_data_flag_mistakes_are_one_clear_error(flags, message):
     with pytest.raises(ConfigError, match=message):
