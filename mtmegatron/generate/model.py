@@ -3,7 +3,9 @@ weights loaded from the torch_dist checkpoint (resharded from whatever layout wr
 
 Where the flags come from, first that applies: flags given after ``--``; the ``model_flags`` the HF converter
 records (what ``mcore-to-hf`` reads); for a pretrain checkpoint, its model fingerprint (models/fingerprint.py:
-every field that changes shapes or the forward math) on top of the preset it names. The fingerprint is
+every field that changes shapes or the forward math) on top of the preset it names, its embedding rows given as
+``--padded-vocab-size`` (so a model trained with ``--padded-vocab-size`` or another
+``--make-vocab-size-divisible-by`` is rebuilt with its rows). The fingerprint is
 compared with the rebuilt model before loading, as ``pretrain --load`` does. A multi-token-prediction block
 (DeepSeek-V3) is not built: generation reads the main output head, and its weights are simply not loaded.
 May assume: called on every rank; ``prepare`` before any process group, ``build_and_load`` after
@@ -29,7 +31,7 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
         else "llama3"
     flags = ["--model", family]
     for field, value in saved.items():
-        if field == "padded_vocab_size" or value is None:
+        if field == "padded_vocab_size" or value is None:  # given last, as --padded-vocab-size (below)
             continue
         if field in _SWITCHES:
             if value:
@@ -44,6 +46,8 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
         flags += [_flag(field), str(value)]
     if saved.get("num_query_groups") and saved.get("num_query_groups") != saved.get("num_attention_heads"):
         flags.append("--group-query-attention")
+    if saved.get("padded_vocab_size"):  # the embedding's rows as written, whatever padding made them
+        flags += ["--padded-vocab-size", str(saved["padded_vocab_size"])]
     return flags
 
 

@@ -192,7 +192,11 @@ def test_bad_input_is_one_line(tiny, tmp_path, capsys):
      "--rotary-base", "10000"],
     ["--model", "mixtral", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
      "--num-experts", "4", "--moe-router-topk", "2", "--vocab-size", "256"],
-], ids=["llama3-off-preset", "mixtral"])
+    ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+     "--vocab-size", "300", "--padded-vocab-size", "320"],  # rows other than the default padding's 384
+    ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+     "--vocab-size", "300", "--make-vocab-size-divisible-by", "64"],
+], ids=["llama3-off-preset", "mixtral", "padded-vocab-size", "vocab-divisible-by-64"])
 def test_pretrain_checkpoint_flags_rebuild_the_same_model(model_flags):
     """A pretrain checkpoint records only the model fingerprint: the flags generate rebuilds from it describe the
     same model (every fingerprint field equal)."""
