@@ -67,10 +67,13 @@ def model_args(load: str, given_flags: list[str], layout: list[str], backend: st
     from mtmegatron.training.arguments import parse_args
     from mtmegatron.training.errors import ConfigError
 
+    from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
+
     common = checkpoint_common(load)
+    saved = recorded_fingerprint(common)  # whichever layout wrote it (a pretrain checkpoint: Megatron-LM's)
     flags = list(given_flags) or list(common.get("model_flags") or [])
-    if not flags and common.get("args"):
-        flags = flags_from_fingerprint(common["args"])
+    if not flags and saved:
+        flags = flags_from_fingerprint(saved)
     if not flags:
         raise GenerateError(f"--load {load} does not record its model flags: pass them after '--', e.g. "
                             "-- --model llama3 --model-size tiny")
@@ -91,7 +94,7 @@ def model_args(load: str, given_flags: list[str], layout: list[str], backend: st
     args.sequence_parallel = False  # megatron-core's static inference path refuses SP for dense models
     from mtmegatron.models.fingerprint import describe_mismatches, mismatches
 
-    found = mismatches(common.get("args", {}), args)
+    found = mismatches(saved, args)
     if found:
         raise GenerateError(f"checkpoint {common['directory']} was written for a different model than the flags "
                             f"describe ({describe_mismatches(found)})")

@@ -12,6 +12,8 @@ runs HF transformers' greedy ``generate`` on the prompts (hf_reference.py, one s
 - TP2 and PP2: the same greedy tokens as TP1, the KV-cache engine equals the recompute loop (TP2), every rank
   returns the same sampled tokens;
 - DeepSeek-V3 (MLA, MoE, YaRN; its MTP layer not built): greedy equals the recompute loop and HF;
+- a pretrain --save directory (Megatron-LM's checkpoint layout, model from its fingerprint) trained with
+  ``--padded-vocab-size`` decodes, rebuilt with its rows;
 - bad input: missing or empty checkpoint directory, a prompt longer than the model's positions, conflicting
   sampling flags: exit status 2 and one line, before any process group.
 The two prompts have different lengths, so the static batch's mixed prefill/decode steps are exercised.
@@ -209,3 +211,21 @@ def test_pretrain_checkpoint_flags_rebuild_the_same_model(model_flags):
 
     saved = fingerprint(parsed(model_flags))
     assert fingerprint(parsed(flags_from_fingerprint(saved))) == saved
+
+
+def test_pretrain_checkpoint_generates_with_its_rows(tmp_path):
+    """``generate --load`` on a pretrain --save directory (Megatron-LM's checkpoint layout, no model flags
+    recorded) rebuilds the model from its fingerprint, with the rows --padded-vocab-size gave it (320, not the
+    default padding's 256), and decodes."""
+    from helpers.pretrain_runner import TINY, run_pretrain
+
+    save = tmp_path / "ckpt"
+    run_pretrain(1, TINY + ["--train-iters", "1", "--padded-vocab-size", "320", "--num-samples", "0", "--save",
+                            str(save)], tmp_path / "run")
+    tok_dir = tmp_path / "tok"
+    save_char_tokenizer(str(tok_dir))  # 101 ids, within the model's 256
+    out = tmp_path / "out.jsonl"
+    run_cli("generate", "--backend", "cpu", "--load", str(save), "--tokenizer-model", str(tok_dir),
+            "--max-new-tokens", "4", "--prompt", "hello", "--output", str(out))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 1 and len(rows[0]["tokens"]) == 4
