@@ -150,6 +150,13 @@ def run(args, backend, tokenizer=None, data=None) -> int:
         state.start = checkpointing.load(args.load, model, optimizer, scheduler, args, state.train_state)
         if state.start > 0 or not fresh:
             print_rank0(rank, f"mtmegatron: loaded {args.load} (continuing at iteration {state.start})")
+    if args.ckpt_convert_format:  # Megatron-LM's conversion: save what was loaded in that format, then exit
+        checkpointing.save(os.path.join(args.ckpt_convert_save, args.ckpt_convert_format), state.start, model,
+                           optimizer, scheduler, args, state.train_state)
+        print_rank0(rank, f"> converted checkpoint: {args.ckpt_format} -> {args.ckpt_convert_format}.")
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+        return 0
 
     gbs = args.global_batch_size
     # the data position is the consumed-sample count (training/data.py); --train-samples counts from it too

@@ -6,7 +6,8 @@ refused with the reason), ``--async-save`` (refused: see ASYNC_REFUSAL), ``--no-
 ``--use-checkpoint-args``, ``--no-ckpt-fully-parallel-save`` (fully parallel save is Megatron-LM's default),
 ``--ckpt-fully-parallel-load``, ``--dist-ckpt-strictness``, ``--ckpt-assume-constant-structure``,
 ``--auto-detect-ckpt-format``, ``--dist-ckpt-optim-fully-reshardable`` (always the case here),
-``--non-persistent-save-interval`` (training/non_persistent.py), ``--exit-on-missing-checkpoint``.
+``--non-persistent-save-interval`` (training/non_persistent.py), ``--exit-on-missing-checkpoint``,
+``--ckpt-convert-format``/``--ckpt-convert-save`` (torch_dist only; the conversion itself is in pretrain.py).
 ``check_checkpoint_paths`` (training only) checks ``--save``/``--load`` on disk (checkpoint_dirs.py).
 ``use_checkpoint_args`` runs at parse time, before the model fields are derived: it reads the ``--load``
 checkpoint's saved Namespace (training/megatron_lm_checkpoint.py).
@@ -80,6 +81,24 @@ def check_checkpoint_args(args: argparse.Namespace, error: type[Exception]) -> N
     check_resilience_args(args, error)  # --rerun-mode, non-persistent checkpoints
     if args.use_checkpoint_args and not args.load:
         raise error("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
+    check_convert_args(args, error)
+
+
+def check_convert_args(args: argparse.Namespace, error: type[Exception]) -> None:
+    """``--ckpt-convert-format``: load ``--load``, save it to ``<--ckpt-convert-save>/<format>`` and exit
+    (pretrain.py ``run``); as Megatron-LM it needs both directories and a checkpoint to load."""
+    fmt = getattr(args, "ckpt_convert_format", None)
+    if fmt is None:
+        return
+    if fmt != "torch_dist":
+        raise error(f"--ckpt-convert-format {fmt}: mtmegatron does not write {fmt} checkpoints "
+                    f"({FORMAT_REFUSALS[fmt]})")
+    if not getattr(args, "ckpt_convert_save", None):
+        raise error("--ckpt-convert-format needs --ckpt-convert-save DIR (the checkpoint is written to "
+                    "DIR/torch_dist)")
+    if not args.load:
+        raise error("--ckpt-convert-format needs --load DIR (the checkpoint to convert)")
+    args.exit_on_missing_checkpoint = True  # as Megatron-LM: nothing to convert is an error
 
 
 def check_checkpoint_paths(args: argparse.Namespace, error: type[Exception]) -> None:
@@ -87,6 +106,10 @@ def check_checkpoint_paths(args: argparse.Namespace, error: type[Exception]) -> 
     from mtmegatron.training.checkpoint_dirs import check_paths
 
     check_paths(args, error)
+    if getattr(args, "ckpt_convert_format", None):
+        from mtmegatron.training.checkpoint_dirs import check_writable_dir
+
+        check_writable_dir("--ckpt-convert-save", args.ckpt_convert_save, error)
 
 
 def use_checkpoint_args(args: argparse.Namespace, given: dict, error: type[Exception]) -> None:

@@ -107,6 +107,7 @@ READ_BY_CODE = frozenset({
     "align_grad_reduce",  # training/overlap.py: the schedule launches each chunk's grad reduce
     "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
     "full_validation", "multiple_validation_sets",  # training/evaluate.py: whole validation sets, one loss per set
+    "ckpt_convert_format", "ckpt_convert_save",  # pretrain.py: save the loaded checkpoint as torch_dist, exit
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
@@ -220,6 +221,9 @@ REFUSED = {
                                     "megatron-core 0.16's",
     "mock_data_json": "Megatron-LM's multimodal mock-data description; --mock-data builds megatron-core's mock GPT "
                       "dataset (LLaVA: --mock-data with the llava preset)",
+    "ckpt_convert_update_legacy_dist_opt_format": "it rewrites the distrib_optim.pt of a legacy --ckpt-format "
+                                                  "torch checkpoint saved before Feb 2024; mtmegatron reads no "
+                                                  "--ckpt-format torch checkpoint (convert those with Megatron-LM)",
     "enable_experimental": "megatron-core's experimental-feature switch: none of its experimental features is wired "
                            "into mtmegatron",
 }
