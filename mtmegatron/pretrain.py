@@ -145,7 +145,11 @@ def run(args, backend, tokenizer=None, data=None) -> int:
         print_rank0(rank, describe(args))
 
     state = RunState()
-    if args.load:
+    if args.moe_use_upcycling:  # Megatron-LM: the dense --load becomes this MoE model, saved at 1; training from 0
+        from mtmegatron.training.upcycling import upcycle
+
+        upcycle(args, model, optimizer, scheduler, rank)
+    elif args.load:
         fresh = checkpointing.latest_complete_iteration(args.load) is None  # then load() says it starts over
         state.start = checkpointing.load(args.load, model, optimizer, scheduler, args, state.train_state)
         if state.start > 0 or not fresh:

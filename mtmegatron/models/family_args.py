@@ -101,8 +101,8 @@ def skip_initialization(args: argparse.Namespace) -> bool:
     """Every parameter comes from a checkpoint about to be loaded, so random initialisation is skipped (the
     parameters are allocated, not filled): megatron-core's ``perform_initialization=False``. ``HF_DIR`` runs
     convert first and pass ``--load``."""
-    if not getattr(args, "load", None):
-        return False
+    if not getattr(args, "load", None) or getattr(args, "moe_use_upcycling", False):
+        return False  # upcycling: the dense checkpoint has no router, which is drawn as in a fresh run
     from mtmegatron.training.checkpointing import latest_complete_iteration
 
     return latest_complete_iteration(args.load) is not None  # an empty --load directory starts from scratch

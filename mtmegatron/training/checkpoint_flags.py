@@ -82,6 +82,9 @@ def check_checkpoint_args(args: argparse.Namespace, error: type[Exception]) -> N
     if args.use_checkpoint_args and not args.load:
         raise error("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
     check_convert_args(args, error)
+    from mtmegatron.training.upcycling import check_upcycling_args
+
+    check_upcycling_args(args, error)
 
 
 def check_convert_args(args: argparse.Namespace, error: type[Exception]) -> None:

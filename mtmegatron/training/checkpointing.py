@@ -426,7 +426,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     if load_optim:
         optimizer.load_state_dict(_regroup_optimizers(loaded["optimizer"], optimizer))
         scheduler.load_state_dict(loadable_state(saved["scheduler"], scheduler))
-    else:  # the optimizer's fp32 main copies must follow the freshly loaded weights
+    elif optimizer is not None:  # the optimizer's fp32 main copies must follow the freshly loaded weights
         optimizer.reload_model_params()
     if load_rng:
         if saved["megatron_lm_layout"]:

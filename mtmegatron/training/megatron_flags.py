@@ -108,6 +108,7 @@ READ_BY_CODE = frozenset({
     "padded_vocab_size",  # models/vocab.py: the embedding's rows as given
     "full_validation", "multiple_validation_sets",  # training/evaluate.py: whole validation sets, one loss per set
     "ckpt_convert_format", "ckpt_convert_save",  # pretrain.py: save the loaded checkpoint as torch_dist, exit
+    "moe_use_upcycling", "moe_upcycling_granularity",  # training/upcycling.py: a dense checkpoint becomes the MoE
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------

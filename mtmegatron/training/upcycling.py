@@ -1,0 +1,86 @@
+"""``--moe-use-upcycling`` (with ``--moe-upcycling-granularity``), Megatron-LM 0.16.1's meaning: the ``--load``
+checkpoint of a dense model becomes the starting point of this run's MoE model. The dense model is built from the
+same flags with no experts, expert-parallel size 1 and ``--ffn-hidden-size`` x granularity, loaded with the
+project's loader, and megatron-core's ``upcycling_utils`` copies (and, for granularity > 1, splits) its MLP into
+every expert and the router; the result is saved to ``--save`` at iteration 1 and training starts from it.
+
+``check_upcycling_args`` runs at parse time (before any process group): ``--save`` must be given and hold no
+checkpoint, ``--load`` and ``--num-experts`` must be given; ``--no-load-optim`` and ``--no-load-rng`` are forced.
+May assume: ``upcycle`` runs after training/setup.py ``build`` on every rank, with the process groups up.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def check_upcycling_args(args: argparse.Namespace, error: type[Exception]) -> None:
+    if not getattr(args, "moe_use_upcycling", False):
+        return
+    if not args.save:
+        raise error("--moe-use-upcycling needs --save DIR (the upcycled MoE checkpoint is written there)")
+    from mtmegatron.training.checkpoint_dirs import latest_complete_iteration
+
+    try:
+        saved = latest_complete_iteration(args.save)
+    except Exception:
+        saved = None
+    if saved is not None:
+        raise error(f"--moe-use-upcycling: --save {args.save} already holds a checkpoint (iteration {saved}); "
+                    f"upcycling is only for the first run from the dense model: drop the flag to continue")
+    if not args.load:
+        raise error("--moe-use-upcycling needs --load DIR (the dense model's checkpoint)")
+    if not args.num_experts:
+        raise error("--moe-use-upcycling needs --num-experts (the MoE model the dense checkpoint becomes)")
+    if not (args.no_load_optim and args.no_load_rng):
+        args.upcycling_note = ("--moe-use-upcycling: --no-load-optim and --no-load-rng forced (the dense "
+                               "checkpoint's optimizer and RNG states do not fit the MoE model), as Megatron-LM")
+    args.no_load_optim = True
+    args.no_load_rng = True
+
+
+def upcycle(args, model, optimizer, scheduler, rank: int) -> None:
+    """Load the dense ``--load`` checkpoint, upcycle it into ``model`` (DDP-wrapped MoE chunks) and save it to
+    ``--save`` at iteration 1, as Megatron-LM's ``setup_model_and_optimizer`` does."""
+    import torch
+    from megatron.core.transformer.moe import upcycling_utils
+
+    from mtmegatron.models.gpt import build_model_chunks, transformer_config
+    from mtmegatron.training import checkpointing
+    from mtmegatron.training.device import compute_device, move_module
+    from mtmegatron.training.metrics import print_rank0
+
+    if getattr(args, "upcycling_note", None):
+        print_rank0(rank, f"mtmegatron: {args.upcycling_note}")
+    moe = {"num_experts": args.num_experts, "expert_model_parallel_size": args.expert_model_parallel_size,
+           "ffn_hidden_size": args.ffn_hidden_size, "moe_ffn_hidden_size": args.moe_ffn_hidden_size}
+    try:
+        args.num_experts, args.expert_model_parallel_size = None, 1
+        args.ffn_hidden_size = moe["ffn_hidden_size"] * args.moe_upcycling_granularity
+        args.moe_ffn_hidden_size = None
+        dense = build_model_chunks(args, transformer_config(args))
+        for chunk in dense:
+            move_module(chunk, compute_device())
+        checkpointing.load(args.load, dense, None, None, args)
+    finally:
+        for key, value in moe.items():
+            setattr(args, key, value)
+    unwrapped = [_unwrap(chunk) for chunk in model]
+    upcycling_utils.load_and_upcycle_model(lambda: (None, 0), unwrapped, dense)
+    del dense
+    optimizer.reload_model_params()  # the fp32 main copies follow the upcycled weights
+    no_save_optim = args.no_save_optim
+    args.no_save_optim = True  # Megatron-LM saves the upcycled model without optimizer and schedule
+    try:
+        checkpointing.save(args.save, 1, model, optimizer, scheduler, args)
+    finally:
+        args.no_save_optim = no_save_optim
+    torch.distributed.barrier()
+    print_rank0(rank, f"Upcycled checkpoint saved to {args.save}")
+
+
+def _unwrap(chunk):
+    """The GPTModel inside the DDP / Float16Module wrappers (megatron-core's upcycling reads its submodules)."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
