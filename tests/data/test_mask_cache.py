@@ -1,17 +1,30 @@
 """A sample's loss mask does not depend on which sample the process read first (megatron-core 0.16's GPTDataset
-zeroes the first sample's pad positions in its cached mask; training/data.py's datasets keep the cache clean)."""
+zeroes the first sample's pad positions in its cached mask; training/data.py's datasets keep the cache clean).
+The mock tokenizer has no pad id (as Megatron-LM's NullTokenizer), so the test gives it one, as a real tokenizer
+with a pad id 0 has."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from mtmegatron.training import data
 from mtmegatron.training.arguments import parse_args
 from mtmegatron.training.data import build_mock_dataset
 
-# vocab 64: megatron's mock documents count 1, 2, ... modulo the vocabulary, so label 0 (the mock pad id) occurs
+# vocab 64: megatron's mock documents count 1, 2, ... modulo the vocabulary, so label 0 (the pad id below) occurs
 FLAGS = ["--backend", "cpu", "--model", "llama3", "--mock-data", "--vocab-size", "64", "--seq-length", "64",
          "--max-position-embeddings", "64", "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--num-query-groups", "2",
          "--ffn-hidden-size", "32", "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "8"]
+
+
+class _TokenizerWithPad(data.MockTokenizer):
+    pad = 0
+
+
+@pytest.fixture(autouse=True)
+def _pad_id_0(monkeypatch):
+    monkeypatch.setattr(data, "MockTokenizer", _TokenizerWithPad)
 
 
 def _masks(order: list[int]) -> dict[int, torch.Tensor]:
