@@ -79,6 +79,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     for line in [rerun.describe(args)] + non_persistent.startup_lines(args):
         print_rank0(rank, line)
     history = MemoryHistory(args, backend, rank)  # --record-memory-history
+    device = compute_device()
     progress = ProgressLog(args, state.train_state.get("num_floating_point_operations_so_far", 0))  # --log-progress
     if args.skip_train:
         try:
@@ -88,6 +89,15 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             writer.close()
             termination.restore()
         return state
+
+    def save(iteration: int) -> str:
+        """A persistent checkpoint of ``iteration`` (--log-progress counts it in and records it)."""
+        progress.count_in(state.train_state)
+        with obs.saving():
+            path = checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
+        progress.saved(iteration, state.train_state["consumed_train_samples"])
+        return path
+
     try:
         if weight_hash.due(args, state.start, first=True):  # --check-weight-hash-across-dp-replicas-interval
             with params.gathered():
@@ -98,10 +108,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             if (args.save and micro_batches not in (None, batch.num_microbatches)
                     and state.saved_at != iteration - 1):  # Megatron-LM saves before the count changes
                 params.sync()
-                progress.count_in(state.train_state)
-                with obs.saving():
-                    checkpointing.save(args.save, iteration - 1, model, optimizer, scheduler, args, state.train_state)
-                progress.saved(iteration - 1, state.train_state["consumed_train_samples"])
+                save(iteration - 1)
                 state.saved_at = iteration - 1
             micro_batches = batch.num_microbatches
             if batch.skipped:  # --iterations-to-skip: its samples count as consumed, untrained (Megatron-LM)
@@ -131,7 +138,6 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             if iteration == state.start + 1:  # --distributed-timeout-seconds-after-init
                 pg_timeout.after_first_iteration(args)
             if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
-                device = compute_device()
                 checked = placement.check(model, optimizer, device)
                 print_rank0(rank, f"mtmegatron: placement: all {checked} parameters, buffers, gradient buffers "
                             f"and optimizer states on {device}")
@@ -145,7 +151,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 state.train_state["consumed_valid_samples"] += sum(s.eval_iters for s in sets) * args.global_batch_size
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             history.after_step(iteration, iteration == state.start + 1)
-            memory_report.maybe_report(args, compute_device(), iteration)  # --log-memory-interval
+            memory_report.maybe_report(args, device, iteration)  # --log-memory-interval
             if weight_hash.due(args, iteration, first=False):
                 with params.gathered():
                     weight_hash.check(model, iteration)
@@ -157,10 +163,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 break
             if args.save and args.save_interval and iteration % args.save_interval == 0:
                 params.sync()
-                progress.count_in(state.train_state)
-                with obs.saving():
-                    checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
-                progress.saved(iteration, state.train_state["consumed_train_samples"])
+                save(iteration)
                 state.saved_at = iteration
             elif non_persistent.due(args, iteration):  # --non-persistent-save-interval: only the newest kept
                 params.sync()
@@ -175,11 +178,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         params.finish()  # the model is plain from here on: final save, sampling, export
         if (state.status == 0 and args.save and state.saved_at != state.last
                 and (state.last > state.start or state.last == 0)):  # 0: the initial checkpoint
-            progress.count_in(state.train_state)
-            with obs.saving():
-                path = checkpointing.save(args.save, state.last, model, optimizer, scheduler, args, state.train_state)
-            progress.saved(state.last, state.train_state["consumed_train_samples"])
-            print_rank0(rank, f"mtmegatron: saved {path}")
+            print_rank0(rank, f"mtmegatron: saved {save(state.last)}")
     finally:
         obs.close()
         writer.close()
