@@ -83,7 +83,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv=None) -> int:
-    from mtmegatron.training.quiet import quiet_checkpoint_noise
+    from mtmegatron.utils.quiet import quiet_checkpoint_noise
 
     quiet_checkpoint_noise()  # before megatron-core is imported: a bad input is then the only line on stderr
     parser = _Parser(prog="mtmegatron", description=__doc__.split("\n")[0])
@@ -122,8 +122,8 @@ def main(argv=None) -> int:
         command.error(unknown_flags_message(command, extras).removesuffix(" (see --help)"))
     from mtmegatron.backends import BackendUnavailableError
     from mtmegatron.convert.hf_config import ConversionError
-    from mtmegatron.training.checkpoint_dirs import CheckpointError
-    from mtmegatron.training.errors import ConfigError, describe_os_error
+    from mtmegatron.utils.checkpoint_dirs import CheckpointError
+    from mtmegatron.utils.errors import ConfigError, describe_os_error
 
     # the one error boundary of env/patches/convert (preprocess and generate have their own, with their prefix):
     # a bad input is one line naming the file or flag and why, exit status 2

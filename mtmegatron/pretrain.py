@@ -15,11 +15,11 @@ import warnings
 from mtmegatron.backends import BackendUnavailableError, select_backend
 from mtmegatron.patches import UnsupportedMegatronVersion
 from mtmegatron.training.arguments import parse_args
-from mtmegatron.training.checkpoint_dirs import CheckpointError
-from mtmegatron.training.errors import ConfigError, exit_with_user_error
-from mtmegatron.training.quiet import quiet_known_noise
+from mtmegatron.utils.checkpoint_dirs import CheckpointError
+from mtmegatron.utils.errors import ConfigError, exit_with_user_error
+from mtmegatron.utils.quiet import quiet_known_noise
 
-# user mistakes: one line and exit status 2 (training/errors.py)
+# user mistakes: one line and exit status 2 (utils/errors.py)
 USER_ERRORS = (ConfigError, BackendUnavailableError, UnsupportedMegatronVersion, CheckpointError)
 
 
@@ -112,12 +112,13 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     from megatron.core import parallel_state
 
     from mtmegatron.training import checkpointing
+    from mtmegatron.utils import checkpoint_dirs
     from mtmegatron.training.data import (SamplePlan, build_gpt_datasets, build_mock_dataset,
                                           build_mock_validation, describe_data, micro_batches)
     from mtmegatron.training.finish import write_outputs
     from mtmegatron.training.loop import RunState, train
     from mtmegatron.models.layer_spec import describe_layer_spec
-    from mtmegatron.training.metrics import MetricsWriter, print_rank0
+    from mtmegatron.utils.metrics import MetricsWriter, print_rank0
     from mtmegatron.training.setup import build, count_parameters, init_distributed
 
     init_distributed(args, backend)
@@ -150,7 +151,7 @@ def run(args, backend, tokenizer=None, data=None) -> int:
 
         upcycle(args, model, optimizer, scheduler, rank)
     elif args.load:
-        fresh = checkpointing.latest_complete_iteration(args.load) is None  # then load() says it starts over
+        fresh = checkpoint_dirs.latest_complete_iteration(args.load) is None  # then load() says it starts over
         state.start = checkpointing.load(args.load, model, optimizer, scheduler, args, state.train_state)
         if state.start > 0 or not fresh:
             print_rank0(rank, f"mtmegatron: loaded {args.load} (continuing at iteration {state.start})")

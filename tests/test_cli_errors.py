@@ -64,7 +64,8 @@ def test_unsupported_megatron_version_is_refused():
 
 
 def test_moe_with_tp_needs_sequence_parallel():
-    from mtmegatron.training.arguments import ConfigError, parse_args
+    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.utils.errors import ConfigError
 
     flags = ["--backend", "cpu", "--model", "mixtral", "--tensor-model-parallel-size", "2", "--mock-data"]
     with pytest.raises(ConfigError, match="needs --sequence-parallel"):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-import mtmegatron.bridge as bridge
+import mtmegatron.backends.active as bridge
 from mtmegatron.backends import get_backend
-from mtmegatron.training.device import compute_device, to_compute_device
+from mtmegatron.backends.device import compute_device, to_compute_device
 
 
 def test_no_active_backend_means_cpu(monkeypatch):

@@ -10,7 +10,6 @@ May assume: torch.distributed is initialised; tensors ``[b, heads, s_local, d]``
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
 from mtmegatron.attention.sdpa import sdpa

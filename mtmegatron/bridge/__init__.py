@@ -8,38 +8,32 @@ May assume: torch and megatron-core are importable.
 from __future__ import annotations
 
 from mtmegatron.backends import Backend, select_backend
-
-_active: Backend | None = None
-
-
-def active_backend() -> Backend | None:
-    return _active
+from mtmegatron.backends.active import active_backend, set_active
 
 
 def activate(backend: Backend | str | None = None) -> Backend:
     """Select (``--backend`` > env > entry points > auto-detect) and install a backend; returns it."""
-    global _active
     from mtmegatron import patches
 
     if not isinstance(backend, Backend):
         backend = select_backend(backend)
-    if _active == backend:
+    if active_backend() == backend:
         return backend
     bridge = backend.bridge()  # imported first: the MUSA bridge imports torchada before megatron-core is imported
     patches.check_megatron_version()
     deactivate()
     bridge.install(backend)
     patches.apply_all(backend)
-    _active = backend
+    set_active(backend)
     return backend
 
 
 def deactivate() -> None:
-    global _active
-    if _active is None:
+    backend = active_backend()
+    if backend is None:
         return
     from mtmegatron import patches
 
     patches.revert_all()
-    _active.bridge().uninstall()
-    _active = None
+    backend.bridge().uninstall()
+    set_active(None)

@@ -34,7 +34,7 @@ _LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert
 def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
     """The pretrain flag checks for the layout the checkpoint is meant for (it loads under any layout)."""
     from mtmegatron.convert.model import parse_flags
-    from mtmegatron.training.arguments import ConfigError
+    from mtmegatron.utils.errors import ConfigError
 
     layout = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
               "--expert-model-parallel-size", str(ep), "--global-batch-size", str(tp * pp * ep),

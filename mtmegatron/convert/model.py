@@ -63,7 +63,7 @@ def saved_args(args) -> dict:
 def save_model_only(model, args, root: str, model_flags: list[str] | None = None, hf_layout: dict | None = None) -> str:
     from megatron.core import dist_checkpointing
 
-    from mtmegatron.training.checkpointing import TRACKER, checkpoint_dir
+    from mtmegatron.utils.checkpoint_dirs import TRACKER, checkpoint_dir
 
     directory = checkpoint_dir(root, 0)
     os.makedirs(directory, exist_ok=True)
@@ -79,7 +79,7 @@ def load_model(model, root: str) -> None:
     """Load the latest checkpoint under ``root`` (model weights only) into ``model``."""
     from megatron.core import dist_checkpointing
 
-    from mtmegatron.training.checkpointing import CheckpointError, checkpoint_dir, latest_iteration
+    from mtmegatron.utils.checkpoint_dirs import CheckpointError, checkpoint_dir, latest_iteration
 
     iteration = latest_iteration(root)
     if iteration is None:
@@ -94,7 +94,7 @@ def checkpoint_common(root: str, flag: str = "--load") -> dict:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.core import CheckpointingException
 
-    from mtmegatron.training.checkpointing import TRACKER, CheckpointError, checkpoint_dir, latest_complete_iteration
+    from mtmegatron.utils.checkpoint_dirs import TRACKER, CheckpointError, checkpoint_dir, latest_complete_iteration
 
     if not os.path.isdir(root):
         raise CheckpointError(f"{flag} {root}: no such directory")

@@ -396,7 +396,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     from mtmegatron.convert.hf_io import HFCheckpoint
     from mtmegatron.convert.mapping import mcore_sources
     from mtmegatron.convert.model import MODEL_ONLY_KEY, init_single_rank, parse_flags, saved_args
-    from mtmegatron.training.checkpointing import TRACKER, checkpoint_dir
+    from mtmegatron.utils.checkpoint_dirs import TRACKER, checkpoint_dir
 
     if os.path.exists(out):
         raise ConversionError(f"--out {out} already exists; remove it or choose another directory")
@@ -535,7 +535,7 @@ def worker_failed(index: int, progress, error: BaseException) -> None:
 
     from safetensors import SafetensorError
 
-    from mtmegatron.training.errors import describe_os_error
+    from mtmegatron.utils.errors import describe_os_error
 
     error = os_error_within(error) or error
     if isinstance(error, OSError):

@@ -265,7 +265,7 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
     from mtmegatron.convert.mapping import hf_groups
     from mtmegatron.convert.model import init_single_rank, parse_flags
     from mtmegatron.convert.streaming import _meta_model, plan_chunks
-    from mtmegatron.training.checkpointing import CheckpointError, checkpoint_dir, latest_iteration
+    from mtmegatron.utils.checkpoint_dirs import CheckpointError, checkpoint_dir, latest_iteration
 
     if os.path.exists(out):
         raise ConversionError(f"--out {out} already exists; remove it or choose another directory")

@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"mtmegatron preprocess: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # an output that cannot be written (a full disk, a prefix under a file)
-        from mtmegatron.training.errors import describe_os_error
+        from mtmegatron.utils.errors import describe_os_error
 
         print(f"mtmegatron preprocess: error: {describe_os_error(e)}", file=sys.stderr)
         return 2

@@ -19,8 +19,8 @@ import os
 
 from mtmegatron.data.indexed import DataError, check_indexed_dataset
 from mtmegatron.data.tokenizer import TokenizerError, load_tokenizer
-from mtmegatron.training.data_flags import empty_splits
-from mtmegatron.training.arguments import ConfigError
+from mtmegatron.data.flags import empty_splits
+from mtmegatron.utils.errors import ConfigError
 
 
 def blend_prefixes(data_path: list[str]) -> list[str]:

@@ -13,7 +13,7 @@
 - ``keep_layers_in_bf16(chunk, args)``: ``--first-last-layers-bf16`` on a built model: the FP8 linears of the
   first ``--num-layers-at-start-in-bf16`` and last ``--num-layers-at-end-in-bf16`` transformer layers (global
   layer numbers, so PP/VPP stages agree) run in high precision.
-May assume: megatron-core importable; the backend is active (``mtmegatron.active_backend()``).
+May assume: megatron-core importable; the backend is active (``active_backend()``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def resolve_executor(args, local_rank: int | None = None) -> str | None:
     if not getattr(args, "fp8_format", None):
         return None
     if getattr(args, "fp8_executor_in_use", None) is None:
-        import mtmegatron
+        from mtmegatron.backends.active import active_backend
 
-        backend = mtmegatron.active_backend()
+        backend = active_backend()
         if local_rank is not None:
             backend.set_device(local_rank)
         if args.transformer_engine_layers:  # parse time chose TE's layers, so TE's executor (or its refusal)

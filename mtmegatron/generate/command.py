@@ -15,7 +15,7 @@ import os
 import sys
 
 from mtmegatron.generate.flags import GenerateError, read_prompts, sampling_from
-from mtmegatron.training.quiet import quiet_checkpoint_noise
+from mtmegatron.utils.quiet import quiet_checkpoint_noise
 
 
 def _rank() -> int:
@@ -70,7 +70,7 @@ def run(args) -> int:
     import torch
 
     import mtmegatron
-    from mtmegatron.generate.engine import Sampling, generate
+    from mtmegatron.inference.engine import Sampling, generate
     from mtmegatron.generate.model import build_and_load
     from mtmegatron.training.setup import init_distributed
 
@@ -79,7 +79,7 @@ def run(args) -> int:
     try:
         model = build_and_load(margs, common["directory"])
         if args.no_kv_cache:
-            from mtmegatron.generate.recompute import generate_without_cache
+            from mtmegatron.inference.recompute import generate_without_cache
 
             results, seconds = generate_without_cache(model, tokenizer, prompts, prompt_tokens, args.max_new_tokens)
         else:
@@ -122,7 +122,7 @@ def report(args, results, seconds: float, backend, margs, sampling: dict) -> Non
 def main_with_errors(args) -> int:
     """``run`` with user mistakes as one line (rank 0) and exit status 2."""
     from mtmegatron.backends import BackendUnavailableError
-    from mtmegatron.training.errors import describe_os_error
+    from mtmegatron.utils.errors import describe_os_error
 
     try:
         return run(args)

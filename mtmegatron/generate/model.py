@@ -54,7 +54,7 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
 def checkpoint_common(load: str) -> dict:
     """The latest complete checkpoint's non-tensor state (convert/model.py's reader), or a one-line GenerateError."""
     from mtmegatron.convert import model as checkpoint
-    from mtmegatron.training.checkpointing import CheckpointError
+    from mtmegatron.utils.checkpoint_dirs import CheckpointError
 
     try:
         return checkpoint.checkpoint_common(load)
@@ -65,7 +65,7 @@ def checkpoint_common(load: str) -> dict:
 def model_args(load: str, given_flags: list[str], layout: list[str], backend: str | None, world_size: int):
     """(validated pretrain namespace for the model, the checkpoint's common state)."""
     from mtmegatron.training.arguments import parse_args
-    from mtmegatron.training.errors import ConfigError
+    from mtmegatron.utils.errors import ConfigError
 
     from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
 
@@ -109,7 +109,7 @@ def build_and_load(args, directory: str):
     from megatron.core.transformer.module import Float16Module
 
     from mtmegatron.models.gpt import build_model_chunks, transformer_config
-    from mtmegatron.training.device import compute_device, move_module
+    from mtmegatron.backends.device import compute_device, move_module
 
     config = transformer_config(args)
     (model,) = build_model_chunks(args, config)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
-from mtmegatron.training.device import compute_device
+from mtmegatron.backends.device import compute_device
 
 _AUX_NAMES = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss",
               "global_aux_loss": "global_load_balancing_loss"}

@@ -103,6 +103,6 @@ def skip_initialization(args: argparse.Namespace) -> bool:
     convert first and pass ``--load``."""
     if not getattr(args, "load", None) or getattr(args, "moe_use_upcycling", False):
         return False  # upcycling: the dense checkpoint has no router, which is drawn as in a fresh run
-    from mtmegatron.training.checkpointing import latest_complete_iteration
+    from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
 
     return latest_complete_iteration(args.load) is not None  # an empty --load directory starts from scratch

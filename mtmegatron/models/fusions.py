@@ -15,7 +15,7 @@ on the active backend, and off otherwise, named in the start-up line with the re
 - masked softmax, persistent layer norm, gradient-accumulation fusion: apex / TransformerEngine CUDA kernels.
 - cross-entropy (``--cross-entropy-loss-fusion``, off by default as in Megatron-LM): mtmegatron's fused
   cross-entropy op (native on cpu, CUDA, MUSA), installed on the output layer (models/fused_spec.py).
-May assume: validated flags; the backend is selected (``mtmegatron.active_backend()`` after activation).
+May assume: validated flags; the backend is selected (``active_backend()`` after activation).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ CPU_ROPE_WHY = "ours measured no faster than unfused RoPE on cpu (docs/flags.md)
 
 
 def _backend_type() -> str:
-    import mtmegatron
+    from mtmegatron.backends.active import active_backend
 
-    backend = mtmegatron.active_backend()
+    backend = active_backend()
     return backend.device_type if backend is not None else "cpu"
 
 

@@ -33,9 +33,9 @@ def add_initialization_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _backend_device_type() -> str:
-    import mtmegatron
+    from mtmegatron.backends.active import active_backend
 
-    backend = mtmegatron.active_backend()
+    backend = active_backend()
     return "cpu" if backend is None else backend.device_type
 
 
@@ -52,7 +52,7 @@ def birth_device(args: argparse.Namespace):
         return contextlib.nullcontext()
     import torch
 
-    from mtmegatron.training.device import compute_device
+    from mtmegatron.backends.device import compute_device
 
     return torch.device(compute_device())
 

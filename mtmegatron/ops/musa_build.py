@@ -32,9 +32,7 @@ def package_dir() -> Path:
     spec = importlib.util.find_spec("mtmegatron._C")
     if spec is not None and spec.origin:
         return Path(spec.origin).parent
-    import mtmegatron
-
-    return Path(mtmegatron.__file__).parent
+    return Path(__file__).resolve().parents[1]
 
 
 def build_args(build_temp: str) -> list[str]:

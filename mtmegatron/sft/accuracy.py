@@ -1,9 +1,9 @@
 """Exact-match accuracy of greedy answers on held-out conversations, and the chat samples a run leaves.
 
-Decoding: without pipeline parallelism, generate/recompute.py's greedy loop (whole context re-run per token;
+Decoding: without pipeline parallelism, inference/recompute.py's greedy loop (whole context re-run per token;
 under context parallelism it pads, splits over CP and gathers the logits back), which the KV-cache engine
 equals token for token in tests/generate; with pipeline parallelism (one model chunk per rank, no CP), the
-held-out prompts go together through megatron-core's static inference engine (generate/engine.py, greedy),
+held-out prompts go together through megatron-core's static inference engine (inference/engine.py, greedy),
 which sends activations stage to stage. Either way an answer is the greedy tokens up to the end-of-document
 token, at most ``budget`` of them. An answer is right when its text equals exactly what the chat template
 renders for the reference assistant turn (its end-of-turn marks included).
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from megatron.core import parallel_state
 
-from mtmegatron.generate.recompute import greedy_tokens
+from mtmegatron.inference.recompute import greedy_tokens
 
 
 def _prompt_room(args, max_new_tokens: int) -> int:
@@ -24,7 +24,7 @@ def _prompt_room(args, max_new_tokens: int) -> int:
 
 
 def greedy_answer(model, prompt: list[int], max_new_tokens: int, eod: int, args) -> list[int]:
-    """The greedy answer to ``prompt`` (generate/recompute.py's loop, the reference the KV-cache engine is checked
+    """The greedy answer to ``prompt`` (inference/recompute.py's loop, the reference the KV-cache engine is checked
     against), the prompt's start cut so prompt and answer fit ``--seq-length``."""
     return greedy_tokens(model, prompt[-_prompt_room(args, max_new_tokens):], max_new_tokens, eod)
 
@@ -32,7 +32,7 @@ def greedy_answer(model, prompt: list[int], max_new_tokens: int, eod: int, args)
 def _pipeline_answers(model, tokenizer, prompts: list[list[int]], budgets: list[int], args) -> list[list[int]]:
     """Greedy answers of all prompts on megatron-core's static engine (works under PP), each cut at its budget
     and at the end-of-document token."""
-    from mtmegatron.generate.engine import Sampling, generate
+    from mtmegatron.inference.engine import Sampling, generate
 
     longest = max(budgets)
     kept = [p[-_prompt_room(args, longest):] for p in prompts]

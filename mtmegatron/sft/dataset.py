@@ -238,7 +238,7 @@ def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: st
 def micro_batches(data: SFTData, args: argparse.Namespace, dp_rank: int, plan, pad_id: int) -> Iterator[dict]:
     """This DP rank's micro-batches of the global batches of ``plan`` (training/data.py's SamplePlan: sample
     positions from the consumed-sample count), each position a bin of the packing plan."""
-    from mtmegatron.training.data_position import rank_micro_batches
+    from mtmegatron.data.position import rank_micro_batches
 
     for _, positions in rank_micro_batches(plan, args, dp_rank):
         bins = [[data.sample(i) for i in data.plan.bin(position)] for position in positions]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from mtmegatron.data.tokenizer import HFTokenizer, TokenizerError, load_tokenizer
 from mtmegatron.sft.dataset import SFTData, SFTDataError, prepare as prepare_data, read_conversations
 from mtmegatron.sft.templates import SPECIAL_TOKENS, ChatTemplate, TemplateError
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 WARN_TARGETS_LOST = 0.05  # a start-up warning when the cut to --seq-length removes more of the assistant tokens
 

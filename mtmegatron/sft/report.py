@@ -12,7 +12,7 @@ import os
 import torch
 
 from mtmegatron.sft.accuracy import can_decode, exact_match, samples_text
-from mtmegatron.training.metrics import print_rank0
+from mtmegatron.utils.metrics import print_rank0
 
 
 def held_out_accuracy(model, inputs, args, when: str, results: dict) -> None:

@@ -21,7 +21,7 @@ from mtmegatron.models.llava_args import add_llava_args, check_llava_args, fill_
 from mtmegatron.training.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.models.transformer_impl import resolve_transformer_impl
-from mtmegatron.training.data_flags import add_data_args, check_data_args
+from mtmegatron.data.flags import add_data_args, check_data_args
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.training.run_control import add_run_control_args, check_run_control_args
 from mtmegatron.training.schedule_flags import add_schedule_args
@@ -31,7 +31,7 @@ from mtmegatron.training.checkpoint_flags import (add_checkpoint_args, check_che
                                                   check_checkpoint_paths, use_checkpoint_args)
 from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help, flag_sources, megatron_flags
-from mtmegatron.training.errors import ConfigError  # noqa: F401  (re-exported: imported from here elsewhere)
+from mtmegatron.utils.errors import ConfigError
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -432,7 +432,7 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
     if args.log_dir is None:
         args.log_dir = os.path.join("runs", args.model)
     if for_training:  # metrics, the loss plot and samples are written there
-        from mtmegatron.training.checkpoint_dirs import check_writable_dir
+        from mtmegatron.utils.checkpoint_dirs import check_writable_dir
 
         check_writable_dir("--log-dir", args.log_dir, ConfigError)
         if args.tensorboard_dir:

@@ -19,16 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from mtmegatron.utils.checkpoint_dirs import FORMAT_REFUSALS
+
 STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
               "return_unexpected", "return_all", "ignore_all")
-FORMAT_REFUSALS = {
-    "torch": "the legacy per-rank torch.save format (mp_rank_*/model_optim_rng.pt) is not written or read here; "
-             "convert with Megatron-LM's --ckpt-convert-format torch_dist, or use --ckpt-format torch_dist",
-    "torch_dcp": "plain torch.distributed.checkpoint state dicts (Megatron-LM's FSDP2 path) are not supported; "
-                 "use --ckpt-format torch_dist",
-    "fsdp_dtensor": "Megatron FSDP's DTensor format needs Megatron FSDP, which mtmegatron does not wire in; use "
-                    "--ckpt-format torch_dist",
-}
 ASYNC_REFUSAL = ("--async-save: not supported by mtmegatron's checkpointing yet (a save is finished — every "
                  "rank's shard written, the iter_* directory renamed from .partial and the tracker replaced — "
                  "before training continues); drop the flag")
@@ -106,11 +100,11 @@ def check_convert_args(args: argparse.Namespace, error: type[Exception]) -> None
 
 def check_checkpoint_paths(args: argparse.Namespace, error: type[Exception]) -> None:
     """A training run's ``--save`` and ``--load`` as they are on disk, before any process group starts."""
-    from mtmegatron.training.checkpoint_dirs import check_paths
+    from mtmegatron.utils.checkpoint_dirs import check_paths
 
     check_paths(args, error)
     if getattr(args, "ckpt_convert_format", None):
-        from mtmegatron.training.checkpoint_dirs import check_writable_dir
+        from mtmegatron.utils.checkpoint_dirs import check_writable_dir
 
         check_writable_dir("--ckpt-convert-save", args.ckpt_convert_save, error)
 
@@ -124,7 +118,7 @@ def use_checkpoint_args(args: argparse.Namespace, given: dict, error: type[Excep
     if not args.load:
         raise error("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
     from mtmegatron.training import megatron_lm_checkpoint as mlm
-    from mtmegatron.training.checkpointing import checkpoint_dir, latest_complete_iteration
+    from mtmegatron.utils.checkpoint_dirs import checkpoint_dir, latest_complete_iteration
 
     iteration = latest_complete_iteration(args.load)
     if iteration is None:

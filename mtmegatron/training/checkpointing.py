@@ -41,12 +41,11 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (FullyPar
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
-from mtmegatron.training.checkpoint_dirs import (TRACKER, CheckpointError, checkpoint_debris,  # noqa: F401
-                                                 check_load, checkpoint_dir, complete_iterations,
-                                                 latest_complete_iteration, latest_iteration)
+from mtmegatron.utils.checkpoint_dirs import (TRACKER, CheckpointError, check_load, checkpoint_dir, complete_iterations,
+                                             latest_complete_iteration)
 from mtmegatron.training import megatron_lm_checkpoint as mlm
 from mtmegatron.training import non_persistent, rerun
-from mtmegatron.training.device import compute_device
+from mtmegatron.backends.device import compute_device
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
 # The sharded-state metadata of checkpoints of the older mtmegatron layout (read only; new checkpoints store

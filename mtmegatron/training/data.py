@@ -10,7 +10,7 @@ numbering: the number of iterations done before it) consumes its batch without t
 sees the same global batch. Validation reads samples ``[0, eval_iters*G)`` of its split each time. The samples
 are read by a torch DataLoader with ``--num-workers`` worker processes (Megatron-LM's default 2; 0 reads in the
 training process) over a batch sampler of exactly those indices, so workers change where samples are read, not
-which. Megatron-LM's data flags (training/data_flags.py) go to megatron-core's GPTDatasetConfig.
+which. Megatron-LM's data flags (data/flags.py) go to megatron-core's GPTDatasetConfig.
 Test hook: ``MTMEGATRON_TEST_TRAINED_SAMPLES=DIR`` makes each rank append one JSON line per training micro-batch
 it hands to the model, ``{"iteration": I, "samples": [...]}``, to ``DIR/rank<R>.jsonl`` (validation micro-batches
 to ``DIR/valid-rank<R>.jsonl``, or ``DIR/valid<i>-rank<R>.jsonl`` for set i of several).
@@ -31,8 +31,8 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
-from mtmegatron.training.data_flags import per_split_paths, requested_splits
-from mtmegatron.training.data_position import SamplePlan, rank_micro_batches
+from mtmegatron.data.flags import per_split_paths, requested_splits
+from mtmegatron.data.position import SamplePlan, rank_micro_batches
 from mtmegatron.training.robustness import data_worker_init
 from mtmegatron.training.training_flags import dataset_config_fields
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import sys
 
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 PRESET = "a --model preset fills it when not given"
 

@@ -1,6 +1,6 @@
 """The iteration loop of ``mtmegatron.pretrain``: steps, metrics rows, validation, periodic and final saves, the
 skipped-step limit, the exit signal and time limit (training/robustness.py), and the placement check after the
-first step on a device. The data position (consumed/skipped samples) advances by training/data_position.py's
+first step on a device. The data position (consumed/skipped samples) advances by data/position.py's
 SamplePlan, whose ``--iterations-to-skip`` iterations consume their batch untrained; when ``--rampup-batch-size``
 changes the micro-batch count, a checkpoint is saved first (with ``--save``), as Megatron-LM does. With
 --overlap-param-gather the parameters are all-gathered before evaluation and every save and when the loop ends
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from mtmegatron.training import (checkpointing, memory_report, non_persistent, pg_timeout, placement, rerun,
                                  robustness, weight_hash)
-from mtmegatron.training.data_position import SamplePlan
-from mtmegatron.training.device import compute_device, release_unused_memory
+from mtmegatron.data.position import SamplePlan
+from mtmegatron.backends.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_losses, validation_sets
 from mtmegatron.training.memory_history import MemoryHistory
-from mtmegatron.training.metrics import print_rank0
+from mtmegatron.utils.metrics import print_rank0
 from mtmegatron.training.observability import Observability
 from mtmegatron.training.overlap import ParamGather
 from mtmegatron.training.progress_log import ProgressLog
@@ -168,7 +168,8 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             elif non_persistent.due(args, iteration):  # --non-persistent-save-interval: only the newest kept
                 params.sync()
                 with obs.saving():
-                    non_persistent.save(iteration, model, optimizer, scheduler, args, state.train_state)
+                    checkpointing.save(non_persistent.fresh_root(args), iteration, model, optimizer, scheduler, args,
+                                       state.train_state)
             reason = termination.requested()  # --exit-signal-handler / --exit-duration-in-mins
             if reason:
                 print_rank0(rank, f"mtmegatron: {reason}: stopping after iteration {iteration}"

@@ -87,7 +87,7 @@ READ_BY_CODE = frozenset({
     # fusion switches: models/fusions.py decides what runs on the backend
     "masked_softmax_fusion", "bias_dropout_fusion", "apply_rope_fusion", "gradient_accumulation_fusion",
     "cross_entropy_loss_fusion",
-    # the data position (training/data_position.py; checks in training/schedule_flags.py)
+    # the data position (data/position.py; checks in training/schedule_flags.py)
     "rampup_batch_size", "iterations_to_skip",
     # result validation (training/rerun.py), non-persistent checkpoints (training/non_persistent.py), memory history
     "rerun_mode", "check_for_spiky_loss", "error_injection_rate", "error_injection_type",

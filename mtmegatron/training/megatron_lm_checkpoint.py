@@ -142,7 +142,7 @@ def content_metadata(use_distributed_optimizer: bool) -> dict:
 
 
 def _device_rng_state():
-    from mtmegatron.training.device import compute_device
+    from mtmegatron.backends.device import compute_device
 
     device = compute_device()
     if device.type == "cpu":
@@ -199,7 +199,7 @@ def restore_rng(saved) -> None:
     list form)."""
     from megatron.core import tensor_parallel
 
-    from mtmegatron.training.device import compute_device
+    from mtmegatron.backends.device import compute_device
 
     state = saved[0] if isinstance(saved, (list, tuple)) else saved
     random.setstate(state["random_rng_state"])

@@ -17,7 +17,7 @@ import pickle
 
 import torch
 
-from mtmegatron.training.metrics import print_rank0
+from mtmegatron.utils.metrics import print_rank0
 
 
 class MemoryHistory:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 
 @dataclass
@@ -93,7 +93,7 @@ class MicroBatches:
         return tiles * self.collate.img_seq_len
 
     def _generate(self):
-        from mtmegatron.training.data_position import rank_micro_batches
+        from mtmegatron.data.position import rank_micro_batches
 
         for _, positions in rank_micro_batches(self.plan, self.args, self.dp_rank):
             samples = [self.dataset[self.sample_index(p)] for p in positions]

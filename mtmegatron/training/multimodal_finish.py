@@ -21,9 +21,9 @@ from megatron.core import parallel_state
 from megatron.core.utils import get_attr_wrapped_model
 
 from mtmegatron.data.multimodal.template import Turn, render
-from mtmegatron.training.device import compute_device
+from mtmegatron.backends.device import compute_device
 from mtmegatron.training.evaluate import validation_loss
-from mtmegatron.training.metrics import print_rank0
+from mtmegatron.utils.metrics import print_rank0
 
 
 def image_eval(model, valid, args) -> dict:

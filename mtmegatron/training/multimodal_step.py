@@ -20,7 +20,7 @@ from functools import partial
 import torch
 from megatron.core.utils import get_attr_wrapped_model
 
-from mtmegatron.training.device import to_compute_device
+from mtmegatron.backends.device import to_compute_device
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):

@@ -27,27 +27,26 @@ def due(args, iteration: int) -> bool:
     return bool(args.save and interval and iteration % interval == 0)
 
 
-def save(iteration: int, model, optimizer, scheduler, args, train_state: dict) -> str:
-    """Replace the kept non-persistent checkpoint by one of ``iteration``."""
+def fresh_root(args) -> str:
+    """The directory a non-persistent save goes into, emptied of the kept one (Megatron-LM removes the old ones
+    first); the caller saves there."""
     import shutil
 
     import torch
 
-    from mtmegatron.training import checkpointing
-
     root = directory(args, args.save)
-    if torch.distributed.get_rank() == 0 and os.path.isdir(root):  # Megatron-LM removes the old ones first
+    if torch.distributed.get_rank() == 0 and os.path.isdir(root):
         for name in os.listdir(root):
             if name.startswith("iter_"):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    return checkpointing.save(root, iteration, model, optimizer, scheduler, args, train_state)
+    return root
 
 
 def load_root(args, root: str) -> str:
     """The directory ``--load`` reads: the non-persistent one when its checkpoint is at least as new."""
     if args.non_persistent_ckpt_type != "global":
         return root
-    from mtmegatron.training.checkpointing import latest_complete_iteration
+    from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
 
     candidate = directory(args, root)
     newest = latest_complete_iteration(candidate)

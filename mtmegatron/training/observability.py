@@ -2,7 +2,7 @@
 memory, parameter norm, world size, validation perplexity, the profiler, wandb, and manual garbage collection.
 
 ``log(row)`` completes the iteration's metrics row with what the flags ask for and hands it to metrics.jsonl /
-tensorboard (training/metrics.py, rank 0) and wandb (the last rank); row keys (metrics.jsonl and tensorboard
+tensorboard (utils/metrics.py, rank 0) and wandb (the last rank); row keys (metrics.jsonl and tensorboard
 tags): ``throughput`` (TFLOP/s per device), ``mfu``, ``params_norm``, ``num_zeros_in_grad`` (from train_step),
 ``world_size``, ``val_ppl``, ``mem_*_bytes``, and with --log-timers-to-tensorboard Megatron-LM's
 ``<timer>-time`` tags at each log interval.
@@ -91,7 +91,7 @@ class ManualGC:
 
 class Observability:
     def __init__(self, args, backend, rank: int, model, optimizer, writer, first_done: int):
-        from mtmegatron.training.device import compute_device
+        from mtmegatron.backends.device import compute_device
 
         self.args, self.rank, self.model, self.writer = args, rank, model, writer
         self.world_size = torch.distributed.get_world_size()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from mtmegatron.training.device import compute_device
+from mtmegatron.backends.device import compute_device
 
 KEYS = ("device_state_bytes", "host_state_bytes", "misplaced_state_bytes", "offloaded_params", "total_params",
         "offloaded_tensors", "d2h_bytes", "h2d_bytes", "d2h_copies", "h2d_copies", "d2h_side_stream_copies",

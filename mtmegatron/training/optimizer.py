@@ -22,7 +22,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from mtmegatron.models.config_from_flags import optimizer_config_kwargs
 from mtmegatron.optim import FusedAdam
-from mtmegatron.training.device import compute_device
+from mtmegatron.backends.device import compute_device
 from mtmegatron.training.offload_stats import inner_optimizers, offload_stats
 
 STATS_ENV = "MTMEGATRON_OPTIMIZER_STATS"

@@ -16,7 +16,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
-from mtmegatron.training.device import compute_device
+from mtmegatron.backends.device import compute_device
 
 
 def _sum_of_squares(tensors: list[torch.Tensor], device) -> torch.Tensor:

@@ -11,8 +11,8 @@ from datetime import timedelta
 import torch
 from megatron.core import parallel_state
 
-from mtmegatron.training.device import compute_device
-from mtmegatron.training.metrics import print_rank0
+from mtmegatron.backends.device import compute_device
+from mtmegatron.utils.metrics import print_rank0
 
 
 def _timeout_of(group) -> str:

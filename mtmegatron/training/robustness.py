@@ -101,7 +101,7 @@ class TerminationRequest:
 def _agreed_each(flags: list[bool]) -> list[bool]:
     """Each flag True on every rank when any rank passes it True (one all-reduce MAX on the collective's device:
     NCCL/MCCL reduce device tensors only)."""
-    from mtmegatron.training.device import compute_device
+    from mtmegatron.backends.device import compute_device
 
     tensor = torch.tensor([1.0 if f else 0.0 for f in flags], device=compute_device())
     torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)

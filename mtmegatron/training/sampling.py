@@ -1,6 +1,6 @@
 """Greedy-decoded continuations of a few prompts at the end of a run, so a person can see what it learned.
 
-Decoded on megatron-core's static inference engine with a KV cache (mtmegatron/generate/engine.py: the same
+Decoded on megatron-core's static inference engine with a KV cache (mtmegatron/inference/engine.py: the same
 engine as ``mtmegatron generate``), all prompts in one batch. Every rank takes part (TP ranks in each forward,
 PP stages pass activations and the last stage's logits are broadcast; data-parallel replicas repeat it);
 sequence parallelism is switched off for the decode and back on after it. Prompts are encoded as the training
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from megatron.core import parallel_state
 
-from mtmegatron.generate.engine import Sampling, generate
+from mtmegatron.inference.engine import Sampling, generate
 
 DEFAULT_PROMPTS = ("In the beginning", "And the LORD said unto Moses,", "Blessed are the")
 

@@ -6,7 +6,7 @@ at core_v0.16.1): a run is either iteration-based (``--train-iters``, ``--lr-dec
 ``--lr-wsd-decay-iters``) or sample-based (``--train-samples``, ``--lr-decay-samples``, ``--lr-warmup-samples``,
 ``--lr-wsd-decay-samples``), never a mix. With ``--train-samples N`` the run does ``N // global batch``
 iterations (a partial last batch is dropped; under ``--rampup-batch-size``, which needs sample-based training,
-Megatron-LM's count over the ramp, training/data_position.py) and the scheduler's steps are the sample counts;
+Megatron-LM's count over the ramp, data/position.py) and the scheduler's steps are the sample counts;
 with iterations they are iterations x global batch. ``--lr-warmup-fraction`` is a share of the decay steps.
 ``--weight-decay-incr-style constant`` (default) keeps ``--weight-decay``; ``linear``/``cosine`` go from
 ``--start-weight-decay`` to ``--end-weight-decay`` over the whole run.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtmegatron.training.data_position import SamplePlan, add_rejected_iterations
+from mtmegatron.data.position import SamplePlan, add_rejected_iterations
 
 WSD_DECAY_STYLES = ["exponential", "linear", "cosine", "minus_sqrt"]
 WD_INCR_STYLES = ["constant", "linear", "cosine"]

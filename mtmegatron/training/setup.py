@@ -21,7 +21,7 @@ from megatron.core.transformer.module import Float16Module
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
 from mtmegatron.training import overlap, training_flags
-from mtmegatron.training.device import compute_device, move_module
+from mtmegatron.backends.device import compute_device, move_module
 from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
 

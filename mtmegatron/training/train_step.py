@@ -17,7 +17,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
 from mtmegatron.training import rerun, robustness
-from mtmegatron.training.device import compute_device, to_compute_device
+from mtmegatron.backends.device import compute_device, to_compute_device
 from mtmegatron.training.step_timers import timed
 from mtmegatron.models.aux_losses import aux_loss_stats
 
@@ -44,8 +44,8 @@ def forward_step(data_iterator, model):
 
 def _global_mean_loss(losses_reduced: list[dict], args) -> float:
     """Average the last stage's micro-batch losses, then over data-parallel ranks, visible on every rank."""
-    if args.calculate_per_token_loss:  # SFT hook: [sum, count] reports (mtmegatron/sft/step.py)
-        from mtmegatron.sft.step import global_per_token_loss
+    if args.calculate_per_token_loss:  # SFT hook: [sum, count] reports (mtmegatron/training/sft_step.py)
+        from mtmegatron.training.sft_step import global_per_token_loss
 
         return global_per_token_loss(losses_reduced)
     contribution = torch.zeros(1, dtype=torch.float64, device=compute_device())
@@ -68,9 +68,9 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
     seq_length, micro_batch_size = args.seq_length, args.micro_batch_size
     if args.model == "llava":
         from mtmegatron.training.multimodal_step import forward_step as step
-    elif args.calculate_per_token_loss:  # SFT hook: packed THD batches, per-token loss (mtmegatron/sft/step.py)
-        from mtmegatron.sft.step import forward_step as step
-        from mtmegatron.sft.step import schedule_shape
+    elif args.calculate_per_token_loss:  # SFT hook: packed THD batches, per-token loss (mtmegatron/training/sft_step.py)
+        from mtmegatron.training.sft_step import forward_step as step
+        from mtmegatron.training.sft_step import schedule_shape
 
         if args.sft:
             seq_length, micro_batch_size = schedule_shape(model, args)

@@ -19,7 +19,7 @@ def check_upcycling_args(args: argparse.Namespace, error: type[Exception]) -> No
         return
     if not args.save:
         raise error("--moe-use-upcycling needs --save DIR (the upcycled MoE checkpoint is written there)")
-    from mtmegatron.training.checkpoint_dirs import latest_complete_iteration
+    from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
 
     try:
         saved = latest_complete_iteration(args.save)
@@ -47,8 +47,8 @@ def upcycle(args, model, optimizer, scheduler, rank: int) -> None:
 
     from mtmegatron.models.gpt import build_model_chunks, transformer_config
     from mtmegatron.training import checkpointing
-    from mtmegatron.training.device import compute_device, move_module
-    from mtmegatron.training.metrics import print_rank0
+    from mtmegatron.backends.device import compute_device, move_module
+    from mtmegatron.utils.metrics import print_rank0
 
     if getattr(args, "upcycling_note", None):
         print_rank0(rank, f"mtmegatron: {args.upcycling_note}")

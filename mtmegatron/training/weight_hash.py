@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from megatron.core.utils import check_param_hashes_across_dp_replicas
 
-from mtmegatron.training.metrics import print_rank0
+from mtmegatron.utils.metrics import print_rank0
 
 
 def due(args, iteration: int, first: bool) -> bool:

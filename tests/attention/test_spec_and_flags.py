@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtmegatron.training.arguments import ConfigError, parse_args
+from mtmegatron.training.arguments import parse_args
+from mtmegatron.utils.errors import ConfigError
 
 TINY = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "64", "--vocab-size", "128", "--mock-data", "--micro-batch-size", "1", "--global-batch-size", "2"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mtmegatron.training.arguments import parse_args
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "megatron_lm_ckpt"
 BASE = ["--backend", "cpu", "--model", "llama3", "--mock-data"]

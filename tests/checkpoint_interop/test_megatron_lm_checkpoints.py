@@ -206,10 +206,11 @@ def test_optimizer_count_change_outside_the_fully_reshardable_format_is_refused_
     from types import SimpleNamespace
 
     from mtmegatron.training import checkpointing
+    from mtmegatron.utils import checkpoint_dirs
 
     common = {"optimizer": {0: {"optimizer": {"param_groups": []}}, 1: {"optimizer": {"param_groups": []}}}}
     one = SimpleNamespace(chained_optimizers=[object()])
-    with pytest.raises(checkpointing.CheckpointError, match=r"holds 2 optimizers \('dp_reshardable' state.*this run "
+    with pytest.raises(checkpoint_dirs.CheckpointError, match=r"holds 2 optimizers \('dp_reshardable' state.*this run "
                                                             r"1: run with the checkpoint's --expert-model-parallel"):
         checkpointing._check_optimizer_count(common, one, "dp_reshardable", "ckpt/iter_0000003")
     checkpointing._check_optimizer_count(common, one, "fully_reshardable", "ckpt/iter_0000003")

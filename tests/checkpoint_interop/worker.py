@@ -53,10 +53,11 @@ def finetune(fixture: str) -> dict:
     from megatron.core import dist_checkpointing
 
     from mtmegatron.training import checkpointing
+    from mtmegatron.utils import checkpoint_dirs
 
     args, model, optimizer, scheduler = _setup(["--finetune", "--load", fixture])
     iteration = checkpointing.load(fixture, model, optimizer, scheduler, args)
-    stored = dist_checkpointing.load_plain_tensors(checkpointing.checkpoint_dir(fixture, 3))
+    stored = dist_checkpointing.load_plain_tensors(checkpoint_dirs.checkpoint_dir(fixture, 3))
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 

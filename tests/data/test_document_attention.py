@@ -6,7 +6,6 @@ fail). Run for mtmegatron's SDPA attention and megatron-core's local attention (
 
 from __future__ import annotations
 
-import pytest
 
 from helpers.ranks import run_ranks
 

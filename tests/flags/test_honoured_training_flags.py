@@ -15,7 +15,8 @@ import types
 import pytest
 
 from helpers.ranks import run_ranks
-from mtmegatron.training.arguments import ConfigError, parse_args
+from mtmegatron.training.arguments import parse_args
+from mtmegatron.utils.errors import ConfigError
 
 BASE = ["--backend", "cpu", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "16", "--max-position-embeddings", "16", "--micro-batch-size", "1",

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from mtmegatron.training import megatron_flags
-from mtmegatron.training.arguments import ConfigError, build_parser, parse_args
+from mtmegatron.training.arguments import build_parser, parse_args
+from mtmegatron.utils.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TABLE = Path(os.environ.get("MTMEGATRON_SHARED_DIR", REPO.parent / "shared")) / "megatron-lm-0.16.1-flags.tsv"

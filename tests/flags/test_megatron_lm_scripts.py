@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from helpers.pretrain_runner import run_pretrain
-from mtmegatron.training.arguments import ConfigError, parse_args
+from mtmegatron.training.arguments import parse_args
+from mtmegatron.utils.errors import ConfigError
 
 LLAMA3_8B_FP8 = [
     "--use-mcore-models", "--num-layers", "32", "--hidden-size", "4096", "--ffn-hidden-size", "14336",

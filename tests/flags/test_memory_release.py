@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import types
 
-import torch
 
-from mtmegatron.training import device
+from mtmegatron.backends import device
 
 
 def test_levels_empty_the_device_cache_when_megatron_lm_does(monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 
 from helpers.pretrain_runner import TINY
 from mtmegatron.training.arguments import parse_args
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 BASE = TINY + ["--train-iters", "1", "--vocab-size", "100"]
 

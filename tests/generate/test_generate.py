@@ -82,10 +82,10 @@ def _generate_worker(rank, world_size, backend_name, load, tokenizer_dir, layout
     import mtmegatron
     from mtmegatron.backends import get_backend
     from mtmegatron.generate.command import prepare
-    from mtmegatron.generate.engine import Sampling, generate
+    from mtmegatron.inference.engine import Sampling, generate
     from mtmegatron.generate.flags import add_arguments
     from mtmegatron.generate.model import build_and_load
-    from mtmegatron.generate.recompute import generate_without_cache
+    from mtmegatron.inference.recompute import generate_without_cache
     from mtmegatron.training.setup import init_distributed
 
     argv = ["--backend", backend_name, "--load", load, "--tokenizer-model", tokenizer_dir,

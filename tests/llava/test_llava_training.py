@@ -12,7 +12,6 @@ on the embedded shapes dataset (generated images, questions only the image answe
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch

@@ -14,7 +14,7 @@ import pytest
 
 from helpers.pretrain_runner import TINY
 from mtmegatron.training.arguments import parse_args
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 BANNER = "mtmegatron: backend"  # printed only after process groups and the model exist
 BASE = TINY + ["--train-iters", "1"]

@@ -10,7 +10,7 @@ import pytest
 
 from mtmegatron.models.layer_spec import build_layer_spec, describe_layer_spec
 from mtmegatron.training.arguments import parse_args
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 TE = "megatron.core.extensions.transformer_engine"
 

@@ -18,7 +18,7 @@ import pytest
 from mtmegatron.models import transformer_impl
 from mtmegatron.models.transformer_impl import te_layers_missing
 from mtmegatron.training.arguments import parse_args
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 TINY = ["--model", "llama3", "--model-size", "tiny", "--mock-data"]
 

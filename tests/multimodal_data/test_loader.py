@@ -17,7 +17,7 @@ from mtmegatron.data.multimodal.images import ImageConfig
 from mtmegatron.data.multimodal.records import BadSample
 from mtmegatron.data.multimodal.sample import combined_length
 from mtmegatron.data.multimodal.template import IMAGE_TOKEN_INDEX as IMG
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 ISL = 4
 

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.pretrain_runner import TINY
 from mtmegatron.training.arguments import build_parser, parse_args
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 from mtmegatron.training.observability import ManualGC
 from mtmegatron.training.profiler import profiler_activities, profiler_kind
 

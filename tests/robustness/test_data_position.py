@@ -1,4 +1,4 @@
-"""The data position is the consumed-sample count (training/data_position.py), as in Megatron-LM.
+"""The data position is the consumed-sample count (data/position.py), as in Megatron-LM.
 
 Which samples each run trained is read from the test hook ``MTMEGATRON_TEST_TRAINED_SAMPLES`` (training/data.py:
 one line per micro-batch handed to the model); what a checkpoint records is read from its ``args`` Namespace.

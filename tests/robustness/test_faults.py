@@ -15,7 +15,7 @@ import torch
 
 from helpers.launch import finish, launch, rows, wait_for
 from helpers.pretrain_runner import TINY, run_pretrain
-from mtmegatron.training.checkpointing import complete_iterations, latest_complete_iteration
+from mtmegatron.utils.checkpoint_dirs import complete_iterations, latest_complete_iteration
 
 DP2 = TINY + ["--use-distributed-optimizer"]
 

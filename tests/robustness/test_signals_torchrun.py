@@ -22,7 +22,7 @@ import pytest
 from helpers.launch import finish, launch, rank_pid, rows, wait_for
 from helpers.pretrain_runner import LAUNCHER_VARS, STACKS_ENV, TINY, free_port, run_job
 from helpers.ranks import run_ranks
-from mtmegatron.training.checkpointing import latest_complete_iteration
+from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
 
 ARGS = TINY + ["--use-distributed-optimizer", "--train-iters", "100000", "--exit-signal-handler"]
 

@@ -18,8 +18,9 @@ import pytest
 
 from helpers.pretrain_runner import TINY, run_pretrain
 from mtmegatron.training import robustness, setup
-from mtmegatron.training.arguments import ConfigError, parse_args
-from mtmegatron.training.checkpointing import latest_complete_iteration
+from mtmegatron.training.arguments import parse_args
+from mtmegatron.utils.errors import ConfigError
+from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
 
 ARGS = TINY + ["--train-iters", "4"]
 

@@ -20,7 +20,8 @@ import math
 import pytest
 
 from helpers.pretrain_runner import TINY, run_pretrain
-from mtmegatron.training.arguments import ConfigError, parse_args
+from mtmegatron.training.arguments import parse_args
+from mtmegatron.utils.errors import ConfigError
 from mtmegatron.training.schedule import build_scheduler
 
 G = 8  # global batch

@@ -127,7 +127,7 @@ def _boundary_worker(rank, world_size, backend_name, cache: str):
 
     import mtmegatron
     from mtmegatron.sft.packing import packed_batch, padded_batch
-    from mtmegatron.sft.step import packed_seq_params
+    from mtmegatron.training.sft_step import packed_seq_params
     from mtmegatron.training.arguments import parse_args
     from mtmegatron.training.setup import build, init_distributed
 
@@ -157,7 +157,7 @@ def _boundary_worker(rank, world_size, backend_name, cache: str):
 
 def _greedy(model, prompt):
     """Greedy continuation of a 21-token prompt (not a multiple of 2 x CP: the CP path pads it)."""
-    from mtmegatron.generate.recompute import greedy_tokens
+    from mtmegatron.inference.recompute import greedy_tokens
 
     return greedy_tokens(model, [int(t) for t in prompt], 12, eod=0)
 
@@ -185,7 +185,7 @@ def _boundary_cp_worker(rank, world_size, backend_name, cache: str):
     import mtmegatron
     from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, thd_partition_index
     from mtmegatron.sft.packing import packed_batch, padded_batch
-    from mtmegatron.sft.step import packed_seq_params
+    from mtmegatron.training.sft_step import packed_seq_params
     from mtmegatron.training.arguments import parse_args
     from mtmegatron.training.setup import build, init_distributed
 
@@ -232,7 +232,7 @@ def test_attention_never_crosses_a_conversation_boundary_under_cp(boundary):
 
 
 def test_greedy_decoding_under_cp_equals_one_rank(boundary):
-    """The held-out scoring's decode loop (generate/recompute.py) pads, splits and gathers under CP."""
+    """The held-out scoring's decode loop (inference/recompute.py) pads, splits and gathers under CP."""
     one_rank, cp2 = boundary
     assert len(one_rank["greedy"]) >= 4, one_rank["greedy"]  # else equal lists would prove little
     assert cp2["greedy"] == one_rank["greedy"]

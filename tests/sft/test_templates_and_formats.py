@@ -157,7 +157,7 @@ def test_packed_and_padded_batches_hold_the_same_positions():
 ])
 def test_sft_flag_mistakes_are_config_errors(extra, message):
     from mtmegatron.training.arguments import parse_args
-    from mtmegatron.training.errors import ConfigError
+    from mtmegatron.utils.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         parse_args(["--model", "llama3", "--seq-length", "64", "--sft", *extra], world_size=2)

@@ -14,7 +14,6 @@ from helpers import tokenizer_files as files
 from mtmegatron.data.tokenizer import EOD, TokenizerError, load_tokenizer
 from mtmegatron.data.tokenizer_build import build_tokenizer, sentencepiece_model_vocab_size
 from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
-from mtmegatron.training.arguments import ConfigError
 
 TINY_MODEL = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
               "--seq-length", "32", "--max-position-embeddings", "32", "--train-iters", "4", "--vocab-size", "256"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from mtmegatron import cli
-from mtmegatron.training.arguments import ConfigError, parse_args
+from mtmegatron.training.arguments import parse_args
+from mtmegatron.utils.errors import ConfigError
 
 TINY_MODEL = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
               "--seq-length", "32", "--max-position-embeddings", "32", "--train-iters", "4", "--vocab-size", "256"]

@@ -38,7 +38,7 @@ from mtmegatron.data.multimodal.images import ImageConfig
 from mtmegatron.data.multimodal.records import BadSample
 from mtmegatron.data.multimodal.template import MULTIMODAL_SPECIAL_TOKENS, TemplateError
 from mtmegatron.data.tokenizer import TokenizerError, load_tokenizer, train_bpe
-from mtmegatron.training.errors import ConfigError
+from mtmegatron.utils.errors import ConfigError
 
 SHAPES_SEED = 1234  # the embedded dataset does not change with --seed: runs with different seeds compare
 SHAPES_MAX_SIDE = 64  # rendered at most this large; the loader resizes to --img-h x --img-w

@@ -25,6 +25,15 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used as asked (missing, corrupt, other model); the message says why."""
 
 
+FORMAT_REFUSALS = {
+    "torch": "the legacy per-rank torch.save format (mp_rank_*/model_optim_rng.pt) is not written or read here; "
+             "convert with Megatron-LM's --ckpt-convert-format torch_dist, or use --ckpt-format torch_dist",
+    "torch_dcp": "plain torch.distributed.checkpoint state dicts (Megatron-LM's FSDP2 path) are not supported; "
+                 "use --ckpt-format torch_dist",
+    "fsdp_dtensor": "Megatron FSDP's DTensor format needs Megatron FSDP, which mtmegatron does not wire in; use "
+                    "--ckpt-format torch_dist",
+}
+
 def checkpoint_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
@@ -134,8 +143,6 @@ def check_load(load: str, args, error: type[Exception]) -> None:
     tracked = latest_iteration(load)
     foreign = foreign_format(checkpoint_dir(load, tracked)) if tracked is not None else None
     if foreign:
-        from mtmegatron.training.checkpoint_flags import FORMAT_REFUSALS
-
         raise error(f"--load {load}: {checkpoint_dir(load, tracked)} is a '{foreign}' checkpoint: "
                     f"{FORMAT_REFUSALS[foreign]}")
     if debris or reason:

@@ -13,7 +13,7 @@ import torch
 
 
 def compute_device() -> torch.device:
-    from mtmegatron import active_backend
+    from mtmegatron.backends.active import active_backend
 
     backend = active_backend()
     if backend is None:

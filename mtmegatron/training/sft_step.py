@@ -23,7 +23,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank
 from mtmegatron.training import rerun
-from mtmegatron.training.device import compute_device, to_compute_device
+from mtmegatron.backends.device import compute_device, to_compute_device
 
 
 SUM_AND_COUNT = "lm loss sum, tokens"

@@ -19,8 +19,8 @@ import torch
 from megatron.core import parallel_state
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, thd_partition_index
-from mtmegatron.generate.engine import Generation
-from mtmegatron.training.device import compute_device
+from mtmegatron.inference.engine import Generation
+from mtmegatron.backends.device import compute_device
 
 
 def _logits_in_sequence_order(model, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ METHODS = ("_get_sub_optimizer_param_groups", "_set_sub_optimizer_grads", "_regi
 
 
 def _device_type() -> str:
-    from mtmegatron.training.device import compute_device
+    from mtmegatron.backends.device import compute_device
 
     return compute_device().type
 
@@ -157,7 +157,7 @@ def _register_param_copy_back_gpu_hook(self):
 
 
 def _move_new_state_to_right_device(self):
-    from mtmegatron.training.device import compute_device
+    from mtmegatron.backends.device import compute_device
 
     device = compute_device()
     for optimizer in self.sub_optimizers:

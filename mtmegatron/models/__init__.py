@@ -1,0 +1,1 @@
+"""Model construction: megatron-core configs and layer specs from flags, presets, initialization."""

@@ -1,0 +1,1 @@
+"""The training loop and everything only it uses: arguments, the step, checkpoints, evaluation, logging."""
