@@ -178,7 +178,7 @@ def unpermute(
 
 
 # ---- TransformerEngine-compatible entry points (what megatron-core's moe_utils calls when
-# config.moe_permute_fusion is on; bound there by patches/moe_fused_permute.py). The "sorted_indices" TE hands
+# config.moe_permute_fusion is on; bound there by patches/moe_fusion_without_te.py). The "sorted_indices" TE hands
 # back is an opaque row map that only the matching unpermute reads: ours is the [tokens, experts] row_id_map.
 
 def _check_num_out(permuted, num_out_tokens):

@@ -123,7 +123,7 @@ def topk_routing_with_score_function(
 
 
 # ---- TransformerEngine-compatible entry points (what megatron-core's moe_utils calls when
-# config.moe_router_fusion is on; bound there by patches/moe_fused_router.py).
+# config.moe_router_fusion is on; bound there by patches/moe_fusion_without_te.py).
 
 def fused_topk_with_score_function(logits, topk, use_pre_softmax=False, num_groups=None, group_topk=None,
                                    scaling_factor=None, score_function="softmax", expert_bias=None):
