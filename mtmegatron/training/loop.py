@@ -42,7 +42,7 @@ class RunState:
     train_state: dict = None        # saved in checkpoints: skipped steps and the data position (below)
 
     def __post_init__(self):
-        if self.train_state is None:  # consumed/skipped samples: Megatron-LM's counters (data_position.py)
+        if self.train_state is None:  # consumed/skipped samples: Megatron-LM's counters (data/position.py)
             self.train_state = {"skipped_steps": 0, "consumed_train_samples": 0, "skipped_train_samples": 0,
                                 "consumed_valid_samples": 0}
 
