@@ -242,11 +242,7 @@ def test_cpu_vs_cpu_run_passes(tmp_path, capsys):
 
 # ---- benchmarks/step.py ------------------------------------------------------------------------------------------
 def test_step_rows_put_the_comparisons_first():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        step = _load("step_benchmark", "benchmarks/step.py")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    step = _load("step_benchmark", "benchmarks/step.py")  # it puts its own directory on sys.path (step_baselines)
     rows = step.rows_to_run("cuda", ["local", "mtmegatron"], fp8=True, quick=False)
     assert [name for name, _, _ in rows] == [
         "local, fusions on", "mtmegatron, fusions on", "local, fusions off", "mtmegatron, fusions off",

@@ -32,13 +32,14 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.child_path import with_tests_on_path
+from helpers.megatron_lm_fixture import FIXTURE_FLAGS, TRAINING_FLAGS
 from helpers.pretrain_runner import run_pretrain
 
 HERE = Path(__file__).parent
 FIXTURE = HERE.parent / "fixtures" / "megatron_lm_ckpt"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
-sys.path.insert(0, str(HERE))
-from worker import FIXTURE_FLAGS, TRAINING_FLAGS  # noqa: E402
 
 TOLERANCE = 1e-5  # fp32, the same data; the losses differ only by reduction order
 
@@ -62,7 +63,7 @@ def resumed(tmp_path_factory):
 
 
 def _worker(*argv) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = with_tests_on_path({**os.environ, "OMP_NUM_THREADS": "1"})
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(key, None)
     proc = subprocess.run([sys.executable, str(HERE / "worker.py"), *map(str, argv)], capture_output=True, text=True,

@@ -11,6 +11,8 @@ the content metadata; a state-dict template built as its ``generate_state_dict``
 with the loaded metadata and ``is_loading``, the RNG object only when TP/PP match); ``dist_checkpointing.load``;
 then model, optimizer and ``opt_param_scheduler`` restored — and takes one training step on the next global
 batch, returning its loss.
+
+May assume: tests/ on the PYTHONPATH (the test starts it with helpers.child_path) for ``helpers``.
 """
 
 from __future__ import annotations
@@ -19,23 +21,7 @@ import argparse
 import json
 import sys
 
-# the training flags of every Megatron-LM fixture (scripts/make_megatron_lm_fixture.py's COMMON), ours
-TRAINING_FLAGS = [
-    "--backend", "cpu", "--vocab-size", "128", "--hidden-dropout", "0", "--attention-dropout", "0", "--mock-data",
-    "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "5", "--lr", "1e-3", "--min-lr", "1e-4",
-    "--lr-decay-style", "cosine", "--weight-decay", "0.1", "--adam-beta2", "0.95", "--clip-grad", "1.0",
-    "--seed", "1234", "--transformer-impl", "local", "--use-distributed-optimizer", "--log-interval", "1",
-]
-FIXTURE_FLAGS = [
-    "--backend", "cpu", "--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
-    "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--seq-length", "32",
-    "--max-position-embeddings", "32", "--vocab-size", "128", "--rotary-base", "10000", "--normalization", "RMSNorm",
-    "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--hidden-dropout", "0",
-    "--attention-dropout", "0", "--mock-data", "--micro-batch-size", "2", "--global-batch-size", "4",
-    "--train-iters", "5", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "1",
-    "--weight-decay", "0.1", "--adam-beta2", "0.95", "--clip-grad", "1.0", "--seed", "1234",
-    "--transformer-impl", "local", "--use-distributed-optimizer", "--log-interval", "1",
-]
+from helpers.megatron_lm_fixture import FIXTURE_FLAGS
 
 
 def _setup(extra: list[str]):

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hf_parity import MAX_ABS, _logits_worker, _model_flags, run_cli, save_reference  # noqa: E402
-
-from mtmegatron.convert.hf_config import ConversionError, flags_from_hf  # noqa: E402
+from helpers.cli_subprocess import run_cli
+from helpers.hf_parity import MAX_ABS, logits_worker, model_flags, save_reference
+from mtmegatron.convert.hf_config import ConversionError, flags_from_hf
 
 CASES = ["llama3:mha-tied-163", "mixtral:vocab-163"]
 
@@ -42,7 +39,7 @@ def test_edge_case_converts_matches_hf_under_tp2_and_round_trips(tmp_path, run_r
     assert ("--no-untie-embeddings-and-output-weights" if tied else "--untie-embeddings-and-output-weights") in flags
 
     reference = torch.load(hf_dir / "reference.pt")
-    results = run_ranks(_logits_worker, 2, "cpu", _model_flags(mc_dir) + ["--tensor-model-parallel-size", "2"],
+    results = run_ranks(logits_worker, 2, "cpu", model_flags(mc_dir) + ["--tensor-model-parallel-size", "2"],
                         str(mc_dir), reference["tokens"].numpy(), timeout=240)
     ours = torch.as_tensor(results[0])
     assert ours.shape[-1] == 256  # 163 padded to a multiple of 128

@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hf_parity import MAX_ABS, _logits_worker, _model_flags, run_cli, save_reference  # noqa: E402
+from helpers.cli_subprocess import run_cli
+from helpers.hf_parity import HF_MODELS, MAX_ABS, logits_worker, model_flags, save_reference
 
 # variant (hf_models.CONFIGS key) -> converter --model
 FAMILIES = {"llama3:3.1-rope-scaling": "llama3", "llama3:rope-own-values": "llama3", "qwen2.5": "qwen2.5", "qwen3": "qwen3", "qwen3-moe": "qwen3-moe",
@@ -35,7 +34,6 @@ CASES = [("llama3:3.1-rope-scaling", "tp1"), ("llama3:rope-own-values", "tp1"), 
          ("mistral", "tp1")]
 TRAIN = ["--backend", "cpu", "--mock-data", "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size",
          "4", "--train-iters", "2", "--lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "100"]
-HF_MODELS = Path(__file__).with_name("hf_models.py")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +56,7 @@ def converted(tmp_path_factory):
 
 
 def _max_diff(run_ranks, flags, world, mc_dir, tokens, reference) -> float:
-    results = run_ranks(_logits_worker, world, "cpu", flags, str(mc_dir), tokens.numpy(), timeout=240)
+    results = run_ranks(logits_worker, world, "cpu", flags, str(mc_dir), tokens.numpy(), timeout=240)
     ours = torch.as_tensor(results[0])
     assert ours.shape == reference.shape
     return (ours - reference).abs().max().item()
@@ -69,7 +67,7 @@ def test_logits_match_hf(converted, run_ranks, monkeypatch, variant, layout):
     monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
     _, mc_dir, reference, tokens = converted(variant)
     world, extra = LAYOUTS[layout]
-    diff = _max_diff(run_ranks, _model_flags(mc_dir) + extra, world, mc_dir, tokens, reference)
+    diff = _max_diff(run_ranks, model_flags(mc_dir) + extra, world, mc_dir, tokens, reference)
     print(f"\n{variant} {layout}: max |logit diff| vs HF = {diff:.3e} (max |logit| {reference.abs().max():.3f})")
     assert diff <= MAX_ABS, f"{variant} {layout}: max |logit diff| {diff:.3e} > {MAX_ABS}"
 
@@ -86,7 +84,7 @@ def test_llama3_rope_scaling_is_what_makes_it_match(converted, run_ranks, monkey
     (the flags the converter wrote carry them), the logits are far off."""
     monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
     _, mc_dir, reference, tokens = converted(variant)
-    flags = _model_flags(mc_dir)
+    flags = model_flags(mc_dir)
     assert "--use-rope-scaling" in flags
     if variant == "llama3:3.1-rope-scaling":
         assert flags[flags.index("--rope-scaling-factor") + 1] == "32.0"
@@ -141,7 +139,7 @@ def test_pretrain_load_first_loss_equals_hf(converted, tmp_path, variant):
     import subprocess
 
     from helpers.pretrain_runner import run_pretrain
-    from test_hf_parity import ENV
+    from helpers.cli_subprocess import ENV
 
     hf_dir, mc_dir, _, _ = converted(variant)
     flags = shlex.split((mc_dir / "model_flags.txt").read_text()) + TRAIN + ["--load", str(mc_dir)]

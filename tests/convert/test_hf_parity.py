@@ -11,18 +11,13 @@ Round trip: ``hf-to-mcore`` then ``mcore-to-hf`` gives back every tensor of the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from hf_models import SEQ  # noqa: E402
+from helpers.cli_subprocess import run_cli
+from helpers.hf_parity import MAX_ABS, logits_worker, model_flags, save_reference
 
-MAX_ABS = 1e-4
 FAMILIES = ["llama3", "mixtral", "deepseek-v3"]
 LAYOUTS = {
     "tp1": (1, []),
@@ -30,24 +25,6 @@ LAYOUTS = {
     "ep2": (2, ["--expert-model-parallel-size", "2"]),
 }
 CASES = [(f, lay) for f in FAMILIES for lay in LAYOUTS if not (lay == "ep2" and f == "llama3")]
-
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-
-
-def run_cli(*argv: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "mtmegatron.cli", *argv], capture_output=True, text=True,
-                          env=ENV, timeout=300)
-    assert proc.returncode == 0, f"mtmegatron {' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc
-
-
-def save_reference(family: str, directory: Path, shard: bool = False) -> None:
-    """The tiny HF checkpoint + reference.pt, made in a subprocess (no torch compute in the forking parent)."""
-    command = [sys.executable, str(Path(__file__).with_name("hf_models.py")), family, str(directory)]
-    proc = subprocess.run(command + (["--shard"] if shard else []), capture_output=True, text=True, env=ENV,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -68,53 +45,13 @@ def converted(tmp_path_factory):
     return get
 
 
-def converted_model(world_size, backend_name, flags, checkpoint):
-    """(args, model in eval mode) on this rank: the backend active, process groups up, ``checkpoint`` (a
-    converter's output) loaded when given."""
-    import mtmegatron
-
-    from mtmegatron.backends import get_backend
-    from mtmegatron.convert.model import build_model, load_model, parse_flags
-    from mtmegatron.training.setup import init_distributed
-
-    args = parse_flags(flags, world_size=world_size)
-    backend = get_backend(backend_name)
-    mtmegatron.activate(backend)
-    init_distributed(args, backend)
-    model = build_model(args)
-    if checkpoint:
-        load_model(model, checkpoint)
-    model.eval()
-    return args, model
-
-
-def _logits_worker(rank, world_size, backend_name, flags, checkpoint, tokens):
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    _, model = converted_model(world_size, backend_name, flags, checkpoint)
-    tokens = torch.as_tensor(tokens)
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-    with torch.no_grad():
-        logits = gather_from_tensor_model_parallel_region(model(tokens, positions, None))
-    return logits.float() if rank == 0 else None
-
-
-def _model_flags(mc_dir: Path) -> list[str]:
-    import shlex
-
-    flags = shlex.split((mc_dir / "model_flags.txt").read_text())
-    if "--mtp-num-layers" in flags:  # HF's model has no MTP head; compare the main model's logits
-        flags[flags.index("--mtp-num-layers") + 1] = "0"
-    return flags + ["--seq-length", str(SEQ), "--micro-batch-size", "1", "--global-batch-size", "2"]
-
-
 @pytest.mark.parametrize("family,layout", CASES, ids=[f"{f}-{lay}" for f, lay in CASES])
 def test_logits_match_hf(converted, run_ranks, monkeypatch, family, layout):
     # spawned ranks: a rank forked from a pytest process that already ran torch code can hang
     monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
     hf_dir, mc_dir, reference, tokens = converted(family)
     world, extra = LAYOUTS[layout]
-    results = run_ranks(_logits_worker, world, "cpu", _model_flags(mc_dir) + extra, str(mc_dir), tokens.numpy(),
+    results = run_ranks(logits_worker, world, "cpu", model_flags(mc_dir) + extra, str(mc_dir), tokens.numpy(),
                         timeout=240)
     ours = torch.as_tensor(results[0])
     assert ours.shape == reference.shape

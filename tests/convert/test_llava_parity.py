@@ -27,12 +27,11 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import hf_llava  # noqa: E402
+from helpers import hf_llava
 
 MAX_ABS = 1e-4
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-HELPER = str(Path(__file__).with_name("hf_llava.py"))
+HELPER = hf_llava.__file__
 MARKER = "conversion_complete.json"
 
 
@@ -61,7 +60,7 @@ def model_flags(mc_dir: Path) -> list[str]:
 def _logits_worker(rank, world_size, backend_name, flags, checkpoint, batches):
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    from test_hf_parity import converted_model
+    from helpers.hf_parity import converted_model
 
     args, model = converted_model(world_size, backend_name, flags, checkpoint)
     out = {}
@@ -252,7 +251,7 @@ def test_hf_defaults_match_transformers():
     """The defaults filled into a partial config.json are transformers' own."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 
-    from mtmegatron.convert import llava
+    from mtmegatron.models.families import llava
 
     llava_config = LlavaConfig()
     for key, value in llava.LLAVA_DEFAULTS.items():
@@ -312,7 +311,7 @@ def test_partial_config_gets_hf_defaults():
     """A config.json in LLaVA-1.5-7B's style (text fields left to LlamaConfig's defaults) gives the 7b preset's
     shape: CLIP ViT-L/14-336 minus its last layer, a Llama-2-7B language model."""
     from mtmegatron.convert.llava import flags_from_hf
-    from mtmegatron.models.presets import preset
+    from mtmegatron.models.families import preset
 
     config = {"model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
               "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "tie_word_embeddings": False,
@@ -342,8 +341,7 @@ def test_llava_streams_both_ways_in_bounded_memory(tmp_path):
     VmHWM before it read any tensor (the in-memory converter had no workers and built the model), and
     HF -> mcore -> HF gives back every tensor bit-exactly in bf16 (the carried tower layer and post_layernorm
     included)."""
-    from test_streaming import _hwm_within_bound
-
+    from helpers.conversion_memory import hwm_within_bound
     from mtmegatron.convert.hf_io import HFCheckpoint
 
     hf_dir, mc_dir, back = tmp_path / "hf", tmp_path / "mcore", tmp_path / "back"
@@ -354,7 +352,7 @@ def test_llava_streams_both_ways_in_bounded_memory(tmp_path):
     run("-m", "mtmegatron.cli", "convert", "mcore-to-hf", "--load", str(mc_dir), "--out", str(back), "--workers", "2")
     for what, stats in (("llava hf-to-mcore", json.loads((mc_dir / MARKER).read_text())),
                         ("llava mcore-to-hf", json.loads((back / MARKER).read_text()))):
-        _hwm_within_bound(stats, what, bites=False)  # 8 MB tensors: the bound shows the model is never built (>= 96 MB)
+        hwm_within_bound(stats, what, bites=False)  # 8 MB tensors: the bound shows the model is never built (>= 96 MB)
     original, returned = HFCheckpoint(str(hf_dir), dtype=None), HFCheckpoint(str(back), dtype=None)
     assert original.names == returned.names and "vision_tower.vision_model.encoder.layers.2.mlp.fc1.weight" in returned
     for name in original.names:

@@ -33,11 +33,11 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hf_parity import ENV, run_cli, save_reference  # noqa: E402
+from helpers.cli_subprocess import ENV, run_cli
+from helpers.conversion_memory import hwm_within_bound
+from helpers.hf_parity import HF_MODELS, save_reference
 
 MARKER = "conversion_complete.json"
-SLACK = 48 * 2**20
 TRAIN = ["--backend", "cpu", "--mock-data", "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size",
          "4", "--train-iters", "1", "--lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "100"]
 
@@ -100,23 +100,9 @@ def _kill_converter_and_its_stopped_workers_die(proc) -> None:
     assert not left, f"workers {left} outlived the killed converter"
 
 
-def _hwm_within_bound(stats: dict, what: str, bites: bool = True) -> None:
-    """Every worker's VmHWM growth below 2 x the largest tensor + SLACK; ``bites``: the largest tensor is large
-    enough that a writer peaking at 3.5 x it fails (the checkpoint of this file's tests)."""
-    largest, total = stats["largest_tensor_bytes"], stats["bytes"]
-    assert total >= 8 * largest, stats
-    if bites:
-        assert 3.5 * largest > 2 * largest + SLACK, stats
-    assert stats["workers"] == 2
-    for base, peak in zip(stats["worker_baseline_vm_hwm_bytes"], stats["worker_vm_hwm_bytes"]):
-        print(f"\n{what} worker VmHWM {peak / 2**20:.0f} MB (before reading {base / 2**20:.0f} MB); largest tensor "
-              f"{largest / 2**20:.0f} MB, checkpoint {total / 2**20:.0f} MB, {total / stats['seconds'] / 1e6:.1f} MB/s")
-        assert peak - base < 2 * largest + SLACK, (peak, base, largest)
-
-
 def test_peak_rss_per_worker_is_bounded_by_the_largest_tensor(synthetic):
     root, _ = synthetic
-    _hwm_within_bound(json.loads((root / "mcore" / MARKER).read_text()), "hf-to-mcore")
+    hwm_within_bound(json.loads((root / "mcore" / MARKER).read_text()), "hf-to-mcore")
 
 
 def test_output_is_bf16_and_laid_out_as_megatron_core_saves_it(synthetic):
@@ -201,7 +187,7 @@ def test_fp8_deepseek_streams_equal_to_its_bf16_dequantized_release(tmp_path):
     from torch.distributed.checkpoint import FileSystemReader
 
     save_reference("deepseek-v3", tmp_path / "src")
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("hf_models.py")), "--fp8", str(tmp_path / "src"),
+    proc = subprocess.run([sys.executable, str(HF_MODELS), "--fp8", str(tmp_path / "src"),
                            str(tmp_path / "fp8"), str(tmp_path / "bf16")], capture_output=True, text=True, env=ENV,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -229,7 +215,7 @@ def test_mcore_to_hf_streams_in_bounded_memory_and_gives_every_tensor_back(synth
     back = root / "back"
     run_cli("convert", "mcore-to-hf", "--load", str(root / "mcore"), "--out", str(back), "--workers", "2",
             "--max-shard-mb", "64")
-    _hwm_within_bound(json.loads((back / MARKER).read_text()), "mcore-to-hf")
+    hwm_within_bound(json.loads((back / MARKER).read_text()), "mcore-to-hf")
     assert len(list(back.glob("model-*-of-*.safetensors"))) >= 3 and (back / "model.safetensors.index.json").is_file()
     original, returned = HFCheckpoint(str(root / "hf"), dtype=None), HFCheckpoint(str(back), dtype=None)
     assert original.names == returned.names

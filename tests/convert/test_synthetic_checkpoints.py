@@ -5,13 +5,11 @@ way: hf-to-mcore's workers write items without a CRC-32 (half their time) and th
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_hf_parity import run_cli  # noqa: E402
+from helpers.cli_subprocess import run_cli
 
 
 def test_deepseek_shaped_synthetic_checkpoint_round_trips(tmp_path):

@@ -1,12 +1,13 @@
 """``python hf_reference.py FAMILY HF_DIR TOKENIZER_DIR OUT.json MAX_NEW_TOKENS PROMPTS.json``: saves
-tests/convert's tiny random HF model of FAMILY in HF_DIR (hf_models.save_tiny), then runs HF transformers' own
+the tiny random HF model of FAMILY in HF_DIR (tests/helpers/hf_models.py's save_tiny), then runs HF transformers' own
 greedy ``generate`` (the reference nobody here wrote) on it for each prompt, plain and as a chat turn.
 
 Plain prompts are encoded by transformers' tokenizer with its defaults; chat prompts by
 ``apply_chat_template(..., add_generation_prompt=True)``. Each prompt is generated alone (no padding); HF's
 output is cut before its first end token (mtmegatron's engine does not return that token). Written as
 ``{"plain": {"prompt_tokens": [...], "tokens": [...]}, "chat": {...}}``, lists in prompt order. Run in a
-subprocess so the test process never runs torch compute before it forks rank processes.
+subprocess so the test process never runs torch compute before it forks rank processes; the test puts tests/ on
+its PYTHONPATH (helpers.child_path) for ``helpers``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _tokens(value) -> list[int]:
 
 
 def main(family: str, hf_dir: str, tokenizer_dir: str, out: str, max_new_tokens: int, prompts: list[str]) -> None:
-    from hf_models import save_tiny
+    from helpers.hf_models import save_tiny
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
@@ -48,8 +49,5 @@ def main(family: str, hf_dir: str, tokenizer_dir: str, out: str, max_new_tokens:
 
 
 if __name__ == "__main__":
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "convert"))
     with open(sys.argv[6]) as f:
         main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), json.load(f))

@@ -1,10 +1,10 @@
 """``mtmegatron generate`` on megatron-core's static inference engine (KV cache), against references nobody
 here wrote or that share no code with it.
 
-One module fixture saves the tiny random HF Llama of tests/convert (GQA, untied head; 2 layers, 64 positions) and
-runs HF transformers' greedy ``generate`` on the prompts (hf_reference.py, one subprocess), converts it with
-``mtmegatron convert hf-to-mcore`` and saves a character-level tokenizer with a chat template
-(char_tokenizer.py). Then:
+One module fixture saves the tiny random HF Llama of tests/helpers/hf_models.py (GQA, untied head; 2 layers, 64
+positions) and runs HF transformers' greedy ``generate`` on the prompts (hf_reference.py, one subprocess), converts
+it with ``mtmegatron convert hf-to-mcore`` and saves a character-level tokenizer with a chat template
+(tests/helpers/char_tokenizer.py). Then:
 - the CLI with ``--chat``: the chat-rendered prompt tokens equal transformers' ``apply_chat_template`` and the
   generated tokens equal HF ``generate`` token for token;
 - TP1 (one rank): the KV-cache engine equals the full-recompute greedy loop and HF; ``--top-k 1`` (with a
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.char_tokenizer import save_char_tokenizer
+from helpers.child_path import with_tests_on_path
+from helpers.cli_subprocess import ENV, run_cli
+
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "convert"))
-from char_tokenizer import save_char_tokenizer  # noqa: E402
-from test_hf_parity import ENV, run_cli  # noqa: E402
 
 PROMPTS = ["Hello, world", "Hi"]
 NEW_TOKENS = 24
@@ -47,7 +47,7 @@ def _converted_with_reference(root: Path, family: str):
     (root / "prompts.json").write_text(json.dumps(PROMPTS))
     proc = subprocess.run([sys.executable, str(HERE / "hf_reference.py"), family, str(hf_dir), str(tok_dir),
                            str(root / "hf.json"), str(NEW_TOKENS), str(root / "prompts.json")],
-                          capture_output=True, text=True, env=ENV, timeout=300)
+                          capture_output=True, text=True, env=with_tests_on_path(ENV), timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_cli("convert", "hf-to-mcore", "--model", family, "--hf-dir", str(hf_dir), "--out", str(mc_dir))
     reference = json.loads((root / "hf.json").read_text())

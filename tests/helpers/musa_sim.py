@@ -15,6 +15,8 @@ import pathlib
 import subprocess
 import sys
 
+from helpers.child_path import with_tests_on_path
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SITE = REPO / "tests" / "musa_sim" / "site"
 BUILD_PY = REPO / "tests" / "musa_sim" / "build.py"
@@ -43,7 +45,7 @@ def sim_env(extra: dict | None = None) -> dict:
            if k not in LAUNCHER_VARS and k not in ("MUSA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}
     env["MUSA_SIM_EXT"] = extension_path()
     env.setdefault("MUSA_SIM_DEVICE_COUNT", "8")
-    env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(REPO / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = with_tests_on_path(env, SITE)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env

@@ -18,15 +18,13 @@ import os
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from helpers.hf_parity import HF_MODELS
 from helpers.pretrain_runner import run_pretrain
 
-CONVERT_DIR = Path(__file__).parents[1] / "convert"
-HF_MODELS = CONVERT_DIR / "hf_models.py"
 ITERS = 4
 TRAIN = ["--backend", "cpu", "--mock-data", "--seq-length", "16", "--micro-batch-size", "2",
          "--global-batch-size", "8", "--train-iters", str(ITERS), "--lr", "3e-3", "--lr-decay-style", "constant",

@@ -137,7 +137,7 @@ def test_resume_is_bit_exact_with_the_device_rng(tmp_path):
 
 
 def test_hf_converted_checkpoint_loads_on_the_device(tmp_path):
-    hf_models = Path(__file__).parents[1] / "convert" / "hf_models.py"
+    hf_models = Path(__file__).parents[1] / "helpers" / "hf_models.py"
     subprocess.run([sys.executable, str(hf_models), "llama3", str(tmp_path / "hf")], check=True,
                    capture_output=True, text=True, timeout=300)
     subprocess.run([sys.executable, "-m", "mtmegatron.cli", "convert", "hf-to-mcore", "--model", "llama3",

@@ -13,7 +13,7 @@ real pretrain command on the cpu backend, each against the same run without offl
 * a parameter that gets no gradient in a step keeps its value and optimizer state exactly (host and device part;
   a run of its own: its Adam step counters then differ between parameters, which megatron's distributed
   optimizer refuses to save - ``assert len(steps) == 1`` - so it cannot be the resume test's run).
-Runs are shared through the session fixture ``offload_runs`` (conftest.py): one no-offload baseline per layout,
+Runs are shared through the session fixture ``offload_runs`` (helpers/offload_runs.py): one no-offload baseline per layout,
 and the offloaded DP2 run is also the CPU reference of test_offload_musa_sim.py.
 Tolerances: relative 1e-5 per iteration (the issue's bound); the runs are in fact bit-identical in fp32.
 """
@@ -25,14 +25,11 @@ import shutil
 import pytest
 import torch
 
-from helpers.pretrain_runner import TINY, run_pretrain
+from helpers.offload_runs import BASE, ITERS, OFFLOAD, RESUME_AT, dp2_offload
+from helpers.pretrain_runner import run_pretrain
 
-ITERS = 10
-RESUME_AT = 5
 REL_TOL = 1e-5
-BASE = TINY + ["--train-iters", str(ITERS), "--use-distributed-optimizer"]
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
-OFFLOAD = ["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--optimizer-offload-fraction"]
 
 
 def assert_equivalent(run, ref):
@@ -46,15 +43,6 @@ def assert_equivalent(run, ref):
 def dp2_base(runs):
     """The DP2 run without offload; saves at 5 and 10 (the finetune test loads 10)."""
     return runs("dp2", 2, BASE + ["--save", str(runs.root / "ck_dp2"), "--save-interval", "5"])
-
-
-def dp2_offload(runs, fraction, bf16=False):
-    """The offloaded DP2 run; fraction 0.5 saves at 5 (the resume test loads it), which must not change it."""
-    name = f"dp2_off{fraction}" + ("_bf16" if bf16 else "")
-    args = BASE + OFFLOAD + [fraction] + (["--bf16"] if bf16 else [])
-    if fraction == "0.5":
-        args += ["--save", str(runs.root / f"ck_{name}"), "--save-interval", str(RESUME_AT)]
-    return runs(name, 2, args)
 
 
 @pytest.mark.parametrize("fraction", ["0.5", "1.0"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.musa_sim import read_stats, sim_env
-from test_offload import BASE, ITERS, dp2_offload
+from helpers.offload_runs import BASE, ITERS, dp2_offload
 
 pytestmark = pytest.mark.musa_sim
 
