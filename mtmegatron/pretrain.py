@@ -71,40 +71,11 @@ def prepare(argv):
     else:
         from mtmegatron.data.resolve import resolve_data
 
-        args.embedded_corpus = not (args.mock_data or args.data_path or args.train_data_path
-                                    or args.valid_data_path or args.test_data_path)  # the sample prompts' corpus
         tokenizer = resolve_data(args, progress=progress)
-    return args, backend, tokenizer, data
+    from mtmegatron.training.run_plan import plan_run
 
-
-def startup_lines(args) -> list[str]:
-    """What this run took from where: the preset (or the demo), every value that differs from Megatron-LM's
-    default with its source, the layer implementation actually used, and which fusions run."""
-    from mtmegatron.models import fusions
-
-    if args.preset_name is None:
-        lines = ["mtmegatron: no --model preset: every value not given is Megatron-LM's default"]
-    elif "model" in args.given_flags or "model_size" in args.given_flags:
-        lines = [f"mtmegatron: preset --model {args.model} --model-size {args.model_size} fills every value not given"]
-    else:
-        lines = [f"mtmegatron: no model flags: the demo (--model {args.model} --model-size {args.model_size})"]
-    if args.megatron_differences:
-        lines.append("mtmegatron: differs from Megatron-LM's defaults: " + ", ".join(args.megatron_differences))
-    if args.impl_note:
-        lines.append(f"mtmegatron: {args.impl_note}")
-    if getattr(args, "sequence_parallel_at_tp1", False):
-        lines.append("mtmegatron: --sequence-parallel has no effect at TP 1 (sequence parallelism splits the "
-                     "tensor-parallel group's activations): off, as Megatron-LM turns it off")
-    from mtmegatron.models.gpt import p2p_overlap_runs
-
-    if args.overlap_p2p_comm and not p2p_overlap_runs(args):
-        lines.append("mtmegatron: p2p overlap of the interleaved schedule (Megatron-LM's default) is off over gloo: "
-                     "it corrupts the gradients there; --no-overlap-p2p-communication is implied")
-    lines.append(fusions.describe(args))
-    from mtmegatron.models import initialization
-
-    lines.append(initialization.describe(args))
-    return lines
+    args.run_plan = plan_run(args)  # what this run will do, printed by run(); then args is read-only
+    return args.freeze(), backend, tokenizer, data
 
 
 def run(args, backend, tokenizer=None, data=None) -> int:
@@ -117,7 +88,6 @@ def run(args, backend, tokenizer=None, data=None) -> int:
                                           build_mock_validation, describe_data, micro_batches)
     from mtmegatron.training.finish import write_outputs
     from mtmegatron.training.loop import RunState, train
-    from mtmegatron.models.layer_spec import describe_layer_spec
     from mtmegatron.utils.metrics import MetricsWriter, print_rank0
     from mtmegatron.training.setup import build, count_parameters, init_distributed
 
@@ -133,17 +103,12 @@ def run(args, backend, tokenizer=None, data=None) -> int:
                 f" x DP {args.data_parallel_size}, EP {args.expert_model_parallel_size} | {args.model}"
                 f" {num_params / 1e6:.2f}M params | {args.num_microbatches} micro-batches of {args.micro_batch_size}"
                 + (" (global batch ramped up from {} by {} over {} samples)".format(*args.rampup_batch_size)
-                   if getattr(args, "rampup_batch_size", None) else ""))
+                   if args.rampup_batch_size else ""))
     from mtmegatron.ops import native
 
     print_rank0(rank, f"mtmegatron: {native.status(backend.device_type)}")
-    for line in startup_lines(args):
+    for line in args.run_plan.lines:
         print_rank0(rank, line)
-    print_rank0(rank, describe_layer_spec(args))
-    if args.fp8_format:
-        from mtmegatron.fp8.spec import describe
-
-        print_rank0(rank, describe(args))
 
     state = RunState()
     if args.moe_use_upcycling:  # Megatron-LM: the dense --load becomes this MoE model, saved at 1; training from 0

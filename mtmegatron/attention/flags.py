@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.utils.errors import ConfigError
+
 CP_COMM_TYPES = ("p2p", "all_gather")
 SDPA_BACKENDS = ("auto", "flash", "fused")
 LOCAL_BACKENDS = ("local", "unfused")
@@ -26,20 +28,20 @@ def add_attention_args(parser: argparse.ArgumentParser) -> None:
                    help="context parallelism: ring attention (p2p) or all-gathered K/V (all_gather)")
 
 
-def check_attention_args(args: argparse.Namespace, error) -> None:
-    """Raise ``error(message)`` for attention/CP flag combinations that cannot work."""
+def check_attention_args(args: argparse.Namespace) -> None:
+    """Raise ``ConfigError`` for attention/CP flag combinations that cannot work."""
     cp, tp = args.context_parallel_size, args.tensor_model_parallel_size
     if cp == 1:
         return
     if args.attention_backend in LOCAL_BACKENDS:
-        raise error(f"--context-parallel-size {cp} needs mtmegatron's attention: drop --attention-backend "
-                    f"{args.attention_backend} (megatron-core's local attention has no context parallelism)")
+        raise ConfigError(f"--context-parallel-size {cp} needs mtmegatron's attention: drop --attention-backend "
+                          f"{args.attention_backend} (megatron-core's local attention has no context parallelism)")
     if args.seq_length % (2 * cp):
-        raise error(f"--seq-length {args.seq_length} is not divisible by 2 x --context-parallel-size {cp} = "
-                    f"{2 * cp} (each CP rank holds two load-balanced chunks of the sequence)")
+        raise ConfigError(f"--seq-length {args.seq_length} is not divisible by 2 x --context-parallel-size {cp} = "
+                          f"{2 * cp} (each CP rank holds two load-balanced chunks of the sequence)")
     if args.sequence_parallel and (args.seq_length // cp) % tp:
-        raise error(f"with --sequence-parallel, the per-CP-rank sequence {args.seq_length // cp} must be "
-                    f"divisible by --tensor-model-parallel-size {tp}")
+        raise ConfigError(f"with --sequence-parallel, the per-CP-rank sequence {args.seq_length // cp} must be "
+                          f"divisible by --tensor-model-parallel-size {tp}")
     if args.attention_dropout:
-        raise error("--context-parallel-size > 1 needs --attention-dropout 0 (dropout inside ring attention is "
-                    "not implemented)")
+        raise ConfigError("--context-parallel-size > 1 needs --attention-dropout 0 (dropout inside ring attention is "
+                          "not implemented)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 
 from mtmegatron.attention.flags import add_attention_args, check_attention_args
 from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
@@ -30,8 +31,26 @@ from mtmegatron.sft.flags import add_sft_args, check_sft_args
 from mtmegatron.training.checkpoint_flags import (add_checkpoint_args, check_checkpoint_args,
                                                   check_checkpoint_paths, use_checkpoint_args)
 from mtmegatron.training.schedule import check_schedule_flags
-from mtmegatron.training import flag_help, flag_sources, megatron_flags
+from mtmegatron.training import flag_help, flag_sources, megatron_flags, run_args, training_flags
 from mtmegatron.utils.errors import ConfigError
+
+
+class RunArgs(argparse.Namespace):
+    """The run's values: written while parse_args validates them and pretrain.prepare resolves the data and
+    tokenizer facts, read-only after ``freeze()``. A copy (``copy.copy``) is its taker's own, writable."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if self.__dict__.get("_frozen"):
+            raise AttributeError(f"args.{name} is read-only after start-up: resolve it in the validation pass "
+                                 "(training/arguments.py CHECKS) or in pretrain.prepare")
+        super().__setattr__(name, value)
+
+    def __copy__(self) -> "RunArgs":
+        return RunArgs(**{k: v for k, v in vars(self).items() if k != "_frozen"})
+
+    def freeze(self) -> "RunArgs":
+        self.__dict__["_frozen"] = True
+        return self
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -165,7 +184,7 @@ def _add_fp8(p: argparse.ArgumentParser) -> None:
                    default="auto", help="who runs the FP8 GEMMs (default: the backend's first that works)")
 
 
-def _validate_fp8(args: argparse.Namespace) -> None:
+def _check_fp8(args: argparse.Namespace) -> None:
     if args.fp8_format is None:
         if "fp8_recipe" in args.given_flags or args.first_last_layers_bf16:
             raise ConfigError("--fp8-recipe/--first-last-layers-bf16 need --fp8-format (e4m3 or hybrid)")
@@ -207,8 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_sft_args(p)
     add_family_args(p)
     add_initialization_args(p)
-    from mtmegatron.training import run_args
-
     run_args.add_flags(p)
     flag_help.fill_help(p)
     # option strings and dests registered by mtmegatron's modules: a table flag whose dest one of them reads is
@@ -228,12 +245,14 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
     args.norm_epsilon = args.layernorm_epsilon
     args.fp8_format = args.fp8
     fill_llava_fields(args, given, ConfigError)  # LLaVA: vision fields; --seq-length = --decoder-seq-length
-    for field in ("num_layers", "hidden_size", "num_attention_heads"):
+    typed = args.tokenizer_type not in (None, "NullTokenizer")  # then its vocabulary sets --vocab-size
+    for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")[:5 - typed]:
         if getattr(args, field) is None:
             raise ConfigError(f"--{field.replace('_', '-')} is required (Megatron-LM has no default; or name a "
-                              f"preset with --model)")
+                              "preset with --model)")
     # sizes a run divides by or makes tensors of (Megatron-LM fails on them later, in a traceback)
-    for field in ("hidden_size", "num_attention_heads", "seq_length", "vocab_size", "log_interval"):
+    for field in ("hidden_size", "num_attention_heads", "seq_length", "vocab_size", "log_interval",
+                  "micro_batch_size", "global_batch_size"):  # Megatron-LM's validate_args asserts batch sizes > 0
         if getattr(args, field) is not None and getattr(args, field) < 1:
             raise ConfigError(f"--{field.replace('_', '-')} must be >= 1, not {getattr(args, field)}")
     if args.ffn_hidden_size is None:  # Megatron-LM's rule: 4h, or 2/3 of it rounded down to 64 with SwiGLU
@@ -279,18 +298,11 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
     normalize_deepseek_args(args)  # --moe-layer-freq parsing; 0 switches off a preset's q LoRA/groups/MTP
 
 
-def validate(args: argparse.Namespace, world_size: int) -> None:
-    """Raise ConfigError on any inconsistent combination; derive data_parallel_size etc."""
-    typed = getattr(args, "tokenizer_type", None) not in (None, "NullTokenizer")  # its vocabulary sets the model's
-    for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") + (() if typed else ("vocab_size",)):
-        if getattr(args, field) is None:
-            raise ConfigError(f"--{field.replace('_', '-')} is required (Megatron-LM has no default; or name a "
-                              "preset with --model)")
-    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
-    ep = args.expert_model_parallel_size
-    if min(tp, pp, cp, ep) < 1:
+def _check_parallel_sizes(args: argparse.Namespace) -> None:
+    tp = args.tensor_model_parallel_size
+    if min(tp, args.pipeline_model_parallel_size, args.context_parallel_size, args.expert_model_parallel_size) < 1:
         raise ConfigError("parallel sizes must be >= 1")
-    check_attention_args(args, ConfigError)
+    check_attention_args(args)
     if args.num_attention_heads % tp:
         raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --num-attention-heads "
                           f"{args.num_attention_heads}")
@@ -300,10 +312,14 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.num_attention_heads % args.num_query_groups:
         raise ConfigError(f"--num-query-groups {args.num_query_groups} does not divide --num-attention-heads "
                           f"{args.num_attention_heads}")
-    check_pipeline_split(args, ConfigError)
-    if world_size % (tp * pp * cp):
-        raise ConfigError(f"world size {world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
-    args.data_parallel_size = world_size // (tp * pp * cp)
+
+
+def _resolve_layout(args: argparse.Namespace) -> None:
+    """Data-parallel size, virtual pipeline stages, sequence parallelism at TP 1 (off, said at start-up)."""
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    if args.world_size % (tp * pp * cp):
+        raise ConfigError(f"world size {args.world_size} is not divisible by TP {tp} x PP {pp} x CP {cp}")
+    args.data_parallel_size = args.world_size // (tp * pp * cp)
     args.virtual_pipeline_model_parallel_size = None
     if args.num_virtual_stages_per_pipeline_rank is not None:
         if args.num_layers_per_virtual_pipeline_stage is not None:
@@ -329,36 +345,44 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     args.sequence_parallel_at_tp1 = args.sequence_parallel and tp == 1
     if args.sequence_parallel_at_tp1:
         args.sequence_parallel = False  # as Megatron-LM (with a start-up line): SP is a TP feature
-    check_llava_args(args, ConfigError)
-    check_family_args(args, ConfigError)
-    if args.num_experts:
-        if args.num_experts % ep:
-            raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")
-        if world_size % (ep * tp * pp):  # expert TP defaults to TP, as in megatron-core
-            raise ConfigError(f"world size {world_size} is not divisible by EP {ep} x expert-TP {tp} x PP {pp}")
-        if args.moe_router_topk > args.num_experts:
-            raise ConfigError(f"--moe-router-topk {args.moe_router_topk} exceeds --num-experts {args.num_experts}")
-    elif ep != 1:
-        raise ConfigError("--expert-model-parallel-size needs --num-experts")
-    check_deepseek_args(args, ConfigError)
+
+
+def _check_experts(args: argparse.Namespace) -> None:
+    tp, pp, ep = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size
+    if not args.num_experts:
+        if ep != 1:
+            raise ConfigError("--expert-model-parallel-size needs --num-experts")
+        return
+    if args.num_experts % ep:
+        raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")
+    if args.world_size % (ep * tp * pp):  # expert TP defaults to TP, as in megatron-core
+        raise ConfigError(f"world size {args.world_size} is not divisible by EP {ep} x expert-TP {tp} x PP {pp}")
+    if args.moe_router_topk > args.num_experts:
+        raise ConfigError(f"--moe-router-topk {args.moe_router_topk} exceeds --num-experts {args.num_experts}")
+
+
+def _check_vocab(args: argparse.Namespace) -> None:
     if args.vocab_size is not None:  # else set from the tokenizer by data/resolve.py
         check_vocab_padding(args, ConfigError)  # sets args.padded_vocab_size
-    for field in ("micro_batch_size", "global_batch_size"):  # Megatron-LM's validate_args asserts both > 0
-        if getattr(args, field) is not None and getattr(args, field) < 1:
-            raise ConfigError(f"--{field.replace('_', '-')} must be >= 1, not {getattr(args, field)}")
-    check_schedule_flags(args, ConfigError)
-    if args.micro_batch_size is None:
-        raise ConfigError("--micro-batch-size is required (Megatron-LM has no default; or name a preset with --model)")
-    if args.global_batch_size is None:  # Megatron-LM: one micro-batch per data-parallel rank
-        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
-    dp, mbs, gbs = args.data_parallel_size, args.micro_batch_size, args.global_batch_size
+
+
+def _resolve_micro_batches(args: argparse.Namespace) -> None:
+    """After the schedule check gave --global-batch-size its default: micro-batches per iteration (and the
+    default --lr-decay-iters: --train-iters, which --train-samples set)."""
+    dp, mbs, gbs, pp = (args.data_parallel_size, args.micro_batch_size, args.global_batch_size,
+                        args.pipeline_model_parallel_size)
     if gbs % (mbs * dp):
         raise ConfigError(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "
                           f"size {dp}")
     args.num_microbatches = gbs // (mbs * dp)
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = max(args.train_iters, 1)
     if args.virtual_pipeline_model_parallel_size and args.num_microbatches % pp:
         raise ConfigError(f"interleaved pipeline needs the number of micro-batches ({args.num_microbatches}) to be a "
                           f"multiple of --pipeline-model-parallel-size {pp}")
+
+
+def _check_training(args: argparse.Namespace) -> None:
     if args.seq_length > args.max_position_embeddings:
         raise ConfigError(f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
                           f"{args.max_position_embeddings}")
@@ -376,29 +400,49 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("--exit-interval must be positive")
     if (args.use_distributed_optimizer or args.overlap_param_gather) and args.fp16:
         raise ConfigError("fp16 with the distributed optimizer is not supported here; use --bf16")
-    check_memory_args(args, ConfigError)
-    check_grouped_experts_args(args, ConfigError)
-    check_run_control_args(args, ConfigError)
-    check_data_args(args, ConfigError)
-    check_tokenizer_args(args, ConfigError)
-    check_observability_args(args, ConfigError)
-    check_checkpoint_args(args, ConfigError)
-    from mtmegatron.training import run_args, training_flags
 
-    training_flags.check(args, ConfigError)
 
-    run_args.validate(args, ConfigError)
-    check_sft_args(args, ConfigError)
-    if args.lr_decay_iters is None:
-        args.lr_decay_iters = max(args.train_iters, 1)
-    _validate_fp8(args)
+# The one validation pass, by concern, in this order (a later check may read what an earlier one resolved, e.g.
+# data_parallel_size). Each check takes the parsed args, raises ConfigError (one line naming the flag) and may
+# resolve its own concern's derived values; after pretrain.prepare nothing writes args (RunArgs.freeze).
+CHECKS = (
+    ("parallel sizes, attention heads and context parallelism", _check_parallel_sizes),
+    ("pipeline split", partial(check_pipeline_split, error=ConfigError)),
+    ("parallel layout", _resolve_layout),
+    ("llava", partial(check_llava_args, error=ConfigError)),
+    ("model family", partial(check_family_args, error=ConfigError)),
+    ("experts", _check_experts),
+    ("deepseek-v3", partial(check_deepseek_args, error=ConfigError)),
+    ("vocabulary padding", _check_vocab),
+    ("schedule", check_schedule_flags),
+    ("micro-batches", _resolve_micro_batches),
+    ("training", _check_training),
+    ("memory", check_memory_args),
+    ("grouped experts", partial(check_grouped_experts_args, error=ConfigError)),
+    ("run control", check_run_control_args),
+    ("data", partial(check_data_args, error=ConfigError)),
+    ("tokenizer", partial(check_tokenizer_args, error=ConfigError)),
+    ("observability", check_observability_args),
+    ("checkpoints", check_checkpoint_args),
+    ("training flags", training_flags.check),
+    ("evaluation and samples", run_args.validate),
+    ("sft", partial(check_sft_args, error=ConfigError)),
+    ("fp8", _check_fp8),
+)
+
+
+def validate(args: argparse.Namespace, world_size: int) -> None:
+    """Run every check of CHECKS in order on the derived args (raises ConfigError)."""
+    args.world_size = world_size
+    for _, check in CHECKS:
+        check(args)
 
 
 def validate_for_training(args: argparse.Namespace) -> None:
     """Checks that concern training only (a converter or an inference forward may build these models)."""
     if args.lr is None:
         raise ConfigError("--lr is required (Megatron-LM has no default learning rate; or name a preset with --model)")
-    check_checkpoint_paths(args, ConfigError)  # --save/--load as they are on disk
+    check_checkpoint_paths(args)  # --save/--load as they are on disk
     if args.num_experts and args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
         # megatron-core's MoE layer raises this in the first training forward otherwise
         raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel in training "
@@ -411,7 +455,7 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
     ``args.megatron_differences`` the start-up lines for values that differ from Megatron-LM's defaults."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv, namespace=RunArgs())
     given = flag_sources.given_dests(parser, argv)
     try:
         name = flag_sources.choose_preset(args, given)
@@ -420,8 +464,8 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
         raise ConfigError(str(e)) from None
     args.preset_name = name
     args.given_flags = given
-    megatron_flags.check_refused(parser, args, given, ConfigError)
-    use_checkpoint_args(args, given, ConfigError)  # --use-checkpoint-args: model fields from the --load checkpoint
+    megatron_flags.check_refused(parser, args, given)
+    use_checkpoint_args(args, given)  # --use-checkpoint-args: model fields from the --load checkpoint
     _derive(args, given)
     args.megatron_differences = flag_sources.differences(parser, args, args.value_sources, parser.megatron_defaults)
     validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))

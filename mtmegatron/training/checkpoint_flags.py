@@ -20,6 +20,7 @@ import argparse
 import os
 
 from mtmegatron.utils.checkpoint_dirs import FORMAT_REFUSALS
+from mtmegatron.utils.errors import ConfigError
 
 STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
               "return_unexpected", "return_all", "ignore_all")
@@ -65,70 +66,70 @@ def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
                         "global; training/non_persistent.py)")
 
 
-def check_checkpoint_args(args: argparse.Namespace, error: type[Exception]) -> None:
+def check_checkpoint_args(args: argparse.Namespace) -> None:
     if args.ckpt_format != "torch_dist":
-        raise error(f"--ckpt-format {args.ckpt_format}: {FORMAT_REFUSALS[args.ckpt_format]}")
+        raise ConfigError(f"--ckpt-format {args.ckpt_format}: {FORMAT_REFUSALS[args.ckpt_format]}")
     if args.async_save:
-        raise error(ASYNC_REFUSAL)
+        raise ConfigError(ASYNC_REFUSAL)
     from mtmegatron.training.resilience_flags import check_resilience_args
 
-    check_resilience_args(args, error)  # --rerun-mode, non-persistent checkpoints
+    check_resilience_args(args)  # --rerun-mode, non-persistent checkpoints
     if args.use_checkpoint_args and not args.load:
-        raise error("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
-    check_convert_args(args, error)
+        raise ConfigError("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
+    check_convert_args(args)
     from mtmegatron.training.upcycling import check_upcycling_args
 
-    check_upcycling_args(args, error)
+    check_upcycling_args(args)
 
 
-def check_convert_args(args: argparse.Namespace, error: type[Exception]) -> None:
+def check_convert_args(args: argparse.Namespace) -> None:
     """``--ckpt-convert-format``: load ``--load``, save it to ``<--ckpt-convert-save>/<format>`` and exit
     (pretrain.py ``run``); as Megatron-LM it needs both directories and a checkpoint to load."""
     fmt = getattr(args, "ckpt_convert_format", None)
     if fmt is None:
         return
     if fmt != "torch_dist":
-        raise error(f"--ckpt-convert-format {fmt}: mtmegatron does not write {fmt} checkpoints "
-                    f"({FORMAT_REFUSALS[fmt]})")
+        raise ConfigError(f"--ckpt-convert-format {fmt}: mtmegatron does not write {fmt} checkpoints "
+                          f"({FORMAT_REFUSALS[fmt]})")
     if not getattr(args, "ckpt_convert_save", None):
-        raise error("--ckpt-convert-format needs --ckpt-convert-save DIR (the checkpoint is written to "
-                    "DIR/torch_dist)")
+        raise ConfigError("--ckpt-convert-format needs --ckpt-convert-save DIR (the checkpoint is written to "
+                          "DIR/torch_dist)")
     if not args.load:
-        raise error("--ckpt-convert-format needs --load DIR (the checkpoint to convert)")
+        raise ConfigError("--ckpt-convert-format needs --load DIR (the checkpoint to convert)")
     args.exit_on_missing_checkpoint = True  # as Megatron-LM: nothing to convert is an error
 
 
-def check_checkpoint_paths(args: argparse.Namespace, error: type[Exception]) -> None:
+def check_checkpoint_paths(args: argparse.Namespace) -> None:
     """A training run's ``--save`` and ``--load`` as they are on disk, before any process group starts."""
     from mtmegatron.utils.checkpoint_dirs import check_paths
 
-    check_paths(args, error)
+    check_paths(args, ConfigError)
     if getattr(args, "ckpt_convert_format", None):
         from mtmegatron.utils.checkpoint_dirs import check_writable_dir
 
-        check_writable_dir("--ckpt-convert-save", args.ckpt_convert_save, error)
+        check_writable_dir("--ckpt-convert-save", args.ckpt_convert_save, ConfigError)
 
 
-def use_checkpoint_args(args: argparse.Namespace, given: dict, error: type[Exception]) -> None:
+def use_checkpoint_args(args: argparse.Namespace, given: dict) -> None:
     """``--use-checkpoint-args``: the model fields of ``args`` from the ``--load`` checkpoint's saved Namespace
     (before the derived sizes are computed). A checkpoint without a Namespace (an mtmegatron checkpoint of an
     older layout, or a converter's) is an error naming why."""
     if not getattr(args, "use_checkpoint_args", False):
         return
     if not args.load:
-        raise error("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
+        raise ConfigError("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
     from mtmegatron.training import megatron_lm_checkpoint as mlm
     from mtmegatron.utils.checkpoint_dirs import checkpoint_dir, latest_complete_iteration
 
     iteration = latest_complete_iteration(args.load)
     if iteration is None:
-        raise error(f"--use-checkpoint-args: no complete checkpoint under --load {args.load}")
+        raise ConfigError(f"--use-checkpoint-args: no complete checkpoint under --load {args.load}")
     from megatron.core import dist_checkpointing
 
     common = dist_checkpointing.load_common_state_dict(checkpoint_dir(args.load, iteration))
     if not mlm.is_megatron_lm_layout(common):
-        raise error(f"--use-checkpoint-args: {checkpoint_dir(args.load, iteration)} holds no saved argument "
-                    f"Namespace (written by an older mtmegatron or the converter): give the model flags")
+        raise ConfigError(f"--use-checkpoint-args: {checkpoint_dir(args.load, iteration)} holds no saved argument "
+                          f"Namespace (written by an older mtmegatron or the converter): give the model flags")
     args.checkpoint_args_applied = mlm.apply_checkpoint_args(args, common["args"], given,
                                                              ours=not mlm.written_by_megatron_lm(common))
     if int(os.environ.get("RANK", "0")) == 0 and args.checkpoint_args_applied:

@@ -20,6 +20,8 @@ import dataclasses
 import functools
 from pathlib import Path
 
+from mtmegatron.utils.errors import ConfigError
+
 TABLE = Path(__file__).with_name("megatron_lm_flags.tsv")
 GROUP_TITLE = "other Megatron-LM flags (defaults as in Megatron-LM; see --help of each)"
 
@@ -330,7 +332,7 @@ def classify(row: FlagRow, hand_registered: set[str]) -> str:
     return "refused"
 
 
-def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, given: dict[str, str], error) -> None:
+def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, given: dict[str, str]) -> None:
     """One message, naming the option string the user wrote, for the first refused table flag set to a value
     other than its default (``given``: dest -> option string)."""
     hand = getattr(parser, "hand_registered", set())
@@ -338,7 +340,7 @@ def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
         if given.get(row.dest) != row.flag or classify(row, hand) != "refused":
             continue
         if getattr(args, row.dest, None) != parser.get_default(row.dest):
-            raise error(f"{row.flag}: {refusal_reason(row)}")
+            raise ConfigError(f"{row.flag}: {refusal_reason(row)}")
 
 
 def apply_megatron_defaults(parser: argparse.ArgumentParser) -> dict:

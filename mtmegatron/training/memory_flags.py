@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.utils.errors import ConfigError
+
 # megatron-core 0.16's choices for --recompute-modules
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
@@ -50,34 +52,36 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="selective recompute: which submodules (default core_attn)")
 
 
-def check_memory_args(args: argparse.Namespace, error: type[Exception]) -> None:
+def check_memory_args(args: argparse.Namespace) -> None:
     """Megatron-LM's rules for these flags, each as one message."""
     if args.overlap_param_gather and not args.use_distributed_optimizer:
-        raise error("--overlap-param-gather needs --use-distributed-optimizer")
+        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     if args.overlap_param_gather and not args.overlap_grad_reduce:
-        raise error("--overlap-param-gather needs --overlap-grad-reduce (as in Megatron-LM)")
+        raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce (as in Megatron-LM)")
     if args.ddp_bucket_size is not None:
         if not args.overlap_grad_reduce:
-            raise error("--ddp-bucket-size needs --overlap-grad-reduce (megatron-core uses one bucket without it)")
+            raise ConfigError("--ddp-bucket-size needs --overlap-grad-reduce (megatron-core uses one bucket "
+                              "without it)")
         if args.ddp_bucket_size < 1:
-            raise error(f"--ddp-bucket-size must be a positive number of elements, not {args.ddp_bucket_size}")
+            raise ConfigError(f"--ddp-bucket-size must be a positive number of elements, not {args.ddp_bucket_size}")
     if args.use_precision_aware_optimizer and not args.use_distributed_optimizer:
-        raise error("--use-precision-aware-optimizer needs --use-distributed-optimizer")
+        raise ConfigError("--use-precision-aware-optimizer needs --use-distributed-optimizer")
     if args.optimizer_cpu_offload:
         if not args.use_precision_aware_optimizer:
-            raise error("--optimizer-cpu-offload needs --use-precision-aware-optimizer (the offloaded optimizer "
-                        "reuses its code path, as in Megatron-LM)")
+            raise ConfigError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (the offloaded optimizer "
+                              "reuses its code path, as in Megatron-LM)")
         if args.fp16:
-            raise error("--optimizer-cpu-offload supports fp32 and --bf16 here, not --fp16")
+            raise ConfigError("--optimizer-cpu-offload supports fp32 and --bf16 here, not --fp16")
     elif args.overlap_cpu_optimizer_d2h_h2d or args.use_torch_optimizer_for_cpu_offload:
-        raise error("--overlap-cpu-optimizer-d2h-h2d / --use-torch-optimizer-for-cpu-offload need "
-                    "--optimizer-cpu-offload")
+        raise ConfigError("--overlap-cpu-optimizer-d2h-h2d / --use-torch-optimizer-for-cpu-offload need "
+                          "--optimizer-cpu-offload")
     if not 0.0 <= args.optimizer_offload_fraction <= 1.0:
-        raise error(f"--optimizer-offload-fraction must be between 0 and 1, not {args.optimizer_offload_fraction}")
-    _check_recompute(args, error)
+        raise ConfigError(f"--optimizer-offload-fraction must be between 0 and 1, not "
+                          f"{args.optimizer_offload_fraction}")
+    _check_recompute(args)
 
 
-def _check_recompute(args: argparse.Namespace, error: type[Exception]) -> None:
+def _check_recompute(args: argparse.Namespace) -> None:
     """megatron-core's rules (TransformerConfig.__post_init__, Megatron-LM's validate_args); --recompute-method /
     --recompute-num-layers / --recompute-modules that the granularity does not read are ignored, as there.
     Stricter here, on purpose: ``uniform`` with a count that does not divide a model chunk's layers
@@ -87,21 +91,22 @@ def _check_recompute(args: argparse.Namespace, error: type[Exception]) -> None:
         return
     if granularity == "selective":
         if method is not None or n is not None:
-            raise error("--recompute-granularity selective takes --recompute-modules, not --recompute-method/"
-                        "--recompute-num-layers (as in megatron-core)")
+            raise ConfigError("--recompute-granularity selective takes --recompute-modules, not --recompute-method/"
+                              "--recompute-num-layers (as in megatron-core)")
         modules = args.recompute_modules if args.recompute_modules is not None else ["core_attn"]
         if "mla_up_proj" in modules and not args.multi_latent_attention:
-            raise error("--recompute-modules mla_up_proj needs --multi-latent-attention (as in megatron-core)")
+            raise ConfigError("--recompute-modules mla_up_proj needs --multi-latent-attention (as in megatron-core)")
         if "moe_act" in modules and not args.moe_grouped_gemm:
-            raise error("--recompute-modules moe_act needs megatron-core's grouped GEMM experts: add "
-                        "--moe-grouped-gemm, or use moe or mlp")
+            raise ConfigError("--recompute-modules moe_act needs megatron-core's grouped GEMM experts: add "
+                              "--moe-grouped-gemm, or use moe or mlp")
         return
     if method is None or n is None:
-        raise error("--recompute-granularity full needs --recompute-method uniform|block and --recompute-num-layers")
+        raise ConfigError("--recompute-granularity full needs --recompute-method uniform|block and "
+                          "--recompute-num-layers")
     per_stage = args.num_layers // args.pipeline_model_parallel_size
     if args.virtual_pipeline_model_parallel_size:
         per_stage = args.num_layers_per_virtual_pipeline_stage
     if method == "uniform" and (n < 1 or per_stage % n):
-        raise error(f"--recompute-method uniform: --recompute-num-layers {n} must divide the {per_stage} layers "
-                    f"of a model chunk (megatron-core recomputes groups of N layers; use block to recompute the "
-                    f"first N, or none with 0)")
+        raise ConfigError(f"--recompute-method uniform: --recompute-num-layers {n} must divide the {per_stage} layers "
+                          f"of a model chunk (megatron-core recomputes groups of N layers; use block to recompute the "
+                          f"first N, or none with 0)")

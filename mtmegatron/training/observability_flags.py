@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.utils.errors import ConfigError
+
 WANDB_EXTRA = "pip install 'mtmegatron[wandb]'"
 
 
@@ -66,22 +68,22 @@ def add_observability_args(p: argparse.ArgumentParser) -> None:
                    help="with --manual-gc: no collection before and after validation")
 
 
-def check_observability_args(args: argparse.Namespace, error: type[Exception]) -> None:
+def check_observability_args(args: argparse.Namespace) -> None:
     """Megatron-LM's rules for these flags, each as one message."""
     if args.tensorboard_log_interval < 1:
-        raise error(f"--tensorboard-log-interval must be >= 1, not {args.tensorboard_log_interval}")
+        raise ConfigError(f"--tensorboard-log-interval must be >= 1, not {args.tensorboard_log_interval}")
     if args.tensorboard_queue_size < 1:
-        raise error(f"--tensorboard-queue-size must be >= 1, not {args.tensorboard_queue_size}")
+        raise ConfigError(f"--tensorboard-queue-size must be >= 1, not {args.tensorboard_queue_size}")
     if args.manual_gc_interval < 0:
-        raise error(f"--manual-gc-interval must be >= 0, not {args.manual_gc_interval}")
+        raise ConfigError(f"--manual-gc-interval must be >= 0, not {args.manual_gc_interval}")
     if args.profile:
         if args.profile_step_start < 0:
-            raise error(f"--profile-step-start must be >= 0, not {args.profile_step_start}")
+            raise ConfigError(f"--profile-step-start must be >= 0, not {args.profile_step_start}")
         if args.profile_step_end <= args.profile_step_start:
-            raise error(f"--profile-step-end {args.profile_step_end} must be after --profile-step-start "
-                        f"{args.profile_step_start}")
+            raise ConfigError(f"--profile-step-end {args.profile_step_end} must be after --profile-step-start "
+                              f"{args.profile_step_start}")
     if args.wandb_project:
         try:
             import wandb  # noqa: F401
         except ImportError:
-            raise error(f"--wandb-project needs wandb, which is an optional extra: {WANDB_EXTRA}") from None
+            raise ConfigError(f"--wandb-project needs wandb, which is an optional extra: {WANDB_EXTRA}") from None

@@ -7,6 +7,8 @@ May assume: argparse only.
 
 from __future__ import annotations
 
+from mtmegatron.utils.errors import ConfigError
+
 REPORT_STATS_REFUSAL = ("--rerun-mode report_stats: megatron-core 0.16.1 cannot run it (Megatron-LM 0.16.1 passes "
                         "'report_stats' to RerunMode, which has no such value, and megatron-core's determinism "
                         "report reads Caller.filename, which Caller lacks); use validate_results or disabled")
@@ -17,20 +19,20 @@ IN_MEMORY_REFUSAL = ("--non-persistent-ckpt-type in_memory: not supported by Meg
                      "and local); use --non-persistent-ckpt-type global")
 
 
-def check_resilience_args(args, error: type[Exception]) -> None:
+def check_resilience_args(args) -> None:
     if args.rerun_mode == "report_stats":
-        raise error(REPORT_STATS_REFUSAL)
+        raise ConfigError(REPORT_STATS_REFUSAL)
     kind = args.non_persistent_ckpt_type
     if kind == "local":
-        raise error(LOCAL_REFUSAL)
+        raise ConfigError(LOCAL_REFUSAL)
     if kind == "in_memory":
-        raise error(IN_MEMORY_REFUSAL)
+        raise ConfigError(IN_MEMORY_REFUSAL)
     if args.non_persistent_save_interval is not None:
         if args.non_persistent_save_interval <= 0:
-            raise error(f"--non-persistent-save-interval {args.non_persistent_save_interval}: must be positive")
+            raise ConfigError(f"--non-persistent-save-interval {args.non_persistent_save_interval}: must be positive")
         if kind is None:
-            raise error("--non-persistent-save-interval needs --non-persistent-ckpt-type global (where to save; "
-                        "Megatron-LM fails at the first such save without it)")
+            raise ConfigError("--non-persistent-save-interval needs --non-persistent-ckpt-type global (where to save; "
+                              "Megatron-LM fails at the first such save without it)")
         if not args.save:
-            raise error("--non-persistent-save-interval needs --save DIR (non-persistent checkpoints go to "
-                        "--non-persistent-global-ckpt-dir, default DIR/non_persistent)")
+            raise ConfigError("--non-persistent-save-interval needs --save DIR (non-persistent checkpoints go to "
+                              "--non-persistent-global-ckpt-dir, default DIR/non_persistent)")

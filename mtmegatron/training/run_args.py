@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.utils.errors import ConfigError
+
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data, validation, fault tolerance, run outputs")
@@ -35,22 +37,25 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="a prompt to continue (repeatable; default: built-in prompts)")
 
 
-def validate(args: argparse.Namespace, error: type[Exception]) -> None:
+def validate(args: argparse.Namespace) -> None:
     if args.mock_data and args.data_path:
-        raise error("--mock-data and --data-path are mutually exclusive")
+        raise ConfigError("--mock-data and --data-path are mutually exclusive")
     if args.tokenizer_model and args.mock_data and not args.tokenizer_type:
-        raise error("--tokenizer-model is for real data; --mock-data needs no tokenizer (or name its --tokenizer-type)")
+        raise ConfigError("--tokenizer-model is for real data; --mock-data needs no tokenizer (or name its "
+                          "--tokenizer-type)")
     if args.eval_interval is not None and args.eval_interval <= 0:
-        raise error("--eval-interval must be positive")
+        raise ConfigError("--eval-interval must be positive")
     if args.eval_iters < 0:
-        raise error("--eval-iters must be >= 0")
+        raise ConfigError("--eval-iters must be >= 0")
+    args.embedded_corpus = not (args.mock_data or args.data_path or args.train_data_path or args.valid_data_path
+                                or args.test_data_path)  # the built-in sample prompts are verses of it
     if not args.mock_data and args.eval_interval is None:
         args.eval_interval = max(1, args.train_iters // 10)
     if args.keep_last is not None and (args.keep_last < 1 or not args.save):
-        raise error("--keep-last needs a value >= 1 and --save DIR")
+        raise ConfigError("--keep-last needs a value >= 1 and --save DIR")
     if args.max_skipped_steps is not None and args.max_skipped_steps < 0:
-        raise error("--max-skipped-steps must be >= 0")
+        raise ConfigError("--max-skipped-steps must be >= 0")
     if args.num_samples < 0 or args.sample_tokens < 1:
-        raise error("--num-samples must be >= 0 and --sample-tokens >= 1")
+        raise ConfigError("--num-samples must be >= 0 and --sample-tokens >= 1")
     if args.sample_prompt:
         args.num_samples = max(args.num_samples, len(args.sample_prompt))

@@ -19,6 +19,8 @@ import argparse
 import signal
 import time
 
+from mtmegatron.utils.errors import ConfigError
+
 PROGRAM_START = time.time()
 
 
@@ -47,13 +49,13 @@ def add_run_control_args(p: argparse.ArgumentParser) -> None:
                    help="the signal --exit-signal-handler catches (a name such as SIGUSR1, or its number)")
 
 
-def check_run_control_args(args: argparse.Namespace, error) -> None:
+def check_run_control_args(args: argparse.Namespace) -> None:
     if args.distributed_timeout_minutes < 1:
-        raise error(f"--distributed-timeout-minutes must be >= 1, not {args.distributed_timeout_minutes}")
+        raise ConfigError(f"--distributed-timeout-minutes must be >= 1, not {args.distributed_timeout_minutes}")
     if args.exit_duration_in_mins is not None and args.exit_duration_in_mins < 0:
-        raise error(f"--exit-duration-in-mins must be >= 0, not {args.exit_duration_in_mins}")
+        raise ConfigError(f"--exit-duration-in-mins must be >= 0, not {args.exit_duration_in_mins}")
     if args.exit_signal_handler and args.exit_signal in ("SIGKILL", "SIGSTOP"):
-        raise error(f"--exit-signal {args.exit_signal} cannot be caught; use SIGTERM, SIGINT or SIGUSR1/2")
+        raise ConfigError(f"--exit-signal {args.exit_signal} cannot be caught; use SIGTERM, SIGINT or SIGUSR1/2")
 
 
 def exit_signal(args: argparse.Namespace) -> signal.Signals:

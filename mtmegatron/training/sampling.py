@@ -39,7 +39,7 @@ def samples(model, tokenizer, args) -> tuple[list[tuple[str, str]] | None, str]:
     reason = unsupported_reason(model, args)
     if reason:
         return None, reason
-    if not args.sample_prompt and not getattr(args, "embedded_corpus", True):
+    if not args.sample_prompt and not args.embedded_corpus:
         return None, ("the built-in prompts are verses of the embedded corpus, not of this run's data: "
                       "--sample-prompt TEXT (repeatable) sets prompts")
     prompts = list(args.sample_prompt or DEFAULT_PROMPTS)[: args.num_samples]

@@ -17,6 +17,7 @@ May assume: ``args`` validated by training/arguments.py.
 from __future__ import annotations
 
 from mtmegatron.training.schedule_flags import check_schedule_args, scheduler_steps, weight_decay_range
+from mtmegatron.utils.errors import ConfigError
 
 # scheduler state key -> the flag that sets it
 COMPARED = {
@@ -29,13 +30,13 @@ COMPARED = {
 _STEP_KEYS = ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps")
 
 
-def check_schedule_flags(args, error=ValueError) -> None:
+def check_schedule_flags(args) -> None:
     """Flag check (before any process group): at most one of the two resume-schedule flags, and the schedule
     flags of training/schedule_flags.py (which also sets ``train_iters`` for ``--train-samples``)."""
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
-        raise error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually "
-                    "exclusive: pass one")
-    check_schedule_args(args, error)
+        raise ConfigError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually "
+                          "exclusive: pass one")
+    check_schedule_args(args)
 
 
 def build_scheduler(optimizer, args):

@@ -11,7 +11,7 @@ with iterations they are iterations x global batch. ``--lr-warmup-fraction`` is 
 ``--weight-decay-incr-style constant`` (default) keeps ``--weight-decay``; ``linear``/``cosine`` go from
 ``--start-weight-decay`` to ``--end-weight-decay`` over the whole run.
 Where Megatron-LM would assert or fail inside megatron-core (WSD without its decay length, warmup not shorter
-than the decay, a flag of the other mode), this is one ``error`` line before any process group.
+than the decay, a flag of the other mode), this is one ``ConfigError`` line before any process group.
 May assume: ``--train-iters``, ``--lr-decay-iters``, ``--lr-warmup-iters``, ``--lr``, ``--min-lr``,
 ``--weight-decay`` and ``--lr-decay-style`` are registered elsewhere (arguments.py); ``args.given_flags`` (the
 dests the user gave, training/flag_sources.py) is set; ``check_schedule_args`` runs after data_parallel_size is
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 
 from mtmegatron.data.position import SamplePlan, add_rejected_iterations
+from mtmegatron.utils.errors import ConfigError
 
 WSD_DECAY_STYLES = ["exponential", "linear", "cosine", "minus_sqrt"]
 WD_INCR_STYLES = ["constant", "linear", "cosine"]
@@ -53,40 +54,40 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                    help="weight decay at the end of a linear/cosine --weight-decay-incr-style")
 
 
-def _check_mode(args: argparse.Namespace, error) -> None:
+def _check_mode(args: argparse.Namespace) -> None:
     """One of iteration- or sample-based training, with only that mode's flags (Megatron-LM's rules). With
     --train-samples, iteration values a preset filled (not the user) give way to Megatron-LM's defaults."""
     given = getattr(args, "given_flags", {})
     if args.train_samples is not None:
         if "train_iters" in given:
-            raise error("--train-iters and --train-samples are mutually exclusive: give one")
+            raise ConfigError("--train-iters and --train-samples are mutually exclusive: give one")
         for dest, unset in (("lr_decay_iters", None), ("lr_warmup_iters", 0), ("lr_wsd_decay_iters", None)):
             flag = "--" + dest.replace("_", "-")
             if dest in given and getattr(args, dest) != unset:
-                raise error(f"{flag} is for iteration-based training; with --train-samples use "
-                            f"{flag.replace('-iters', '-samples')}")
+                raise ConfigError(f"{flag} is for iteration-based training; with --train-samples use "
+                                  f"{flag.replace('-iters', '-samples')}")
             setattr(args, dest, unset)
         if args.train_samples < 0:
-            raise error("--train-samples must be >= 0")
-        _check_rampup(args, error)
+            raise ConfigError("--train-samples must be >= 0")
+        _check_rampup(args)
         ramped = getattr(args, "rampup_batch_size", None)
         args.train_iters = (SamplePlan(args).last_iteration_within(args.train_samples) if ramped
                             else args.train_samples // args.global_batch_size)
         return
     if args.train_iters is None:
-        raise error("give --train-iters or --train-samples")
+        raise ConfigError("give --train-iters or --train-samples")
     if getattr(args, "rampup_batch_size", None):
-        raise error("--rampup-batch-size needs sample-based training (--train-samples), as in Megatron-LM: the "
-                    "ramp counts samples")
+        raise ConfigError("--rampup-batch-size needs sample-based training (--train-samples), as in Megatron-LM: the "
+                          "ramp counts samples")
     for flag, value, unset in (("--lr-decay-samples", args.lr_decay_samples, None),
                                ("--lr-warmup-samples", args.lr_warmup_samples, 0),
                                ("--lr-wsd-decay-samples", args.lr_wsd_decay_samples, None)):
         if value != unset:
-            raise error(f"{flag} is for sample-based training (--train-samples); with --train-iters use "
-                        f"{flag.replace('-samples', '-iters')}")
+            raise ConfigError(f"{flag} is for sample-based training (--train-samples); with --train-iters use "
+                              f"{flag.replace('-samples', '-iters')}")
 
 
-def _check_rampup(args: argparse.Namespace, error) -> None:
+def _check_rampup(args: argparse.Namespace) -> None:
     """``--rampup-batch-size start increment samples``: what megatron-core's calculator asserts, and a global
     batch of every size on the ramp divisible into micro-batches (and, interleaved, pipeline-sized groups)."""
     if not getattr(args, "rampup_batch_size", None):
@@ -94,64 +95,66 @@ def _check_rampup(args: argparse.Namespace, error) -> None:
     start, increment, samples = args.rampup_batch_size
     gbs, unit = args.global_batch_size, args.micro_batch_size * args.data_parallel_size
     if start <= 0 or increment <= 0 or samples < 0:
-        raise error("--rampup-batch-size: the start batch size and increment must be positive, the ramp-up "
-                    "samples >= 0")
+        raise ConfigError("--rampup-batch-size: the start batch size and increment must be positive, the ramp-up "
+                          "samples >= 0")
     if not start < gbs or (gbs - start) % increment:
-        raise error(f"--rampup-batch-size {start} {increment} {samples}: the start batch size must be below "
-                    f"--global-batch-size {gbs}, and the increment divide their difference")
+        raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: the start batch size must be below "
+                          f"--global-batch-size {gbs}, and the increment divide their difference")
     pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size
     for size in range(start, gbs + 1, increment):
         if size % unit:
-            raise error(f"--rampup-batch-size: the ramp's global batch {size} is not divisible by "
-                        f"--micro-batch-size {args.micro_batch_size} x data-parallel size {args.data_parallel_size}")
+            raise ConfigError(f"--rampup-batch-size: the ramp's global batch {size} is not divisible by "
+                              f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
+                              f"{args.data_parallel_size}")
         if vpp and (size // unit) % pp:
-            raise error(f"--rampup-batch-size: the ramp's global batch {size} gives {size // unit} micro-batches; "
-                        f"the interleaved pipeline needs a multiple of --pipeline-model-parallel-size {pp}")
+            raise ConfigError(f"--rampup-batch-size: the ramp's global batch {size} gives {size // unit} "
+                              f"micro-batches; the interleaved pipeline needs a multiple of "
+                              f"--pipeline-model-parallel-size {pp}")
 
 
-def check_schedule_args(args: argparse.Namespace, error) -> None:
-    """Raise ``error`` for flags megatron-core's scheduler cannot take; sets train_iters for --train-samples."""
+def check_schedule_args(args: argparse.Namespace) -> None:
+    """Raise ``ConfigError`` for flags megatron-core's scheduler cannot take; sets train_iters for --train-samples."""
     if args.micro_batch_size is None:
-        raise error("--micro-batch-size is required (as in Megatron-LM)")
+        raise ConfigError("--micro-batch-size is required (as in Megatron-LM)")
     if args.global_batch_size is None:  # Megatron-LM's default: one micro-batch per data-parallel rank
         args.global_batch_size = args.micro_batch_size * args.data_parallel_size
-    _check_mode(args, error)
+    _check_mode(args)
     add_rejected_iterations(args)  # --result-rejected-tracker-filename extends --iterations-to-skip (Megatron-LM)
     if args.lr_warmup_fraction is not None:
         if args.lr_warmup_iters or args.lr_warmup_samples:
-            raise error("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples are mutually exclusive")
+            raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples are mutually exclusive")
         if not 0.0 <= args.lr_warmup_fraction < 1.0:
-            raise error(f"--lr-warmup-fraction must be in [0, 1), not {args.lr_warmup_fraction}")
+            raise ConfigError(f"--lr-warmup-fraction must be in [0, 1), not {args.lr_warmup_fraction}")
     if args.weight_decay_incr_style == "constant":
         if args.start_weight_decay is not None or args.end_weight_decay is not None:
-            raise error("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine "
-                        "(constant uses --weight-decay)")
+            raise ConfigError("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine "
+                              "(constant uses --weight-decay)")
     elif args.start_weight_decay is None or args.end_weight_decay is None:
-        raise error(f"--weight-decay-incr-style {args.weight_decay_incr_style} needs --start-weight-decay and "
-                    "--end-weight-decay")
+        raise ConfigError(f"--weight-decay-incr-style {args.weight_decay_incr_style} needs --start-weight-decay and "
+                          "--end-weight-decay")
     elif not 0.0 <= args.start_weight_decay <= args.end_weight_decay:
-        raise error("--end-weight-decay must be >= --start-weight-decay >= 0 (megatron-core's scheduler only "
-                    "increases weight decay)")
+        raise ConfigError("--end-weight-decay must be >= --start-weight-decay >= 0 (megatron-core's scheduler only "
+                          "increases weight decay)")
     if args.lr is not None and not 0.0 <= args.min_lr <= args.lr:
-        raise error(f"--min-lr {args.min_lr} must be between 0 and --lr {args.lr}")
+        raise ConfigError(f"--min-lr {args.min_lr} must be between 0 and --lr {args.lr}")
     if args.lr is not None and args.lr_warmup_init > args.lr:
-        raise error(f"--lr-warmup-init {args.lr_warmup_init} exceeds --lr {args.lr}")
+        raise ConfigError(f"--lr-warmup-init {args.lr_warmup_init} exceeds --lr {args.lr}")
     steps = scheduler_steps(args)
     unit = "samples" if args.train_samples is not None else "iterations"
     suffix = "samples" if args.train_samples is not None else "iters"  # of the flag names
     to_unit = 1 if args.train_samples is not None else args.global_batch_size
     if steps["lr_decay_steps"] <= 0:
-        raise error(f"the LR decay length must be positive (--lr-decay-{suffix}, default --train-{suffix})")
+        raise ConfigError(f"the LR decay length must be positive (--lr-decay-{suffix}, default --train-{suffix})")
     if steps["lr_warmup_steps"] >= steps["lr_decay_steps"]:
-        raise error(f"the LR warmup ({steps['lr_warmup_steps'] / to_unit:g} {unit}) must be shorter than the LR "
-                    f"decay ({steps['lr_decay_steps'] / to_unit:g} {unit}, --lr-decay-{suffix})")
+        raise ConfigError(f"the LR warmup ({steps['lr_warmup_steps'] / to_unit:g} {unit}) must be shorter than the LR "
+                          f"decay ({steps['lr_decay_steps'] / to_unit:g} {unit}, --lr-decay-{suffix})")
     wsd = steps["wsd_decay_steps"]
     if args.lr_decay_style == "WSD":
         if wsd is None:
-            raise error(f"--lr-decay-style WSD needs --lr-wsd-decay-{suffix} (the length of its annealing phase)")
+            raise ConfigError(f"--lr-decay-style WSD needs --lr-wsd-decay-{suffix} (the length of its annealing phase)")
         if not 0 < wsd <= steps["lr_decay_steps"]:
-            raise error(f"--lr-wsd-decay-{suffix} must be between 1 and the LR decay length "
-                        f"({steps['lr_decay_steps'] // to_unit} {unit})")
+            raise ConfigError(f"--lr-wsd-decay-{suffix} must be between 1 and the LR decay length "
+                              f"({steps['lr_decay_steps'] // to_unit} {unit})")
 
 
 def scheduler_steps(args: argparse.Namespace) -> dict:

@@ -25,6 +25,8 @@ import json
 import logging
 import os
 
+from mtmegatron.utils.errors import ConfigError
+
 DATALOADER_REFUSED = {
     "cyclic": "--dataloader-type cyclic: its per-epoch shuffle is not built (mtmegatron reads one "
               "layout-independent pass in order: Megatron-LM's 'single', the default)",
@@ -42,22 +44,22 @@ DATASET_FIELDS = {
 }
 
 
-def check(args: argparse.Namespace, error) -> None:
+def check(args: argparse.Namespace) -> None:
     if args.dataloader_type in DATALOADER_REFUSED:
-        raise error(DATALOADER_REFUSED[args.dataloader_type])
+        raise ConfigError(DATALOADER_REFUSED[args.dataloader_type])
     if args.no_weight_decay_cond_type is not None:  # Megatron-LM: deprecated alias, then cleared
         args.apply_wd_to_qk_layernorm = True
         args.no_weight_decay_cond_type = None
     if args.ddp_num_buckets is not None:
         if args.ddp_bucket_size is not None:
-            raise error("--ddp-num-buckets and --ddp-bucket-size exclude each other (as in Megatron-LM)")
+            raise ConfigError("--ddp-num-buckets and --ddp-bucket-size exclude each other (as in Megatron-LM)")
         if args.ddp_num_buckets <= 0:
-            raise error(f"--ddp-num-buckets must be positive, not {args.ddp_num_buckets}")
+            raise ConfigError(f"--ddp-num-buckets must be positive, not {args.ddp_num_buckets}")
     if args.quick_geglu and args.swiglu:
-        raise error("--quick-geglu and --swiglu exclude each other (as in Megatron-LM)")
+        raise ConfigError("--quick-geglu and --swiglu exclude each other (as in Megatron-LM)")
     if (args.dataloader_fast_cache_load or args.dataloader_defer_npy_index_mmap) and not args.data_cache_path:
-        raise error("--dataloader-fast-cache-load and --dataloader-defer-npy-index-mmap need the dataset caches: "
-                    "give --data-cache-path (as in Megatron-LM)")
+        raise ConfigError("--dataloader-fast-cache-load and --dataloader-defer-npy-index-mmap need the dataset caches: "
+                          "give --data-cache-path (as in Megatron-LM)")
 
 
 def parallel_order(args: argparse.Namespace) -> str:

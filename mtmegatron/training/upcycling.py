@@ -12,13 +12,16 @@ May assume: ``upcycle`` runs after training/setup.py ``build`` on every rank, wi
 from __future__ import annotations
 
 import argparse
+import copy
+
+from mtmegatron.utils.errors import ConfigError
 
 
-def check_upcycling_args(args: argparse.Namespace, error: type[Exception]) -> None:
+def check_upcycling_args(args: argparse.Namespace) -> None:
     if not getattr(args, "moe_use_upcycling", False):
         return
     if not args.save:
-        raise error("--moe-use-upcycling needs --save DIR (the upcycled MoE checkpoint is written there)")
+        raise ConfigError("--moe-use-upcycling needs --save DIR (the upcycled MoE checkpoint is written there)")
     from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
 
     try:
@@ -26,12 +29,12 @@ def check_upcycling_args(args: argparse.Namespace, error: type[Exception]) -> No
     except Exception:
         saved = None
     if saved is not None:
-        raise error(f"--moe-use-upcycling: --save {args.save} already holds a checkpoint (iteration {saved}); "
-                    f"upcycling is only for the first run from the dense model: drop the flag to continue")
+        raise ConfigError(f"--moe-use-upcycling: --save {args.save} already holds a checkpoint (iteration {saved}); "
+                          f"upcycling is only for the first run from the dense model: drop the flag to continue")
     if not args.load:
-        raise error("--moe-use-upcycling needs --load DIR (the dense model's checkpoint)")
+        raise ConfigError("--moe-use-upcycling needs --load DIR (the dense model's checkpoint)")
     if not args.num_experts:
-        raise error("--moe-use-upcycling needs --num-experts (the MoE model the dense checkpoint becomes)")
+        raise ConfigError("--moe-use-upcycling needs --num-experts (the MoE model the dense checkpoint becomes)")
     if not (args.no_load_optim and args.no_load_rng):
         args.upcycling_note = ("--moe-use-upcycling: --no-load-optim and --no-load-rng forced (the dense "
                                "checkpoint's optimizer and RNG states do not fit the MoE model), as Megatron-LM")
@@ -52,29 +55,20 @@ def upcycle(args, model, optimizer, scheduler, rank: int) -> None:
 
     if getattr(args, "upcycling_note", None):
         print_rank0(rank, f"mtmegatron: {args.upcycling_note}")
-    moe = {"num_experts": args.num_experts, "expert_model_parallel_size": args.expert_model_parallel_size,
-           "ffn_hidden_size": args.ffn_hidden_size, "moe_ffn_hidden_size": args.moe_ffn_hidden_size}
-    try:
-        args.num_experts, args.expert_model_parallel_size = None, 1
-        args.ffn_hidden_size = moe["ffn_hidden_size"] * args.moe_upcycling_granularity
-        args.moe_ffn_hidden_size = None
-        dense = build_model_chunks(args, transformer_config(args))
-        for chunk in dense:
-            move_module(chunk, compute_device())
-        checkpointing.load(args.load, dense, None, None, args)
-    finally:
-        for key, value in moe.items():
-            setattr(args, key, value)
+    dense_args = copy.copy(args)  # the dense twin's flags (args itself is read-only)
+    dense_args.num_experts, dense_args.expert_model_parallel_size, dense_args.moe_ffn_hidden_size = None, 1, None
+    dense_args.ffn_hidden_size = args.ffn_hidden_size * args.moe_upcycling_granularity
+    dense = build_model_chunks(dense_args, transformer_config(dense_args))
+    for chunk in dense:
+        move_module(chunk, compute_device())
+    checkpointing.load(args.load, dense, None, None, dense_args)
     unwrapped = [_unwrap(chunk) for chunk in model]
     upcycling_utils.load_and_upcycle_model(lambda: (None, 0), unwrapped, dense)
     del dense
     optimizer.reload_model_params()  # the fp32 main copies follow the upcycled weights
-    no_save_optim = args.no_save_optim
-    args.no_save_optim = True  # Megatron-LM saves the upcycled model without optimizer and schedule
-    try:
-        checkpointing.save(args.save, 1, model, optimizer, scheduler, args)
-    finally:
-        args.no_save_optim = no_save_optim
+    saved_args = copy.copy(args)
+    saved_args.no_save_optim = True  # Megatron-LM saves the upcycled model without optimizer and schedule
+    checkpointing.save(args.save, 1, model, optimizer, scheduler, saved_args)
     torch.distributed.barrier()
     print_rank0(rank, f"Upcycled checkpoint saved to {args.save}")
 

@@ -1,0 +1,62 @@
+"""What this run will do, decided once at start-up from the validated flags and the active backend: the model
+family, the layer implementation and whether its layers are TransformerEngine's, the FP8 executor, the core
+attention kernel, the fusions that run, where the weights are born; ``lines`` are the start-up lines saying so.
+May assume: args validated by training/arguments.py; for ``plan_run``, the backend activated and the FP8 executor
+resolved (pretrain.prepare, which stores the plan as ``args.run_plan`` before freezing args).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mtmegatron.attention.spec import core_attention_choice
+from mtmegatron.models import fusions, initialization
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    family: str
+    transformer_impl: str
+    transformer_engine_layers: bool
+    fp8_executor: str | None
+    attention_kernel: str  # attention/spec.KINDS
+    fusions: tuple[str, ...]  # the fusions that run (models/fusions.py)
+    host_initialization: bool
+    lines: tuple[str, ...]
+
+
+def startup_lines(args) -> list[str]:
+    """What this run took from where: the preset (or the demo), every value that differs from Megatron-LM's
+    default with its source, the layer implementation actually used, and which fusions run."""
+    if args.preset_name is None:
+        lines = ["mtmegatron: no --model preset: every value not given is Megatron-LM's default"]
+    elif "model" in args.given_flags or "model_size" in args.given_flags:
+        lines = [f"mtmegatron: preset --model {args.model} --model-size {args.model_size} fills every value not given"]
+    else:
+        lines = [f"mtmegatron: no model flags: the demo (--model {args.model} --model-size {args.model_size})"]
+    if args.megatron_differences:
+        lines.append("mtmegatron: differs from Megatron-LM's defaults: " + ", ".join(args.megatron_differences))
+    if args.impl_note:
+        lines.append(f"mtmegatron: {args.impl_note}")
+    if args.sequence_parallel_at_tp1:
+        lines.append("mtmegatron: --sequence-parallel has no effect at TP 1 (sequence parallelism splits the "
+                     "tensor-parallel group's activations): off, as Megatron-LM turns it off")
+    from mtmegatron.models.gpt import p2p_overlap_runs  # megatron-core: lazy
+
+    if args.overlap_p2p_comm and not p2p_overlap_runs(args):
+        lines.append("mtmegatron: p2p overlap of the interleaved schedule (Megatron-LM's default) is off over gloo: "
+                     "it corrupts the gradients there; --no-overlap-p2p-communication is implied")
+    return lines + [fusions.describe(args), initialization.describe(args)]
+
+
+def plan_run(args) -> RunPlan:
+    from mtmegatron.fp8 import spec as fp8_spec
+    from mtmegatron.models.layer_spec import describe_layer_spec  # megatron-core's spec modules: lazy
+
+    lines = startup_lines(args) + [describe_layer_spec(args)] + ([fp8_spec.describe(args)] if args.fp8_format else [])
+    return RunPlan(family=args.model, transformer_impl=args.transformer_impl,
+                   transformer_engine_layers=args.transformer_engine_layers,
+                   fp8_executor=fp8_spec.resolve_executor(args),
+                   attention_kernel=core_attention_choice(args, args.transformer_engine_layers)[0],
+                   fusions=tuple(name for name, (on, _) in fusions.decide(args).items() if on),
+                   host_initialization=initialization.host_initialization(args), lines=tuple(lines))
