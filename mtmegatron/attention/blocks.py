@@ -10,16 +10,14 @@ results by their log-sum-exp (online softmax). This module is that per-block ker
 Layout ``[b, heads, s, d]``; GQA: ``k``/``v`` have ``hq / g`` heads, query head ``j`` uses kv head ``j // g``
 (megatron's repeat_interleave order) and repeated KV heads are never materialised. ``causal`` is the square
 top-left causal mask (a diagonal block of the load-balanced layout). q/k head dim may differ from v's (MLA).
-One contract, one kernel per (device, dtype), chosen by ``block_kernel`` (nothing else chooses):
-- ``cpu_flash``: CPU tensors: torch's ``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward (they
-  return / take the LSE; GQA native);
-- ``cuda_flash``: CUDA fp16/bf16 with head dims <= 256: ``aten::_scaled_dot_product_flash_attention`` and
-  ``..._backward`` (FlashAttention-2; GQA native);
-- ``cuda_efficient``: CUDA fp32 (and fp16/bf16 past flash's head-dim limit):
-  ``aten::_scaled_dot_product_efficient_attention(compute_log_sumexp=True)`` and ``..._backward``; it takes no GQA,
-  so K/V are repeated per query head and their gradients summed back over each group;
-- ``musa_flash``: MUSA fp16/bf16 where torch_musa registers ``aten::_scaled_dot_product_attention_flash_musa``
-  (+ ``_backward``, LSE returned); K/V repeated for GQA;
+One contract, one kernel per (device, dtype, head dim): the backend names it (``Backend.attention_kernel``;
+``block_kernel`` asks, nothing else chooses):
+- ``cpu_flash``: torch's ``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward (LSE; GQA native);
+- ``cuda_flash``: ``aten::_scaled_dot_product_flash_attention`` and ``..._backward`` (FlashAttention-2; GQA native);
+- ``cuda_efficient``: ``aten::_scaled_dot_product_efficient_attention(compute_log_sumexp=True)`` and
+  ``..._backward``; it takes no GQA, so K/V are repeated per query head and their gradients summed back per group;
+- ``musa_flash``: ``aten::_scaled_dot_product_attention_flash_musa`` (+ ``_backward``, LSE returned) where
+  torch_musa registers it; K/V repeated for GQA;
 - ``math``: everything else (fp64, other devices, torch_musa without the op): an explicit fp32 computation of the
   block (the block is ``s/(2*CP)`` square, so its scores are small).
 The fused kernels take one head dim for q/k and v: q/k/v are zero-padded to the larger one (rounded up to 8), which
@@ -37,11 +35,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from mtmegatron.backends.registry import backend_for
+
 # Tests flip this to check the fused kernels against the math path.
 USE_FUSED = True
 _aten = torch.ops.aten  # tests swap in CPU stand-ins of the device ops
-FLASH_MAX_HEAD_DIM = 256
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _fused_head_dim(qk_dim: int, v_dim: int) -> int:
@@ -55,17 +53,8 @@ def _has_op(namespace, name: str) -> bool:
 
 def block_kernel(device_type: str, dtype: torch.dtype, qk_dim: int, v_dim: int) -> str:
     """The kernel that computes a block on ``device_type`` (see the module docstring)."""
-    if not USE_FUSED:
-        return "math"
-    if device_type == "cpu":
-        return "cpu_flash" if dtype in (torch.float32, torch.float64) + _HALF else "math"
-    if device_type == "cuda":
-        if dtype in _HALF and _fused_head_dim(qk_dim, v_dim) <= FLASH_MAX_HEAD_DIM:
-            return "cuda_flash"
-        return "cuda_efficient" if dtype in (torch.float32,) + _HALF else "math"
-    if device_type == "musa" and dtype in _HALF and _has_op(_aten, "_scaled_dot_product_attention_flash_musa"):
-        return "musa_flash"
-    return "math"
+    kernel = backend_for(device_type).attention_kernel(dtype, _fused_head_dim(qk_dim, v_dim)) if USE_FUSED else "math"
+    return "math" if kernel == "musa_flash" and not _has_op(_aten, "_scaled_dot_product_attention_flash_musa") else kernel
 
 
 def _kernel(q: torch.Tensor, v: torch.Tensor) -> str:

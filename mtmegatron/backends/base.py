@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +41,11 @@ class Backend:
     bridge_module:        module whose ``install()``/``uninstall()`` make megatron-core's CUDA calls
                           resolve to this backend.
     fp8_executors:        FP8 executors this backend may offer, in order of preference.
+    device_is_host:       the device is the host: no device allocator, RNG, streams, pinned memory or connections
+                          to tune; weights are born on the host and there is no MFU peak.
+    profiler_activity:    torch.profiler.ProfilerActivity member of the device (None: host activity only).
+    nsys_range:           ``--profile`` alone opens an nsys capture range (Megatron-LM's cudaProfilerStart).
+    The methods below answer for a device nothing is known about; cpu.py, cuda.py and musa.py override them.
     """
 
     name: str
@@ -47,6 +54,9 @@ class Backend:
     kernel_dispatch_key: str
     bridge_module: str
     fp8_executors: tuple[str, ...] = ("emulated",)
+    device_is_host: bool = False
+    profiler_activity: str | None = None
+    nsys_range: bool = False
 
     def missing(self) -> str | None:
         """Why this backend cannot run here, or None when it can. Subclasses override; cached by callers.
@@ -79,17 +89,91 @@ class Backend:
         return torch.get_device_module(self.device_type)
 
     def device(self, local_rank: int = 0) -> torch.device:
-        if self.device_type == "cpu":
-            return torch.device("cpu")
-        return torch.device(self.device_type, local_rank)
+        return torch.device(self.device_type) if self.device_is_host else torch.device(self.device_type, local_rank)
 
     def set_device(self, local_rank: int) -> None:
-        if self.device_type != "cpu":
+        if not self.device_is_host:
             self.device_module().set_device(local_rank)
+
+    def transformer_engine_missing(self) -> str | None:
+        """Why no TransformerEngine serves this backend's layers (None: one does)."""
+        return f"TransformerEngine has no layers for the {self.device_type} backend"
+
+    def fusions_missing(self) -> dict[str, str]:
+        """Why a fusion family does not run here, by family: "jit" (megatron-core's torch.compile'd fusions),
+        "apex" (apex's CUDA kernels), "rope" (mtmegatron's fused RoPE). A family not named runs."""
+        return {"jit": f"megatron-core's jit fusions are not compiled on the {self.device_type} backend",
+                "apex": "apex has no kernels here"}
+
+    def attention_kernel(self, dtype: torch.dtype, head_dim: int, masked: bool = False) -> str:
+        """The attention kernel for ``dtype``, ``head_dim`` (q/k/v padded to one) and masking (attention/blocks.py
+        names them; "math" is the explicit computation)."""
+        return "math"
+
+    def scaled_mm_rules(self, facts: "DeviceFacts") -> tuple[str | None, str | None]:
+        """Why ``torch._scaled_mm`` cannot run (tensor-wise, block-scaled) GEMMs on the device of ``facts``, by
+        rule before any call (fp8/probe.py confirms on the device); None: allowed."""
+        return None, f"no block-scaled GEMM known for {self.device_type}"
+
+    def check_precision_args(self, args, error) -> None:
+        """Refuse (``raise error(...)``) flags this backend's devices cannot run, before any process group."""
+
+    def capability_lines(self) -> list[str]:
+        """What ``mtmegatron env`` prints about this machine's devices beyond their number."""
+        return []
+
+    def facts(self) -> "DeviceFacts":
+        """The facts of this backend's current device (set the rank's device first)."""
+        if self.device_is_host:
+            return DeviceFacts(self.device_type, has_block_scaled_mm=has_block_scaled_mm())
+        module = self.device_module()
+        index = module.current_device()
+        capability = getattr(module, "get_device_capability", None)
+        return DeviceFacts(self.device_type, index, tuple(capability(index)) if capability else None,
+                           _version(torch.version.cuda), has_block_scaled_mm())
 
     def bridge(self):
         """The bridge module for this backend (see mtmegatron.bridge)."""
         return importlib.import_module(self.bridge_module)
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the FP8 GEMM rules need to know about the running device."""
+
+    device_type: str
+    index: int | None = None                    # the current device (None on the host)
+    capability: tuple[int, int] | None = None   # CUDA compute capability / MUSA (major, minor)
+    cuda_version: tuple[int, int] | None = None  # the CUDA (and cuBLAS) torch was built with
+    has_block_scaled_mm: bool = False           # torch.nn.functional.scaled_mm with ScalingType.BlockWise1x128
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.device_type, self.index)
+
+    @property
+    def name(self) -> str:
+        return str(self.device)
+
+
+def has_block_scaled_mm() -> bool:
+    """torch >= 2.10 (the MUSA path's floor is 2.7: tests/test_torch_floor.py)."""
+    return hasattr(torch.nn.functional, "scaled_mm") and hasattr(getattr(torch.nn.functional, "ScalingType", None),
+                                                                 "BlockWise1x128")
+
+
+def _version(text: str | None) -> tuple[int, int] | None:
+    return tuple(int(part) for part in text.split(".")[:2]) if text else None
+
+
+def installed_transformer_engine() -> str | None:
+    """Which TransformerEngine is installed, found on disk (nothing imported): "mt" for Moore Threads'
+    MT-TransformerEngine (it keeps the import name and adds a ``musa`` package), "nvidia", or None."""
+    spec = importlib.util.find_spec("transformer_engine")
+    if spec is None:
+        return None
+    paths = spec.submodule_search_locations or ()
+    return "mt" if any(os.path.isdir(os.path.join(path, "musa")) for path in paths) else "nvidia"
 
 
 @functools.cache

@@ -6,6 +6,8 @@ importing it applies its patches, which the MUSA bridge does once MUSA is chosen
 Before torch_musa is imported the visible-devices variables are synchronised (visible_devices.py), because the
 MUSA runtime reads MUSA_VISIBLE_DEVICES when it loads.
 Never infers MUSA from torch.cuda: torchada can make torch.cuda answer for MUSA devices.
+FP8 GEMMs through ``torch._scaled_mm``: the arch floor is musa_device's; torch_musa takes tensor- and row-wise
+scales, no block scales. Its flash-attention op (fp16/bf16) returns the LSE and takes no GQA.
 Unverified here: no MUSA hardware or torch_musa is available in CI (see README's backend matrix).
 """
 
@@ -16,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import visible_devices
-from .base import Absent, Backend, HalfInstalled
+from . import musa_device, musa_runtime, visible_devices
+from .base import Absent, Backend, HalfInstalled, installed_transformer_engine
 
 # Set by the example launchers (examples/common.sh) unless the user exported a value. Only settings that are
 # right on any MUSA machine: one hardware queue so megatron-core's communication/compute overlap keeps its
@@ -84,6 +86,37 @@ class MusaBackend(Backend):
             return "torch_musa sees no MUSA device (check MUSA_VISIBLE_DEVICES and the driver)"
         return None
 
+    def transformer_engine_missing(self) -> str | None:
+        return {"mt": None, None: "MT-TransformerEngine is not installed"}.get(
+            installed_transformer_engine(),
+            "the installed transformer_engine is NVIDIA's build, not MT-TransformerEngine (no musa package)")
+
+    def fusions_missing(self) -> dict[str, str]:
+        missing = {"apex": "apex's kernels are CUDA kernels"}
+        if not musa_runtime.dynamo_requested():
+            missing["jit"] = f"TorchDynamo is off on MUSA ({musa_runtime.ENV_VAR}=1 turns it on)"
+        return missing
+
+    def attention_kernel(self, dtype: torch.dtype, head_dim: int, masked: bool = False) -> str:
+        return "musa_flash" if dtype in (torch.float16, torch.bfloat16) else "math"
+
+    def scaled_mm_rules(self, facts) -> tuple[str | None, str | None]:
+        if facts.capability is None:
+            why = "the MUSA arch is unknown (torch.musa has no get_device_capability)"
+            return why, why
+        arch = musa_device.arch_number(facts.capability)
+        if not musa_device.supports_scaled_mm(arch):
+            why = (f"MUSA arch {arch} < {musa_device.SCALED_MM_MIN_ARCH}: torch_musa runs _scaled_mm from the S5000 "
+                   "(arch 310) on")
+            return why, why
+        return None, "torch_musa's _scaled_mm takes tensor- and row-wise scales only"
+
+    def check_precision_args(self, args, error) -> None:
+        musa_device.check_precision_args(args, error)
+
+    def capability_lines(self) -> list[str]:
+        return musa_device.capability_lines()
+
 
 MUSA = MusaBackend(
     name="musa",
@@ -91,5 +124,6 @@ MUSA = MusaBackend(
     visible_devices_env="MUSA_VISIBLE_DEVICES",
     kernel_dispatch_key="PrivateUse1",
     bridge_module="mtmegatron.bridge.musa",
-    fp8_executors=("transformer_engine", "scaled_mm", "emulated"),  # scaled_mm: arch >= 310 (fp8/probe.py)
+    fp8_executors=("transformer_engine", "scaled_mm", "emulated"),  # scaled_mm: musa_device.SCALED_MM_MIN_ARCH
+    profiler_activity="PrivateUse1",
 )

@@ -11,6 +11,7 @@ May assume: torch. Never raises for a backend nobody asked for, except a half-in
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from importlib.metadata import entry_points
@@ -38,6 +39,14 @@ def third_party_backends() -> dict[str, Backend]:
 
 def known_backends() -> dict[str, Backend]:
     return {**BUILTIN, **third_party_backends()}
+
+
+@functools.cache
+def backend_for(device_type: str) -> Backend:
+    """The backend whose tensors live on ``device_type`` (what a tensor's device asks); a description with the
+    base answers for a device type no backend claims."""
+    claimed = {b.device_type: b for b in reversed(list(known_backends().values()))}
+    return claimed.get(device_type) or Backend(device_type, device_type, None, "PrivateUse1", "")
 
 
 def get_backend(name: str) -> Backend:

@@ -2,27 +2,27 @@
 
 Every GEMM here is ``A @ B^T`` with both operands quantized along their last (contraction) dimension, so
 forward (X W^T), dgrad (dY (W^T)^T) and wgrad (dY^T (X^T)^T) all take one shape. Executors:
-- ``scaled_mm``: one ``torch._scaled_mm`` per GEMM (CPU in torch >= 2.13, CUDA sm89+, MUSA arch >= 310). Per-tensor
-  scales go straight in (fp32 output); DeepSeek-V3 block scales (1x128 tiles x 128x128 blocks, or 1x128 x 1x128
-  for wgrad) go to ``torch.nn.functional.scaled_mm`` in one call where the device takes block scales (probe.py:
-  Hopper with cuBLAS >= 12.9). Elsewhere a block-scaled recipe (blockwise, mxfp8) is resolved to ``emulated`` and
+- ``scaled_mm``: one ``torch._scaled_mm`` per GEMM where the backend's rules and the probe allow it (probe.py).
+  Per-tensor scales go straight in (fp32 output); DeepSeek-V3 block scales (1x128 tiles x 128x128 blocks, or
+  1x128 x 1x128 for wgrad) go to ``torch.nn.functional.scaled_mm`` in one call where the backend's rules allow
+  block scales on the tensors' device. Elsewhere a block-scaled recipe (blockwise, mxfp8) is resolved to ``emulated`` and
   the start-up line says so (fp8/spec.py).
 - ``emulated``: dequantize both operands to fp32 and multiply: the float reference every other executor is
   checked against.
 - ``transformer_engine``: TransformerEngine (CUDA) or MUSA's TransformerEngine; it is not a GEMM function here:
   it swaps in megatron-core's TE layer spec (see spec.py).
-``select_executor`` takes the first executor of ``Backend.fp8_executors`` that can run; ``scaled_mm`` is probed on
-the backend's current device (probe.py), so the rank's device is set before.
 May assume: torch >= 2.7; ``torch._scaled_mm`` may be missing or refuse a device (then it is not offered).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from mtmegatron.backends.registry import backend_for
 
 from .quantize import fp8_dequantize
 
@@ -56,8 +56,11 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous().t()
 
 
-# torch >= 2.10 (the MUSA path's floor is 2.7: tests/test_torch_floor.py)
-HAS_BLOCK_SCALED_MM = hasattr(F, "scaled_mm") and hasattr(getattr(F, "ScalingType", None), "BlockWise1x128")
+@functools.cache
+def block_scales_run(device: torch.device) -> bool:
+    """Whether the backend's rules let ``torch.nn.functional.scaled_mm`` take block scales on ``device``."""
+    backend = backend_for(device.type)
+    return backend.scaled_mm_rules(backend.facts())[1] is None
 
 
 def block_scaled_shape_fits(a: QTensor, b: QTensor) -> bool:
@@ -87,39 +90,10 @@ def gemm_scaled_mm(a: QTensor, b: QTensor) -> torch.Tensor:
     if a.block is None and b.block is None:
         return torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale_inv.float().reshape(()),
                                 scale_b=b.scale_inv.float().reshape(()), out_dtype=torch.float32)
-    if a.data.device.type == "cuda" and HAS_BLOCK_SCALED_MM and block_scaled_shape_fits(a, b):  # the only device with block scales
+    if block_scales_run(a.data.device) and block_scaled_shape_fits(a, b):
         return gemm_scaled_mm_blockwise(a, b)
     return gemm_emulated(a, b)  # elsewhere, or a shape the block-scaled kernel does not take (e.g. K % 128)
 
 
 GEMMS = {"scaled_mm": gemm_scaled_mm, "emulated": gemm_emulated}
 
-
-def executor_missing(name: str, backend) -> str | None:
-    """Why executor ``name`` cannot run on ``backend``'s current device, or None when it can."""
-    if name == "transformer_engine":
-        return None if importlib.util.find_spec("transformer_engine") else "transformer_engine is not importable"
-    if name == "scaled_mm":
-        from .probe import device_facts, scaled_mm_support
-
-        return scaled_mm_support(device_facts(backend)).tensorwise_missing
-    if name == "emulated":
-        return None
-    return f"unknown FP8 executor '{name}' (known: {', '.join(EXECUTORS)})"
-
-
-def select_executor(backend, requested: str = "auto", skip: tuple[str, ...] = ()) -> str:
-    """``requested`` if this backend offers it and it runs, else (``auto``) the first one not in ``skip`` that
-    runs."""
-    if requested != "auto":
-        if requested not in backend.fp8_executors:
-            raise ValueError(f"--fp8-executor {requested} is not offered by backend {backend.name} "
-                             f"(offers: {', '.join(backend.fp8_executors)})")
-        reason = executor_missing(requested, backend)
-        if reason:
-            raise ValueError(f"--fp8-executor {requested}: {reason}")
-        return requested
-    for name in backend.fp8_executors:
-        if name not in skip and executor_missing(name, backend) is None:
-            return name
-    raise ValueError(f"no FP8 executor runs on backend {backend.name}")

@@ -1,9 +1,10 @@
 """Wiring FP8 into a megatron-core GPT model: executor choice, layer spec, config fields, first/last layers.
 
-- ``resolve_executor(args, local_rank)``: the executor for this run (``--fp8-executor``, default the backend's
-  first that runs; ``scaled_mm`` probed on the rank's device, set first), stored on ``args.fp8_executor_in_use``;
-  a block-scaled recipe ``scaled_mm`` cannot run in one call per GEMM on this device runs ``emulated``, said in
-  the start-up line (``args.fp8_executor_note``).
+- ``resolve_executor(args, local_rank)``: at start-up (pretrain.prepare), once: the executor for this run
+  (``--fp8-executor``, default the backend's first that runs; ``scaled_mm`` probed on the rank's device, set
+  first), recorded in ``args.fp8_executor_in_use``; a block-scaled recipe ``scaled_mm`` cannot run in one call per
+  GEMM on this device runs ``emulated``, said in the start-up line (``args.fp8_executor_note``).
+  ``executor_in_use(args)`` reads it (and writes nothing).
 - ``fp8_linears(args)``: the FP8 linear ModuleSpecs (recipe and executor as params) that
   ``models/layer_spec.build_layer_spec`` puts into ``linear_qkv``/``linear_proj``/``linear_fc1``/``linear_fc2``
   (MoE expert and shared-expert MLPs included); None with the transformer_engine executor, whose TE layer
@@ -20,53 +21,55 @@ from __future__ import annotations
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from .executors import executor_missing, select_executor
+from .probe import executor_missing, scaled_mm_support, select_executor
 from .recipes import recipe_from_args
 
 BLOCK_SCALED = ("blockwise", "mxfp8")
 
 
 def resolve_executor(args, local_rank: int | None = None) -> str | None:
-    """The executor, chosen once; ``local_rank``: set this rank's device first, so ``scaled_mm`` is probed on the
-    device the rank runs on (not device 0 for every local rank). A block-scaled recipe that ``scaled_mm`` cannot
-    run in one call per GEMM here runs ``emulated``; ``args.fp8_executor_note`` says why (start-up line)."""
+    """Choose the executor and record it (``args.fp8_executor_in_use``, ``args.fp8_executor_note``); ``local_rank``:
+    set this rank's device first, so ``scaled_mm`` is probed on the device the rank runs on."""
+    if getattr(args, "fp8_format", None):
+        args.fp8_executor_in_use, args.fp8_executor_note = choose_executor(args, local_rank)
+    return executor_in_use(args)
+
+
+def executor_in_use(args) -> str | None:
+    """The recorded executor; chosen again (not recorded) where start-up did not resolve it."""
     if not getattr(args, "fp8_format", None):
         return None
-    if getattr(args, "fp8_executor_in_use", None) is None:
-        from mtmegatron.backends.active import active_backend
-
-        backend = active_backend()
-        if local_rank is not None:
-            backend.set_device(local_rank)
-        if args.transformer_engine_layers:  # parse time chose TE's layers, so TE's executor (or its refusal)
-            executor = select_executor(backend, "transformer_engine")
-        else:
-            executor = select_executor(backend, args.fp8_executor, skip=("transformer_engine",))
-        args.fp8_executor_note = None
-        if executor == "emulated" and args.fp8_executor == "auto" and "scaled_mm" in backend.fp8_executors:
-            args.fp8_executor_note = f"scaled_mm does not run here: {executor_missing('scaled_mm', backend)}"
-        recipe = recipe_from_args(args)
-        if executor == "scaled_mm" and recipe.name in BLOCK_SCALED:
-            why = _block_scaled_missing(recipe, backend)
-            if why:
-                executor = "emulated"
-                args.fp8_executor_note = f"scaled_mm runs no {recipe.name} GEMM here ({why}): its GEMMs are emulated"
-        args.fp8_executor_in_use = executor
-    return args.fp8_executor_in_use
+    return getattr(args, "fp8_executor_in_use", None) or choose_executor(args)[0]
 
 
-def _block_scaled_missing(recipe, backend) -> str | None:
-    if recipe.name != "blockwise":
-        return "mtmegatron passes no MX (E8M0, swizzled) scales to torch._scaled_mm"
-    from .probe import device_facts, scaled_mm_support
+def choose_executor(args, local_rank: int | None = None) -> tuple[str, str | None]:
+    """(executor, the start-up note or None); a block-scaled recipe that ``scaled_mm`` cannot run in one call per
+    GEMM here runs ``emulated`` and the note says why."""
+    from mtmegatron.backends.active import active_backend
 
-    return scaled_mm_support(device_facts(backend)).blockwise_missing
+    backend = active_backend()
+    if local_rank is not None:
+        backend.set_device(local_rank)
+    if args.transformer_engine_layers:  # parse time chose TE's layers, so TE's executor (or its refusal)
+        executor = select_executor(backend, "transformer_engine")
+    else:
+        executor = select_executor(backend, args.fp8_executor, skip=("transformer_engine",))
+    note = None
+    if executor == "emulated" and args.fp8_executor == "auto" and "scaled_mm" in backend.fp8_executors:
+        note = f"scaled_mm does not run here: {executor_missing('scaled_mm', backend)}"
+    recipe = recipe_from_args(args)
+    if executor == "scaled_mm" and recipe.name in BLOCK_SCALED:
+        why = ("mtmegatron passes no MX (E8M0, swizzled) scales to torch._scaled_mm" if recipe.name != "blockwise"
+               else scaled_mm_support(backend.facts()).blockwise_missing)
+        if why:
+            executor, note = "emulated", f"scaled_mm runs no {recipe.name} GEMM here ({why}): its GEMMs are emulated"
+    return executor, note
 
 
 def te_config_fields(args) -> dict:
     """TransformerConfig FP8 fields, set only for the TransformerEngine executor (megatron-core then drives
     TE itself; for our executors the config stays FP8-free so megatron-core does not look for TE)."""
-    if resolve_executor(args) != "transformer_engine":
+    if executor_in_use(args) != "transformer_engine":
         return {}
     return dict(fp8=args.fp8_format, fp8_recipe=args.fp8_recipe, fp8_margin=args.fp8_margin,
                 fp8_amax_history_len=args.fp8_amax_history_len, fp8_amax_compute_algo=args.fp8_amax_compute_algo,
@@ -89,7 +92,7 @@ def fp8_linears(args):
         return None
     from .linear import Fp8ColumnParallelLinear, Fp8RowParallelLinear
 
-    params = dict(fp8_recipe=recipe, fp8_executor=resolve_executor(args), tp_only_amax_red=args.tp_only_amax_red)
+    params = dict(fp8_recipe=recipe, fp8_executor=executor_in_use(args), tp_only_amax_red=args.tp_only_amax_red)
     return (ModuleSpec(module=Fp8ColumnParallelLinear, params=dict(params)),
             ModuleSpec(module=Fp8RowParallelLinear, params=dict(params)))
 
@@ -115,5 +118,5 @@ def describe(args) -> str:
     bf16_layers = (f", first {args.num_layers_at_start_in_bf16}/last {args.num_layers_at_end_in_bf16} layers in "
                    "high precision" if args.first_last_layers_bf16 else "")
     note = f" ({args.fp8_executor_note})" if getattr(args, "fp8_executor_note", None) else ""
-    return (f"mtmegatron: FP8 {recipe.name} recipe, {args.fp8_format} format, executor {resolve_executor(args)}"
+    return (f"mtmegatron: FP8 {recipe.name} recipe, {args.fp8_format} format, executor {executor_in_use(args)}"
             f"{note}{bf16_layers}")

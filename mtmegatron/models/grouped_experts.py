@@ -15,9 +15,24 @@ May assume: validated flags; megatron-core 0.16.
 from __future__ import annotations
 
 import argparse
+import importlib
+
+from mtmegatron.backends.base import installed_transformer_engine
 
 # megatron-core's modules are imported where used: the training parser imports this module, and its imports
 # must stay light (pretrain silences megatron-core's import-time notices only after parsing has begun)
+TE_MODULE = "megatron.core.extensions.transformer_engine"
+
+
+def te_module(name: str):
+    """megatron-core's TE class ``name`` when TransformerEngine is installed, else a ModuleSpec naming it (the
+    class is imported only when the module is built; megatron's MLA compares its down projections by identity
+    with ``TELinear``, so a run with TE gets the class itself)."""
+    if installed_transformer_engine() is None:
+        from megatron.core.transformer.spec_utils import ModuleSpec
+
+        return ModuleSpec(module=(TE_MODULE, name))
+    return getattr(importlib.import_module(TE_MODULE), name)
 
 
 def add_grouped_experts_args(parser: argparse.ArgumentParser) -> None:
@@ -53,9 +68,7 @@ def expert_modules(layer_modules, moe_use_grouped_gemm: bool, moe_use_legacy_gro
 
     if not moe_use_grouped_gemm:
         return SequentialMLP, MLPSubmodules(linear_fc1=layer_modules.column, linear_fc2=layer_modules.row)
-    if layer_modules.norm_column is not None and not moe_use_legacy_grouped_gemm:  # TransformerEngine layers
-        from mtmegatron.models.layer_spec import te_module
-
+    if layer_modules.transformer_engine and not moe_use_legacy_grouped_gemm:
         return TEGroupedMLP, MLPSubmodules(linear_fc1=te_module("TEColumnParallelGroupedLinear"),
                                            linear_fc2=te_module("TERowParallelGroupedLinear"))
     return GroupedMLP, None

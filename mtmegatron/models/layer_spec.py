@@ -17,7 +17,7 @@ serves the backend (``models/transformer_impl.py`` decides, bf16/fp16 and FP8 al
 
 MLA, qk-layernorm, MoE (shared experts included) and MTP are kept under every choice. Each call returns a new
 spec; nothing is edited after it is built. TransformerEngine is never imported here: where it is not installed
-(tests) its classes are ``ModuleSpec``s naming them (``te_module``), resolved only when a module is built.
+(tests) its classes are ``ModuleSpec``s naming them (``grouped_experts.te_module``), resolved only when built.
 ``describe_layer_spec(args)`` is the start-up line that says what was chosen and why.
 May assume: validated flags; megatron-core 0.16; for FP8, the executor resolved (``args.fp8_executor_in_use``)
 or the backend active.
@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import importlib.util
 from dataclasses import dataclass
 
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
@@ -47,24 +45,14 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 
 from mtmegatron.attention.core import SDPADotProductAttention
 from mtmegatron.attention.spec import core_attention_choice
-from mtmegatron.fp8.spec import fp8_linears, resolve_executor, uses_transformer_engine
+from mtmegatron.fp8.spec import executor_in_use, fp8_linears, uses_transformer_engine
 from mtmegatron.models.deepseek_args import moe_layer_pattern
 from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm
-from mtmegatron.models.grouped_experts import describe as describe_experts, expert_modules
+from mtmegatron.models.grouped_experts import describe as describe_experts, expert_modules, te_module
 from mtmegatron.models.mla_attention import with_head_dims
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
 LAYER_KINDS = ("dense", "moe", "mtp")
-TE_MODULE = "megatron.core.extensions.transformer_engine"
-
-
-def te_module(name: str):
-    """megatron-core's TE class ``name`` when TransformerEngine is installed, else a ModuleSpec naming it (the
-    class is imported only when the module is built; megatron's MLA compares its down projections by identity
-    with ``TELinear``, so a run with TE gets the class itself)."""
-    if importlib.util.find_spec("transformer_engine") is None:
-        return ModuleSpec(module=(TE_MODULE, name))
-    return getattr(importlib.import_module(TE_MODULE), name)
 
 
 @dataclass(frozen=True)
@@ -79,6 +67,7 @@ class LayerModules(LocalSpecProvider):
     norm_column: object     # TE: norm + column linear in one module; None elsewhere
     core: object
     mlp: type
+    transformer_engine: bool = False  # TE's layers (fp8/spec.uses_transformer_engine)
 
     def column_parallel_linear(self):
         return self.column
@@ -118,7 +107,8 @@ def choose_modules(args: argparse.Namespace) -> LayerModules:
     if te:
         return LayerModules(norm=te_module("TENorm"), column=te_module("TEColumnParallelLinear"),
                             row=te_module("TERowParallelLinear"), plain_column=te_module("TEColumnParallelLinear"),
-                            norm_column=te_module("TELayerNormColumnParallelLinear"), core=core, mlp=mlp)
+                            norm_column=te_module("TELayerNormColumnParallelLinear"), core=core, mlp=mlp,
+                            transformer_engine=True)
     column, row = fp8_linears(args) or (ColumnParallelLinear, RowParallelLinear)
     norm = FusedRMSNorm if fused else LocalSpecProvider().layer_norm(rms_norm=args.normalization == "RMSNorm")
     if getattr(args, "layernorm_zero_centered_gamma", False):  # --apply-layernorm-1p
@@ -150,7 +140,7 @@ def build_layer_spec(args: argparse.Namespace, layer_kind="dense",
         eh_proj = dataclasses.replace(m, column=m.plain_column)  # MTP's projection stays in high precision
         return get_mtp_layer_spec_for_backend(build_layer_spec(args, last), eh_proj)
     num_experts = _num_experts(args, layer_kind)
-    te = m.norm_column is not None
+    te = m.transformer_engine
     qk_layernorm = bool(args.qk_layernorm)
 
     if num_experts:
@@ -212,7 +202,7 @@ def describe_layer_spec(args: argparse.Namespace) -> str:
     m = choose_modules(args)
     te = uses_transformer_engine(args)
     _, why = core_attention_choice(args, transformer_engine=te)
-    executor = f" (FP8 executor {resolve_executor(args)})" if getattr(args, "fp8_format", None) else ""
+    executor = f" (FP8 executor {executor_in_use(args)})" if getattr(args, "fp8_format", None) else ""
     norm = f"{_name(m.norm)}{' + ' + _name(m.norm_column) if te else ''}"
     return (f"mtmegatron: layers: --transformer-impl {args.transformer_impl} | norm {norm} | attention "
             f"{_name(m.core)} ({why}) | linears {_name(m.column)}/{_name(m.row)}{executor} | MLP {_name(m.mlp)}"

@@ -124,7 +124,7 @@ def test_device_wrappers_equal_the_math_path(monkeypatch, kernel, hq, hk, dk, dv
     ("musa", FP32, False, (8, 2), "enable_gqa"),
 ])
 def test_gqa_mode(device, dtype, masked, heads, mode):
-    assert gqa_mode(device, dtype, masked, *heads) == mode
+    assert gqa_mode(device, dtype, masked, *heads, 64) == mode
 
 
 def test_repeat_kv_equals_enable_gqa_on_cpu(monkeypatch):

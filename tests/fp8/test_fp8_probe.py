@@ -21,7 +21,8 @@ import torch
 
 from mtmegatron.fp8 import executors, probe, spec
 from mtmegatron.fp8.executors import QTensor, gemm_emulated, gemm_scaled_mm, gemm_scaled_mm_blockwise
-from mtmegatron.fp8.probe import DeviceFacts, rules
+from mtmegatron.backends.base import Backend, DeviceFacts, has_block_scaled_mm
+from mtmegatron.fp8.probe import rules
 from mtmegatron.fp8.quantize import fp8_quantize_blockwise
 
 
@@ -100,7 +101,8 @@ class FakeModule:
 
 
 class FakeBackend:
-    name, device_type, fp8_executors = "cuda", "cuda", ("scaled_mm", "emulated")
+    name, device_type, fp8_executors, device_is_host = "cuda", "cuda", ("scaled_mm", "emulated"), False
+    facts = Backend.facts
 
     def __init__(self):
         self.log = []
@@ -121,7 +123,7 @@ def fp8_args(recipe="tensorwise", executor="auto"):
 
 def test_device_is_set_before_the_probe_which_runs_on_the_current_device(monkeypatch):
     backend = FakeBackend()
-    monkeypatch.setattr("mtmegatron.active_backend", lambda: backend)
+    monkeypatch.setattr("mtmegatron.backends.active._active", backend)
 
     def fake_probe(facts):
         backend.log.append(("probe", facts.name, facts.capability))
@@ -156,7 +158,7 @@ def _block_scaled_reference(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, 
 
 @pytest.mark.parametrize("weight_block", [(128, 128), (1, 128)])
 def test_block_scaled_gemm_layout_reproduces_the_emulated_gemm(monkeypatch, weight_block):
-    if not probe.has_block_scaled_mm():
+    if not has_block_scaled_mm():
         pytest.fail("this torch has no torch.nn.functional.scaled_mm: the CI torch (2.13) has it")
     monkeypatch.setattr(torch.nn.functional, "scaled_mm", _block_scaled_reference)
     g = torch.Generator().manual_seed(0)
@@ -177,7 +179,7 @@ def cpu_backend(monkeypatch):
     from mtmegatron.backends import get_backend
 
     backend = get_backend("cpu")
-    monkeypatch.setattr("mtmegatron.active_backend", lambda: backend)
+    monkeypatch.setattr("mtmegatron.backends.active._active", backend)
     return backend
 
 
@@ -202,7 +204,7 @@ def test_old_musa_arch_refuses_an_explicit_scaled_mm_and_auto_says_why(monkeypat
     backend = FakeBackend()
     backend.name = backend.device_type = "musa"
     backend.module.get_device_capability = lambda index: (2, 2)
-    monkeypatch.setattr("mtmegatron.active_backend", lambda: backend)
+    monkeypatch.setattr("mtmegatron.backends.active._active", backend)
     with pytest.raises(ValueError, match=r"^--fp8-executor scaled_mm: MUSA arch 220 < 310: torch_musa runs "
                                          r"_scaled_mm from the S5000 \(arch 310\) on$"):
         spec.resolve_executor(fp8_args(executor="scaled_mm"), local_rank=1)

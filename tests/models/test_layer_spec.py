@@ -1,7 +1,7 @@
 """``models/layer_spec.build_layer_spec``: the classes in every slot for each (transformer impl x attention backend
 x FP8 executor x model family), TE cases by spec structure (class names under megatron-core's TE extension
 module, never importing TransformerEngine) -- ``--transformer-impl transformer_engine`` in bf16 as it resolves
-where TE serves the backend (models/transformer_impl.te_layers_missing faked to say so), and FP8 with TE's
+where TE serves the backend (the cpu backend's transformer_engine_missing faked to say so), and FP8 with TE's
 executor under every impl; LLaVA's language layers follow the impl while its vision encoder stays local; DeepSeek with FP8 keeps MLA, qk-layernorm and MTP; building a spec
 never changes another one; one tiny DeepSeek FP8 model built on the CPU has the expected module tree.
 The expectations are written out here as a table, independently of the builder's code.
@@ -35,7 +35,7 @@ def make_args(impl="local", backend="auto", executor=None, family="llama3", *ext
         fp8 += ["--fp8-executor", "transformer_engine"]
     argv = ["--model", family, "--model-size", "tiny", "--mock-data", "--transformer-impl", impl,
             "--attention-backend", backend, *fp8, *extra]
-    with mock.patch("mtmegatron.models.transformer_impl.te_layers_missing", return_value=None):  # TE serves it
+    with mock.patch("mtmegatron.backends.cpu.CpuBackend.transformer_engine_missing", return_value=None):  # TE serves
         args = parse_args(argv, world_size=1)
     assert args.transformer_impl == impl
     if executor:

@@ -11,16 +11,25 @@
 from __future__ import annotations
 
 import importlib.machinery
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 
+from mtmegatron.backends.cpu import CPU, CpuBackend
+from mtmegatron.backends.cuda import CUDA
+from mtmegatron.backends.musa import MUSA
 from mtmegatron.models import transformer_impl
-from mtmegatron.models.transformer_impl import te_layers_missing
 from mtmegatron.training.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 TINY = ["--model", "llama3", "--model-size", "tiny", "--mock-data"]
+
+
+def backend(device_type, te_missing=None):
+    """A backend description whose TransformerEngine answer is faked."""
+    return SimpleNamespace(name=device_type, device_type=device_type, fp8_executors=CUDA.fp8_executors,
+                           transformer_engine_missing=lambda: te_missing)
 
 
 def _te_spec(tmp_path, mt: bool):
@@ -45,7 +54,7 @@ def _te_spec(tmp_path, mt: bool):
 def test_which_transformer_engine_serves_which_backend(tmp_path, installed, device, ok, why):
     spec = None if installed is None else _te_spec(tmp_path, mt=installed == "mt")
     with mock.patch("importlib.util.find_spec", return_value=spec):
-        reason = te_layers_missing(device)
+        reason = {"cuda": CUDA, "musa": MUSA, "cpu": CPU}[device].transformer_engine_missing()
     assert (reason is None) == ok
     if why:
         assert why in reason
@@ -73,16 +82,14 @@ def test_explicit_transformer_engine_without_te_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize("given", [False, True])
 def test_te_available_keeps_te_in_bf16(given):
     flag = ["--transformer-impl", "transformer_engine"] if given else []
-    with mock.patch.object(transformer_impl, "_backend_device_type", return_value="cuda"), \
-            mock.patch.object(transformer_impl, "te_layers_missing", return_value=None):
+    with mock.patch.object(transformer_impl, "_backend", return_value=backend("cuda")):
         args = parse_args(TINY + ["--bf16"] + flag, world_size=1)
     assert args.transformer_impl == "transformer_engine" and args.impl_note is None
 
 
 def test_te_available_but_our_fp8_executor():
     fp8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--bf16", "--fp8-executor", "scaled_mm"]
-    with mock.patch.object(transformer_impl, "_backend_device_type", return_value="cuda"), \
-            mock.patch.object(transformer_impl, "te_layers_missing", return_value=None):
+    with mock.patch.object(transformer_impl, "_backend", return_value=backend("cuda")):
         args = parse_args(TINY + fp8, world_size=1)
         assert args.transformer_impl == "local"
         assert "--fp8-executor scaled_mm runs FP8 in mtmegatron's linears" in args.impl_note
@@ -91,9 +98,9 @@ def test_te_available_but_our_fp8_executor():
 
 
 def test_device_of_the_selected_backend_decides():
-    with mock.patch.object(transformer_impl, "te_layers_missing", return_value=None) as missing:
+    with mock.patch.object(CpuBackend, "transformer_engine_missing", return_value=None) as missing:
         args = parse_args(TINY + ["--backend", "cpu"], world_size=1)
-    missing.assert_called_once_with("cpu")
+    missing.assert_called_once_with()
     assert args.transformer_impl == "transformer_engine"  # the (faked) answer for the cpu backend is honoured
 
 
@@ -101,29 +108,24 @@ def test_one_te_decision_read_by_every_consumer():
     """``args.transformer_engine_layers`` is decided once; the layer spec, the grouped-experts checks and the FP8
     executor read it. FP8 ``auto`` under ``--transformer-impl local`` on a backend whose first executor is TE's
     (faked CUDA with TE): TE layers, so grouped GEMM is TE's grouped linears, not refused as 'needs TE'."""
-    from types import SimpleNamespace
-
     from mtmegatron.fp8 import spec as fp8_spec
     from mtmegatron.models.layer_spec import build_layer_spec
 
-    cuda = SimpleNamespace(name="cuda", device_type="cuda", fp8_executors=("transformer_engine", "scaled_mm", "emulated"))
+    cuda = backend("cuda")
     moe = ["--model", "mixtral", "--model-size", "tiny", "--mock-data", "--transformer-impl", "local",
            "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--bf16", "--moe-grouped-gemm",
            "--disable-bias-linear"]
-    with mock.patch.object(transformer_impl, "_backend", return_value=cuda), \
-            mock.patch.object(transformer_impl, "te_layers_missing", return_value=None):
+    with mock.patch.object(transformer_impl, "_backend", return_value=cuda):
         args = parse_args(moe, world_size=1)
     assert args.transformer_engine_layers and fp8_spec.uses_transformer_engine(args)
     args.fp8_executor_in_use = "transformer_engine"  # what resolve_executor stores; TE is never imported here
     assert build_layer_spec(args, "moe").submodules.mlp.submodules.experts.module.__name__ == "TEGroupedMLP"
     # MUSA with NVIDIA's TE installed: not TE's layers, and the executor choice then skips TE's executor too
-    musa = SimpleNamespace(name="musa", device_type="musa", fp8_executors=cuda.fp8_executors)
+    musa = backend("musa", te_missing="NVIDIA's build")
     with mock.patch.object(transformer_impl, "_backend", return_value=musa), \
-            mock.patch.object(transformer_impl, "te_layers_missing", return_value="NVIDIA's build"), \
             pytest.raises(ConfigError, match="needs TransformerEngine's grouped linears"):
         parse_args(moe, world_size=1)
-    with mock.patch.object(transformer_impl, "_backend", return_value=musa), \
-            mock.patch.object(transformer_impl, "te_layers_missing", return_value="NVIDIA's build"):
+    with mock.patch.object(transformer_impl, "_backend", return_value=musa):
         args = parse_args(moe[:-2], world_size=1)
     assert not args.transformer_engine_layers
     musa.set_device = lambda rank: None
@@ -131,7 +133,7 @@ def test_one_te_decision_read_by_every_consumer():
     def missing(name, backend):  # TE's executor would import; scaled_mm does not run on this (faked) device
         return "faked: no scaled_mm" if name == "scaled_mm" else None
 
-    with mock.patch("mtmegatron.active_backend", return_value=musa), \
-            mock.patch("mtmegatron.fp8.executors.executor_missing", side_effect=missing), \
+    with mock.patch("mtmegatron.backends.active._active", musa), \
+            mock.patch("mtmegatron.fp8.probe.executor_missing", side_effect=missing), \
             mock.patch.object(fp8_spec, "executor_missing", side_effect=missing):
         assert fp8_spec.resolve_executor(args, local_rank=0) == "emulated"  # before: TE's executor, local layers
