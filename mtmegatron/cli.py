@@ -46,13 +46,10 @@ def cmd_env(args) -> int:
 
     print(f"{ops.native.status(chosen.device_type)} | build {ops.BUILD_INFO}")
     print(f"fp8 executors (preferred first): {', '.join(chosen.fp8_executors)}")
-    if chosen.device_type != "cpu":
+    if not chosen.device_is_host:
         print(f"devices: {chosen.device_module().device_count()}")
-    if chosen.device_type == "musa":
-        from mtmegatron.backends import musa_device
-
-        for line in musa_device.capability_lines():
-            print(line)
+    for line in chosen.capability_lines():
+        print(line)
     from mtmegatron.data import doctor
 
     doctor.report()

@@ -40,13 +40,10 @@ def prepare(argv):
     data and its tokenizer. Every user mistake found here is one of USER_ERRORS, reported once by ``main``."""
     args = parse_args(argv)
     backend = select_backend(args.backend)
-    if backend.device_type == "musa":  # e.g. --bf16 on an S80 (no bf16)
-        from mtmegatron.backends.musa_device import check_precision_args
-
-        check_precision_args(args, ConfigError)
+    backend.check_precision_args(args, ConfigError)  # e.g. --bf16 on an S80 (no bf16)
     import mtmegatron
 
-    if backend.device_type == "cpu":  # there are no CUDA connections to tune on the host
+    if backend.device_is_host:  # there are no CUDA connections to tune on the host
         warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS", category=UserWarning)
     mtmegatron.activate(backend)
     if args.fp8_format:  # the FP8 executor depends on the backend and is probed on this rank's device (set first)

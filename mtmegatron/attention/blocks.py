@@ -10,16 +10,11 @@ results by their log-sum-exp (online softmax). This module is that per-block ker
 Layout ``[b, heads, s, d]``; GQA: ``k``/``v`` have ``hq / g`` heads, query head ``j`` uses kv head ``j // g``
 (megatron's repeat_interleave order) and repeated KV heads are never materialised. ``causal`` is the square
 top-left causal mask (a diagonal block of the load-balanced layout). q/k head dim may differ from v's (MLA).
-One contract, one kernel per (device, dtype, head dim): the backend names it (``Backend.attention_kernel``;
-``block_kernel`` asks, nothing else chooses):
-- ``cpu_flash``: torch's ``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward (LSE; GQA native);
-- ``cuda_flash``: ``aten::_scaled_dot_product_flash_attention`` and ``..._backward`` (FlashAttention-2; GQA native);
-- ``cuda_efficient``: ``aten::_scaled_dot_product_efficient_attention(compute_log_sumexp=True)`` and
-  ``..._backward``; it takes no GQA, so K/V are repeated per query head and their gradients summed back per group;
-- ``musa_flash``: ``aten::_scaled_dot_product_attention_flash_musa`` (+ ``_backward``, LSE returned) where
-  torch_musa registers it; K/V repeated for GQA;
-- ``math``: everything else (fp64, other devices, torch_musa without the op): an explicit fp32 computation of the
-  block (the block is ``s/(2*CP)`` square, so its scores are small).
+One contract, one kernel per (device, dtype, head dim), named by the backend (``Backend.attention_kernel``; only
+``block_kernel`` asks): ``cpu_flash``, ``cuda_flash`` (GQA native), ``cuda_efficient`` and ``musa_flash`` (where
+torch_musa registers its op; both take no GQA: K/V repeated, their gradients summed back per group) wrap torch's
+flash / memory-efficient aten ops and backwards, which return the LSE; ``math`` (fp64, other devices) is an explicit
+fp32 computation of the block (the block is ``s/(2*CP)`` square, so its scores are small).
 The fused kernels take one head dim for q/k and v: q/k/v are zero-padded to the larger one (rounded up to 8), which
 changes no score, and the outputs are cropped. The CUDA and MUSA kernels were written against torch 2.9-2.13's
 schemas and torch_musa's published op, and are not run here (no GPU in CI): ``tests/attention/test_block_kernels.py``

@@ -6,9 +6,9 @@ GQA (fewer KV heads than query heads) reaches the kernel one of two ways, chosen
   fp16/bf16 without a mask, so
 - K/V are repeated per query head (``repeat_interleave``, megatron's order) where the backend names CUDA's
   memory-efficient kernel (fp32 or masked batches), which then runs instead of the O(s^2)-memory math kernel
-  ``enable_gqa`` would fall to. MUSA keeps ``enable_gqa`` (which torch_musa kernels accept it is not verified here). MLA's q/k head dim != v head
-dim is passed through as is (the kernels that cannot take it are skipped by torch's dispatcher, the math kernel
-can). Boolean masks follow torch: True = may attend.
+  ``enable_gqa`` would fall to. MUSA keeps ``enable_gqa`` (which torch_musa kernels accept it is not verified).
+MLA's q/k head dim != v head dim is passed through as is (the kernels that cannot take it are skipped by torch's
+dispatcher, the math kernel can). Boolean masks follow torch: True = may attend.
 May assume: torch >= 2.5; no process groups, no device API calls.
 """
 

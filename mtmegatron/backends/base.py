@@ -41,11 +41,9 @@ class Backend:
     bridge_module:        module whose ``install()``/``uninstall()`` make megatron-core's CUDA calls
                           resolve to this backend.
     fp8_executors:        FP8 executors this backend may offer, in order of preference.
-    device_is_host:       the device is the host: no device allocator, RNG, streams, pinned memory or connections
-                          to tune; weights are born on the host and there is no MFU peak.
-    profiler_activity:    torch.profiler.ProfilerActivity member of the device (None: host activity only).
-    nsys_range:           ``--profile`` alone opens an nsys capture range (Megatron-LM's cudaProfilerStart).
-    The methods below answer for a device nothing is known about; cpu.py, cuda.py and musa.py override them.
+    device_is_host:       the device is the host (no allocator, device RNG, pinned memory; init on the host).
+    profiler_activity / nsys_range: the device's torch.profiler activity; whether ``--profile`` opens an nsys range.
+    The methods answer for a device nothing is known about; cpu.py, cuda.py and musa.py override them.
     """
 
     name: str
@@ -100,19 +98,16 @@ class Backend:
         return f"TransformerEngine has no layers for the {self.device_type} backend"
 
     def fusions_missing(self) -> dict[str, str]:
-        """Why a fusion family does not run here, by family: "jit" (megatron-core's torch.compile'd fusions),
-        "apex" (apex's CUDA kernels), "rope" (mtmegatron's fused RoPE). A family not named runs."""
+        """Why a fusion family does not run here: "jit" (torch.compile'd), "apex", "rope" (ours); unnamed: runs."""
         return {"jit": f"megatron-core's jit fusions are not compiled on the {self.device_type} backend",
                 "apex": "apex has no kernels here"}
 
     def attention_kernel(self, dtype: torch.dtype, head_dim: int, masked: bool = False) -> str:
-        """The attention kernel for ``dtype``, ``head_dim`` (q/k/v padded to one) and masking (attention/blocks.py
-        names them; "math" is the explicit computation)."""
+        """The attention kernel (attention/blocks.py names them) for ``dtype``, ``head_dim`` and masking."""
         return "math"
 
     def scaled_mm_rules(self, facts: "DeviceFacts") -> tuple[str | None, str | None]:
-        """Why ``torch._scaled_mm`` cannot run (tensor-wise, block-scaled) GEMMs on the device of ``facts``, by
-        rule before any call (fp8/probe.py confirms on the device); None: allowed."""
+        """Why ``torch._scaled_mm`` runs no (tensor-wise, block-scaled) GEMM on that device, by rule (None: may)."""
         return None, f"no block-scaled GEMM known for {self.device_type}"
 
     def check_precision_args(self, args, error) -> None:
@@ -127,10 +122,10 @@ class Backend:
         if self.device_is_host:
             return DeviceFacts(self.device_type, has_block_scaled_mm=has_block_scaled_mm())
         module = self.device_module()
-        index = module.current_device()
-        capability = getattr(module, "get_device_capability", None)
-        return DeviceFacts(self.device_type, index, tuple(capability(index)) if capability else None,
-                           _version(torch.version.cuda), has_block_scaled_mm())
+        index, capability = module.current_device(), getattr(module, "get_device_capability", None)
+        cuda = tuple(int(part) for part in torch.version.cuda.split(".")[:2]) if torch.version.cuda else None
+        return DeviceFacts(self.device_type, index, capability and tuple(capability(index)), cuda,
+                           has_block_scaled_mm())
 
     def bridge(self):
         """The bridge module for this backend (see mtmegatron.bridge)."""
@@ -151,19 +146,10 @@ class DeviceFacts:
     def device(self) -> torch.device:
         return torch.device(self.device_type, self.index)
 
-    @property
-    def name(self) -> str:
-        return str(self.device)
 
-
-def has_block_scaled_mm() -> bool:
-    """torch >= 2.10 (the MUSA path's floor is 2.7: tests/test_torch_floor.py)."""
+def has_block_scaled_mm() -> bool:  # torch >= 2.10 (the MUSA path's floor is 2.7: tests/test_torch_floor.py)
     return hasattr(torch.nn.functional, "scaled_mm") and hasattr(getattr(torch.nn.functional, "ScalingType", None),
                                                                  "BlockWise1x128")
-
-
-def _version(text: str | None) -> tuple[int, int] | None:
-    return tuple(int(part) for part in text.split(".")[:2]) if text else None
 
 
 def installed_transformer_engine() -> str | None:
@@ -172,8 +158,8 @@ def installed_transformer_engine() -> str | None:
     spec = importlib.util.find_spec("transformer_engine")
     if spec is None:
         return None
-    paths = spec.submodule_search_locations or ()
-    return "mt" if any(os.path.isdir(os.path.join(path, "musa")) for path in paths) else "nvidia"
+    mt = any(os.path.isdir(os.path.join(path, "musa")) for path in spec.submodule_search_locations or ())
+    return "mt" if mt else "nvidia"
 
 
 @functools.cache

@@ -1,10 +1,8 @@
 """The CPU backend: a real backend (gloo collectives, CPU kernels), used to debug and test the whole stack.
 
-Fusions run on cpu only where measured faster or equal (``benchmarks/step.py --fusion-ab``, docs/flags.md):
-megatron-core's jit fusions (inductor compiles them to C++ with the host's compiler) measured bias-dropout-add
-1.18x slower per step and bias-SwiGLU 0.98x (inside the run-to-run spread) plus a compile at start-up (~2 s warm
-cache, ~10 s cold) that short cpu runs never repay; our fused RoPE no faster than megatron-core's unfused one
-(on/off step time 1.027, 1.025, 0.995). Each is turned on with its switch below (=1).
+Its device is the host. Fusions run here only where measured faster or equal (``benchmarks/step.py --fusion-ab``;
+the figures in docs/flags.md): megatron-core's jit fusions and our fused RoPE were not; each switch below (=1)
+turns one on.
 May assume: nothing beyond torch. Always available.
 """
 

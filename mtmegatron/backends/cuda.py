@@ -1,9 +1,5 @@
-"""The CUDA backend (NVIDIA GPUs, NCCL collectives).
-
-FP8 GEMMs through ``torch._scaled_mm`` need compute capability >= 8.9; 1x128/128x128 block scales run on sm90 only,
-with cuBLAS >= 12.9 (torch's CUDA build tells the cuBLAS it ships) and ``torch.nn.functional.scaled_mm``.
-Attention blocks: FlashAttention-2 for fp16/bf16 with head dims <= 256 and no mask (GQA native), else the
-memory-efficient kernel (fp32 too; it takes no GQA).
+"""The CUDA backend (NVIDIA GPUs, NCCL collectives); its answers: NVIDIA's TransformerEngine, apex, FlashAttention-2
+and the memory-efficient kernel, FP8 ``_scaled_mm`` from sm89 (block scales: sm90, cuBLAS >= 12.9), nsys.
 May assume: torch; may call torch.cuda.device_count (no context is created by it). Must not: initialise CUDA.
 """
 

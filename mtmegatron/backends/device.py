@@ -12,6 +12,11 @@ import os
 import torch
 
 
+def on_host(device: torch.device | str) -> bool:
+    """Whether ``device`` is host memory (the cpu backend's device included): the one test of a tensor's place."""
+    return torch.device(device).type == "cpu"
+
+
 def compute_device() -> torch.device:
     from mtmegatron.backends.active import active_backend
 
@@ -31,7 +36,7 @@ def move_module(module: torch.nn.Module, device: torch.device) -> torch.nn.Modul
     layer-norm gradients would silently stop being all-reduced. Here the parameters are swapped in place
     (``torch.utils.swap_tensors``, which keeps identity and sharing) and their attributes put back.
     """
-    if device.type == "cpu":
+    if on_host(device):
         return module
     attributes = {id(p): dict(p.__dict__) for p in module.parameters()}
     swap = torch.__future__.get_swap_module_params_on_conversion()
@@ -57,7 +62,7 @@ def release_unused_memory(level: int, at: str) -> bool:
     training step, 2 also before validation (``at`` is "step" or "eval"). On the host backend there is no
     allocator cache (returns False)."""
     device = compute_device()
-    if level < (1 if at == "step" else 2) or device.type == "cpu":
+    if level < (1 if at == "step" else 2) or on_host(device):
         return False
     torch.get_device_module(device.type).empty_cache()
     return True

@@ -6,8 +6,7 @@ importing it applies its patches, which the MUSA bridge does once MUSA is chosen
 Before torch_musa is imported the visible-devices variables are synchronised (visible_devices.py), because the
 MUSA runtime reads MUSA_VISIBLE_DEVICES when it loads.
 Never infers MUSA from torch.cuda: torchada can make torch.cuda answer for MUSA devices.
-FP8 GEMMs through ``torch._scaled_mm``: the arch floor is musa_device's; torch_musa takes tensor- and row-wise
-scales, no block scales. Its flash-attention op (fp16/bf16) returns the LSE and takes no GQA.
+Its answers: MT-TransformerEngine, jit fusions only with MTMEGATRON_MUSA_DYNAMO, FP8 rules from musa_device.
 Unverified here: no MUSA hardware or torch_musa is available in CI (see README's backend matrix).
 """
 
@@ -111,11 +110,8 @@ class MusaBackend(Backend):
             return why, why
         return None, "torch_musa's _scaled_mm takes tensor- and row-wise scales only"
 
-    def check_precision_args(self, args, error) -> None:
-        musa_device.check_precision_args(args, error)
-
-    def capability_lines(self) -> list[str]:
-        return musa_device.capability_lines()
+    check_precision_args = staticmethod(musa_device.check_precision_args)
+    capability_lines = staticmethod(musa_device.capability_lines)
 
 
 MUSA = MusaBackend(

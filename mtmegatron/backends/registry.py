@@ -43,8 +43,7 @@ def known_backends() -> dict[str, Backend]:
 
 @functools.cache
 def backend_for(device_type: str) -> Backend:
-    """The backend whose tensors live on ``device_type`` (what a tensor's device asks); a description with the
-    base answers for a device type no backend claims."""
+    """The backend whose tensors live on ``device_type``; for a type no backend claims, the base answers."""
     claimed = {b.device_type: b for b in reversed(list(known_backends().values()))}
     return claimed.get(device_type) or Backend(device_type, device_type, None, "PrivateUse1", "")
 

@@ -59,8 +59,7 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def block_scales_run(device: torch.device) -> bool:
     """Whether the backend's rules let ``torch.nn.functional.scaled_mm`` take block scales on ``device``."""
-    backend = backend_for(device.type)
-    return backend.scaled_mm_rules(backend.facts())[1] is None
+    return (backend := backend_for(device.type)).scaled_mm_rules(backend.facts())[1] is None
 
 
 def block_scaled_shape_fits(a: QTensor, b: QTensor) -> bool:

@@ -3,14 +3,12 @@
 The ``scaled_mm`` executor makes one call per GEMM in two forms (executors.py):
 - tensor-wise scales (delayed / tensorwise recipes), fp32 output;
 - 1x128 / 128x128 block scales (blockwise recipe, DeepSeek-V3's layout) through ``torch.nn.functional.scaled_mm``.
-The backend's rules decide first from the device's facts (``Backend.scaled_mm_rules``: cpu, cuda.py, musa.py).
-Row-wise scales are not used: their fp32 output is refused by cuBLAS before 12.9 on sm90 and everywhere else
-(bf16 only); a blockwise GEMM without block scales runs emulated instead (one fp32 GEMM on dequantized operands
-rather than one call per 128-wide K block).
-Every mode the rules allow is then tried once on the running device (E4M3 x E4M3 and E5M2 x E4M3, the operand
-pairs of forward and of dgrad/wgrad); a refusal is kept as the reason. ``Backend.facts`` reads the backend's
-*current* device, so callers set the rank's device first (``fp8/spec.resolve_executor``).
-``select_executor`` takes the first executor of ``Backend.fp8_executors`` that can run.
+Row-wise scales are not used (their fp32 output is refused by cuBLAS before 12.9 on sm90 and everywhere else); a
+blockwise GEMM without block scales runs emulated (one fp32 GEMM on dequantized operands). The backend's rules
+decide first (``Backend.scaled_mm_rules`` on ``Backend.facts``, its *current* device: set the rank's device
+first); every mode they allow is then tried once on the device (E4M3 x E4M3 and E5M2 x E4M3, the operand pairs of
+forward and dgrad/wgrad), a refusal kept as the reason. ``select_executor``: the first of ``Backend.fp8_executors``
+that runs.
 May assume: torch >= 2.7.
 """
 
@@ -73,7 +71,7 @@ def probe(facts: DeviceFacts) -> ScaledMMSupport:
             try:
                 attempt(facts.device)
             except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
-                missing = f"torch._scaled_mm refused a {form} probe on {facts.name}: {_first_line(e)}"
+                missing = f"torch._scaled_mm refused a {form} probe on {facts.device}: {_first_line(e)}"
         found[form] = missing
     return ScaledMMSupport(found["tensor-wise"], found["block-scaled"])
 

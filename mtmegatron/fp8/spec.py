@@ -28,8 +28,7 @@ BLOCK_SCALED = ("blockwise", "mxfp8")
 
 
 def resolve_executor(args, local_rank: int | None = None) -> str | None:
-    """Choose the executor and record it (``args.fp8_executor_in_use``, ``args.fp8_executor_note``); ``local_rank``:
-    set this rank's device first, so ``scaled_mm`` is probed on the device the rank runs on."""
+    """Choose the executor and record it; ``local_rank``: set first, so ``scaled_mm`` is probed on the rank's device."""
     if getattr(args, "fp8_format", None):
         args.fp8_executor_in_use, args.fp8_executor_note = choose_executor(args, local_rank)
     return executor_in_use(args)
@@ -43,8 +42,7 @@ def executor_in_use(args) -> str | None:
 
 
 def choose_executor(args, local_rank: int | None = None) -> tuple[str, str | None]:
-    """(executor, the start-up note or None); a block-scaled recipe that ``scaled_mm`` cannot run in one call per
-    GEMM here runs ``emulated`` and the note says why."""
+    """(executor, the start-up note or None): see the module docstring."""
     from mtmegatron.backends.active import active_backend
 
     backend = active_backend()

@@ -23,9 +23,8 @@ def decide(args: argparse.Namespace) -> dict[str, tuple[bool, str]]:
     """fusion name -> (runs, why not). A fusion the user switched off is reported as such."""
     backend = active_backend() or CPU
     missing = backend.fusions_missing()
-    jit, jit_why = "jit" not in missing, missing.get("jit", "")
+    jit, jit_why, apex = "jit" not in missing, missing.get("jit", ""), "apex" not in missing
     te = backend.transformer_engine_missing() is None
-    apex = "apex" not in missing
     ours = args.transformer_impl == "mtmegatron"
     rope_why = "needs TransformerEngine's kernel or --transformer-impl mtmegatron"
     if ours and not te and "rope" in missing:

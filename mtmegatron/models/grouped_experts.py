@@ -25,9 +25,8 @@ TE_MODULE = "megatron.core.extensions.transformer_engine"
 
 
 def te_module(name: str):
-    """megatron-core's TE class ``name`` when TransformerEngine is installed, else a ModuleSpec naming it (the
-    class is imported only when the module is built; megatron's MLA compares its down projections by identity
-    with ``TELinear``, so a run with TE gets the class itself)."""
+    """megatron-core's TE class ``name`` when TransformerEngine is installed (megatron's MLA compares by identity
+    with ``TELinear``), else a ModuleSpec naming it, imported only when the module is built."""
     if installed_transformer_engine() is None:
         from megatron.core.transformer.spec_utils import ModuleSpec
 

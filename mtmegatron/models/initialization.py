@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 
+from mtmegatron.backends.active import active_backend
+from mtmegatron.backends.cpu import CPU
+
 
 def add_initialization_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("initialization (mtmegatron/models/initialization.py)")
@@ -32,16 +35,9 @@ def add_initialization_args(parser: argparse.ArgumentParser) -> None:
                        help="seed each data-parallel rank differently (seed + 10 * DP rank), as Megatron-LM")
 
 
-def _backend_device_type() -> str:
-    from mtmegatron.backends.active import active_backend
-
-    backend = active_backend()
-    return "cpu" if backend is None else backend.device_type
-
-
 def host_initialization(args: argparse.Namespace) -> bool:
-    """megatron-core's ``use_cpu_initialization``: the flag, or the cpu backend (where host and device are one)."""
-    return bool(args.use_cpu_initialization) or _backend_device_type() == "cpu"
+    """megatron-core's ``use_cpu_initialization``: the flag, or a backend whose device is the host."""
+    return bool(args.use_cpu_initialization) or (active_backend() or CPU).device_is_host
 
 
 def birth_device(args: argparse.Namespace):
@@ -82,9 +78,10 @@ def describe(args: argparse.Namespace) -> str:
 
     if skip_initialization(args):
         return "mtmegatron: init: skipped (every weight comes from the checkpoint in --load)"
-    device_type = _backend_device_type()
-    if device_type == "cpu":
-        return "mtmegatron: init: on the host (the cpu backend's device), full weights drawn per tensor"
+    backend = active_backend() or CPU
+    device_type = backend.device_type
+    if backend.device_is_host:
+        return f"mtmegatron: init: on the host (the {backend.name} backend's device), full weights drawn per tensor"
     if args.use_cpu_initialization:
         return (f"mtmegatron: init: on the host, then moved to {device_type} (--use-cpu-initialization: the same "
                 f"weights under every tensor-parallel size)")

@@ -1,9 +1,6 @@
-"""``--transformer-impl transformer_engine`` (Megatron-LM's default): whether TransformerEngine layers can serve it
-on this run's backend, decided once from the flags, before any process group.
-
-The backend answers which TransformerEngine serves it (``Backend.transformer_engine_missing``: NVIDIA's on CUDA,
-MT-TransformerEngine on MUSA, none on cpu), bf16/fp16 and FP8 alike.
-Where TE cannot serve the run, Megatron-LM's *implicit* default falls back to ``local`` with one start-up line
+"""``--transformer-impl transformer_engine`` (Megatron-LM's default): whether TransformerEngine layers serve it on
+this run's backend (the backend answers: ``Backend.transformer_engine_missing``), decided once, before any process
+group. Where TE cannot serve the run, Megatron-LM's *implicit* default falls back to ``local`` with one start-up line
 naming why (``args.impl_note``); a user who wrote ``--transformer-impl transformer_engine`` gets a one-line error.
 The same holds for an FP8 run whose ``--fp8-executor`` names one of mtmegatron's executors: TE's layers run FP8
 themselves, so such a run takes local layers (or is refused when TE was asked for by name).
@@ -11,8 +8,7 @@ The decision whether this run's layers are TransformerEngine's is made here once
 ``args.transformer_engine_layers``: without FP8, the resolved impl is ``transformer_engine``; with FP8, the executor
 is TransformerEngine's (``--fp8-executor transformer_engine``, or ``auto`` on a backend whose first FP8 executor is
 TE's and whose TE serves it: the choice ``fp8/spec.resolve_executor`` then makes at start-up). Every consumer
-(``models/layer_spec.py`` through ``fp8/spec.uses_transformer_engine``, ``models/grouped_experts.py``, the FP8
-executor choice) reads that field.
+(layer spec, grouped experts, FP8 executor choice) reads that field.
 May assume: flags parsed (``args.backend`` may be None: auto-detect); importing mtmegatron.backends is cheap.
 """
 

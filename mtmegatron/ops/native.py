@@ -14,6 +14,9 @@ import warnings
 
 import torch
 
+from mtmegatron.backends.musa import MUSA
+from mtmegatron.backends.registry import backend_for
+
 NATIVE_LOADED: bool = False
 LOAD_ERROR: str | None = None
 BUILD_INFO: dict = {}
@@ -42,7 +45,7 @@ def load() -> bool:
 
 def _musa_is_registered() -> bool:
     """Whether torch_musa (or a stand-in) has named the PrivateUse1 device "musa" in this process."""
-    return torch._C._get_privateuse1_backend_name() == "musa"
+    return torch._C._get_privateuse1_backend_name() == MUSA.device_type
 
 
 def load_musa_extension(module_name: str = MUSA_EXTENSION) -> bool:
@@ -67,26 +70,18 @@ def load_musa_extension(module_name: str = MUSA_EXTENSION) -> bool:
     return True
 
 
-def _dispatch_key(device_type: str) -> str:
-    if device_type == "cpu":
-        return "CPU"
-    if device_type == "cuda":  # the dispatch key name, not a device API
-        return "CUDA"
-    return "PrivateUse1"
-
-
 def native_available(device: torch.device | str, op: str = _PROBE_OP) -> bool:
     """True when a native (C++/CUDA/MUSA) kernel of `op` is registered for the device's dispatch key;
     False means the op runs its Python reference there."""
     device_type = device if isinstance(device, str) and ":" not in device else torch.device(device).type
-    return torch._C._dispatch_has_kernel_for_dispatch_key(op, _dispatch_key(device_type))
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, backend_for(device_type).kernel_dispatch_key)
 
 
 def status(device_type: str) -> str:
     """One line for logs: do native kernels serve ``device_type``, and if not, why."""
-    if device_type == "musa" and not MUSA_LOADED:
+    key = backend_for(device_type).kernel_dispatch_key
+    if key == "PrivateUse1" and not MUSA_LOADED:
         load_musa_extension()  # torch_musa may have been imported after mtmegatron.ops
-    key = _dispatch_key(device_type)
     if native_available(device_type):
         source = MUSA_EXTENSION if key == "PrivateUse1" else "mtmegatron._C"
         return f"native kernels on {device_type}: yes ({source})"

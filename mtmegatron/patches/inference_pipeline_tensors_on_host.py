@@ -8,6 +8,8 @@ keeps the not-None check and accepts a tensor on the host. The contiguity check 
 Versions: megatron-core 0.16.x. Backends: cpu only.
 """
 
+from mtmegatron.backends.device import on_host
+
 from .base import Patch, current, set_attr
 
 TARGET = "megatron.core.inference.communication_utils:_is_cuda"
@@ -15,7 +17,7 @@ TARGET = "megatron.core.inference.communication_utils:_is_cuda"
 
 def _on_host_device(tensor):
     assert tensor is not None
-    assert tensor.device.type == "cpu"
+    assert on_host(tensor.device)
 
 
 def apply():

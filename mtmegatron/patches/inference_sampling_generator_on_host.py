@@ -5,13 +5,15 @@ Reason: the controller builds its sampling generator as ``torch.Generator`` on t
 On the CPU backend ``current_device()`` is the index 0, and torch refuses a generator on an accelerator index
 when there is none ("Cannot access accelerator device when none is available"). A constructor is not a torch
 function, so the bridge's device remapping never sees it. The replacement runs the original constructor with
-``torch.Generator`` answering an accelerator index or a "cuda" device with a host generator (the CPU backend's
+``torch.Generator`` answering an accelerator index or device with a host generator (the CPU backend's
 device memory is the host's), and restores it before returning; everything else in the constructor is
 megatron-core's.
 Versions: megatron-core 0.16.x. Backends: cpu only.
 """
 
 import torch
+
+from mtmegatron.backends.device import on_host
 
 from .base import Patch, current, set_attr
 
@@ -22,7 +24,7 @@ TARGET = ("megatron.core.inference.text_generation_controllers.text_generation_c
 def _host_generator(generator_class):
     def make(device=None):
         is_accelerator = (isinstance(device, int) and not isinstance(device, bool)) or \
-            (device is not None and torch.device(device).type == "cuda")
+            (device is not None and not on_host(device))
         return generator_class(device="cpu" if is_accelerator else device)
 
     return make

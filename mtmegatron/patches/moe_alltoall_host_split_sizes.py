@@ -13,6 +13,8 @@ Versions: megatron-core 0.16.x. Backends: cpu only (on CUDA/MUSA the tensors are
 
 import torch
 
+from mtmegatron.backends.device import on_host
+
 from .base import Patch, current, set_attr
 
 TARGET = "megatron.core.transformer.moe.token_dispatcher:maybe_move_tensor_to_cpu"
@@ -23,7 +25,7 @@ def apply():
     current(TARGET.split(":")[0] + ":MoEAlltoAllTokenDispatcher")  # the caller this patch exists for
 
     def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
-        if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":
+        if as_numpy and torch.is_tensor(tensor) and on_host(tensor.device):
             return tensor.detach().numpy().copy()  # a copy, like the device-to-host path
         return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
 

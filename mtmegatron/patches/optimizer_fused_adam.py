@@ -16,9 +16,11 @@ this patch changes nothing (it says so in ``mtmegatron patches``' reason). Disab
 Versions: megatron-core 0.16.x.
 """
 
-import importlib.util
+import importlib
 
 import torch
+
+from mtmegatron.backends.base import installed_transformer_engine
 
 from .base import Patch, current, set_attr, undo_in_reverse
 
@@ -27,10 +29,6 @@ CONFIG = "megatron.core.optimizer.optimizer_config"
 BUILD = f"{MODULE}:_get_megatron_optimizer_based_on_param_groups"
 POST_INIT = f"{CONFIG}:OptimizerConfig.__post_init__"
 PRECISION_AWARE_ARGS = ("master_weight_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "use_decoupled_grad")
-
-
-def _te_installed() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def apply():
@@ -48,10 +46,10 @@ def apply():
     original_build = current(BUILD)
 
     def is_te_min_version(version, check_equality=True):
-        return False if not _te_installed() else original_is_te_min(version, check_equality)
+        return False if installed_transformer_engine() is None else original_is_te_min(version, check_equality)
 
     def __post_init__(self):
-        if not (self.use_precision_aware_optimizer and not self.optimizer_cpu_offload and not _te_installed()):
+        if not (self.use_precision_aware_optimizer and not self.optimizer_cpu_offload and installed_transformer_engine() is None):
             return original_post_init(self)
         # megatron's own checks, minus the probe of TE's FusedAdam signature (ours is checked above): the
         # probe is skipped on megatron's offload branch, so run that branch and restore the flag after

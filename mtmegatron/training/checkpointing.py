@@ -45,7 +45,7 @@ from mtmegatron.utils.checkpoint_dirs import (TRACKER, CheckpointError, check_lo
                                              latest_complete_iteration)
 from mtmegatron.training import megatron_lm_checkpoint as mlm
 from mtmegatron.training import non_persistent, rerun
-from mtmegatron.backends.device import compute_device
+from mtmegatron.backends.device import compute_device, on_host
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
 # The sharded-state metadata of checkpoints of the older mtmegatron layout (read only; new checkpoints store
@@ -101,14 +101,14 @@ def _device_rng_states() -> dict:
     """``{device_type: state of this rank's device generator}``; empty on the cpu backend, whose device RNG is
     the host RNG (saved as "torch"). Checkpoints of the older layout only."""
     device = compute_device()
-    if device.type == "cpu":
+    if on_host(device):
         return {}
     return {device.type: torch.get_device_module(device.type).get_rng_state(device)}
 
 
 def _restore_device_rng(saved: dict, rank: int) -> None:
     device = compute_device()
-    if device.type == "cpu":
+    if on_host(device):
         return
     if device.type not in saved:
         if rank == 0:

@@ -137,7 +137,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             params.after_step(not stats["skipped"])
             if iteration == state.start + 1:  # --distributed-timeout-seconds-after-init
                 pg_timeout.after_first_iteration(args)
-            if iteration == state.start + 1 and backend.device_type != "cpu":  # the optimizer state exists now
+            if iteration == state.start + 1 and not backend.device_is_host:  # the optimizer state exists now
                 checked = placement.check(model, optimizer, device)
                 print_rank0(rank, f"mtmegatron: placement: all {checked} parameters, buffers, gradient buffers "
                             f"and optimizer states on {device}")

@@ -26,6 +26,8 @@ import random
 import numpy as np
 import torch
 
+from mtmegatron.backends.device import compute_device, on_host
+
 CHECKPOINT_VERSION = 3.0
 OURS = "mtmegatron"  # common-state key of what only mtmegatron reads
 _PLAIN = (type(None), bool, int, float, str)
@@ -142,10 +144,8 @@ def content_metadata(use_distributed_optimizer: bool) -> dict:
 
 
 def _device_rng_state():
-    from mtmegatron.backends.device import compute_device
-
     device = compute_device()
-    if device.type == "cpu":
+    if on_host(device):
         return torch.get_rng_state()
     return torch.get_device_module(device.type).get_rng_state(device)
 
@@ -199,14 +199,12 @@ def restore_rng(saved) -> None:
     list form)."""
     from megatron.core import tensor_parallel
 
-    from mtmegatron.backends.device import compute_device
-
     state = saved[0] if isinstance(saved, (list, tuple)) else saved
     random.setstate(state["random_rng_state"])
     np.random.set_state(state["np_rng_state"])
     torch.set_rng_state(state["torch_rng_state"])
     device = compute_device()
-    if device.type == "cpu":
+    if on_host(device):
         torch.set_rng_state(state["cuda_rng_state"])
     else:
         torch.get_device_module(device.type).set_rng_state(state["cuda_rng_state"], device)

@@ -29,9 +29,9 @@ class MemoryHistory:
         self._last_rank = rank == world_size - 1
         if not args.record_memory_history:
             return
-        if backend.device_type == "cpu":
-            print_rank0(rank, "mtmegatron: --record-memory-history: records nothing on the cpu backend (the host "
-                              f"has no caching allocator to record); {self._path} is not written")
+        if backend.device_is_host:
+            print_rank0(rank, f"mtmegatron: --record-memory-history: records nothing on the {backend.name} backend (the "
+                              f"host has no caching allocator to record); {self._path} is not written")
             return
         memory = getattr(backend.device_module(), "memory", None)
         if not hasattr(memory, "_record_memory_history"):

@@ -11,11 +11,13 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
+from mtmegatron.backends.device import on_host
+
 MB = 1024.0 * 1024.0
 
 
 def memory_line(device: torch.device, device_memory_used: bool) -> str:
-    if device.type == "cpu":
+    if on_host(device):
         import psutil
 
         rss = psutil.Process().memory_info().rss / MB

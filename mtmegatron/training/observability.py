@@ -22,6 +22,7 @@ import os
 
 import torch
 
+from mtmegatron.backends.device import compute_device, on_host
 from mtmegatron.training.params_norm import params_l2_norm
 from mtmegatron.training.profiler import StepProfiler
 from mtmegatron.training.step_timers import StepTimers, timed
@@ -31,7 +32,7 @@ from mtmegatron.training.wandb_log import WandbSink
 
 def memory_stats(device: torch.device) -> dict:
     """Megatron-LM's four allocator statistics of the device; the process RSS on the cpu backend."""
-    if device.type == "cpu":
+    if on_host(device):
         import psutil
 
         return {"mem_rss_bytes": psutil.Process().memory_info().rss}
@@ -50,8 +51,8 @@ def memory_stats(device: torch.device) -> dict:
 
 def _device_peak(backend, device: torch.device) -> tuple[str, float | None]:
     """(device name, dense bf16 peak TFLOP/s or None); the cpu backend has none."""
-    if device.type == "cpu":
-        return "cpu", None
+    if backend.device_is_host:
+        return backend.name, None
     module = backend.device_module()
     name = module.get_device_name(device) if hasattr(module, "get_device_name") else device.type
     return name, peak_bf16_tflops(name)
@@ -91,8 +92,6 @@ class ManualGC:
 
 class Observability:
     def __init__(self, args, backend, rank: int, model, optimizer, writer, first_done: int):
-        from mtmegatron.backends.device import compute_device
-
         self.args, self.rank, self.model, self.writer = args, rank, model, writer
         self.world_size = torch.distributed.get_world_size()
         self.device = compute_device()
@@ -103,12 +102,12 @@ class Observability:
             self.flops = num_floating_point_operations(args, args.global_batch_size)
             device_name, self.peak = _device_peak(backend, self.device)
             mfu = (f"MFU against the {device_name} dense bf16 peak of {self.peak:g} TFLOP/s" if self.peak else
-                   "no MFU on the cpu backend" if self.device.type == "cpu" else
+                   f"no MFU on the {backend.name} backend" if backend.device_is_host else
                    f"MFU n/a: peak of {device_name} unknown (set MTMEGATRON_PEAK_BF16_TFLOPS)")
             self._print(f"mtmegatron: --log-throughput: {self.flops / 1e12:.6g} TFLOP per iteration (Megatron-LM's "
                         f"formula, global batch {args.global_batch_size}); {mfu}")
-        if args.log_memory_to_tensorboard and self.device.type == "cpu":
-            self._print("mtmegatron: --log-memory-to-tensorboard: the cpu backend has no device allocator "
+        if args.log_memory_to_tensorboard and backend.device_is_host:
+            self._print(f"mtmegatron: --log-memory-to-tensorboard: the {backend.name} backend has no device allocator "
                         "statistics; logging this process's resident memory (mem_rss_bytes) instead")
         tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
         self.profiler = StepProfiler(args, backend, rank, first_done, tensorboard_dir)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from mtmegatron.backends.device import compute_device
+from mtmegatron.backends.device import compute_device, on_host
 
 KEYS = ("device_state_bytes", "host_state_bytes", "misplaced_state_bytes", "offloaded_params", "total_params",
         "offloaded_tensors", "d2h_bytes", "h2d_bytes", "d2h_copies", "h2d_copies", "d2h_side_stream_copies",
@@ -50,11 +50,11 @@ def _state_bytes(sub, host: bool, device_type: str, stats: dict, skip: set) -> N
                 continue
             nbytes = value.numel() * value.element_size()
             stats["host_state_bytes" if host else "device_state_bytes"] += nbytes
-            if key == "step" and value.dim() == 0 and value.device.type == "cpu":
+            if key == "step" and value.dim() == 0 and on_host(value.device):
                 stats["host_step_bytes"] += nbytes  # torch keeps it on the host by design
                 continue
             by_device[str(value.device)] = by_device.get(str(value.device), 0) + nbytes
-            if value.device.type != ("cpu" if host else device_type):
+            if (not on_host(value.device)) if host else value.device.type != device_type:
                 stats["misplaced_state_bytes"] += nbytes
 
 
@@ -67,7 +67,7 @@ def offload_stats(optimizer) -> dict:
     for inner in inner_optimizers(optimizer):
         if _is_hybrid(inner):
             stats["offload"] = True
-            stats["streams"] = ("synchronous (cpu backend: no device streams)" if device_type == "cpu" else
+            stats["streams"] = ("synchronous (cpu backend: no device streams)" if on_host(device_type) else
                                 f"{device_type} side streams" if inner.overlap_cpu_optimizer_d2h_h2d else
                                 f"{device_type} current stream")
             # the model parameters themselves are not optimizer state (fp32 params updated in place)

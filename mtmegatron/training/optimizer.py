@@ -22,7 +22,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from mtmegatron.models.config_from_flags import optimizer_config_kwargs
 from mtmegatron.optim import FusedAdam
-from mtmegatron.backends.device import compute_device
+from mtmegatron.backends.device import compute_device, on_host
 from mtmegatron.training.offload_stats import inner_optimizers, offload_stats
 
 STATS_ENV = "MTMEGATRON_OPTIMIZER_STATS"
@@ -32,7 +32,7 @@ DROP_GRAD_ENV = "MTMEGATRON_TEST_DROP_GRAD"
 def optimizer_config(args, params_dtype: torch.dtype) -> OptimizerConfig:
     """Flags by field name (models/config_from_flags.py); pinned host buffers only where the backend has pinned
     memory (not on the cpu backend, where host memory is the device memory)."""
-    pinned = compute_device().type != "cpu"
+    pinned = not on_host(compute_device())
     ours = dict(
         optimizer_offload_fraction=args.optimizer_offload_fraction if args.optimizer_cpu_offload else 0.0,
         pin_cpu_grads=args.pin_cpu_grads and pinned,

@@ -1,12 +1,12 @@
 """``--profile``, ``--profile-step-start``, ``--profile-step-end``, ``--profile-ranks``, ``--use-pytorch-profiler``.
 
 Iterations are numbered as in the log (the first step of a fresh run is iteration 1).
-- torch profiler (``--use-pytorch-profiler``; and ``--profile`` alone on a backend other than CUDA, said once at
-  start-up): Megatron-LM's schedule (one warm-up step, then iterations start .. end-1 recorded; record_shapes and
-  with_stack on), activities CPU plus the backend's device (CUDA; PrivateUse1 for MUSA, where torch_musa
-  registers its device activity), one chrome trace ``rank<R>.<time>.pt.trace.json`` per profiled rank in the
+- torch profiler (``--use-pytorch-profiler``; and ``--profile`` alone on a backend without an nsys range, said
+  once at start-up): Megatron-LM's schedule (one warm-up step, then iterations start .. end-1 recorded; record_shapes and
+  with_stack on), activities CPU plus the backend's ``profiler_activity`` (CUDA; PrivateUse1 for MUSA, where
+  torch_musa registers its device activity), one chrome trace ``rank<R>.<time>.pt.trace.json`` per profiled rank in the
   tensorboard directory. The window is in absolute iterations, so a resumed run profiles the same steps.
-- nsys range (``--profile`` alone on CUDA, as Megatron-LM): the device profiler API is started before iteration
+- nsys range (``--profile`` alone where the backend has ``nsys_range``: CUDA, as Megatron-LM): the device profiler API is started before iteration
   start+1 and stopped after iteration end, with NVTX ranges per op (``torch.autograd.profiler.emit_nvtx``), for
   ``nsys profile --capture-range=cudaProfilerApi``.
 May assume: called on every rank; ``step_begin``/``step_end`` around every training step, ``close`` at the end.
@@ -18,22 +18,18 @@ import os
 
 import torch
 
-# the profiler activity of a backend's device, by torch.profiler.ProfilerActivity member name
-DEVICE_ACTIVITY = {"cuda": "CUDA", "musa": "PrivateUse1"}
-
-
-def profiler_activities(device_type: str) -> list:
+def profiler_activities(backend) -> list:
     """CPU plus the device's activity where this torch has it (never fails on a CPU-only build)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
-    name = DEVICE_ACTIVITY.get(device_type)
+    name = backend.profiler_activity
     if name and hasattr(torch.profiler.ProfilerActivity, name):
         activities.append(getattr(torch.profiler.ProfilerActivity, name))
     return activities
 
 
-def profiler_kind(args, device_type: str) -> str:
-    """'torch' or 'nsys' (Megatron-LM's --profile without --use-pytorch-profiler, CUDA only)."""
-    return "nsys" if not args.use_pytorch_profiler and device_type == "cuda" else "torch"
+def profiler_kind(args, backend) -> str:
+    """'torch' or 'nsys' (Megatron-LM's --profile without --use-pytorch-profiler, where the backend has it)."""
+    return "nsys" if not args.use_pytorch_profiler and backend.nsys_range else "torch"
 
 
 class StepProfiler:
@@ -43,7 +39,7 @@ class StepProfiler:
         self._prof = None
         self._nvtx = None
         self._device = None
-        self.kind = profiler_kind(args, backend.device_type) if args.profile else None
+        self.kind = profiler_kind(args, backend) if args.profile else None
         if args.profile and rank == min(args.profile_ranks, default=-1) and self.kind == "torch" \
                 and not args.use_pytorch_profiler:
             print(f"mtmegatron: --profile without --use-pytorch-profiler: the {backend.name} backend has no nsys "
@@ -65,7 +61,7 @@ class StepProfiler:
         os.makedirs(trace_dir, exist_ok=True)
         # profiler step k is iteration first_done + k (step() is called before each iteration; step 0 is idle)
         self._prof = torch.profiler.profile(
-            activities=profiler_activities(backend.device_type),
+            activities=profiler_activities(backend),
             schedule=torch.profiler.schedule(wait=first - first_done - 1, warmup=1, active=active, repeat=1),
             on_trace_ready=torch.profiler.tensorboard_trace_handler(trace_dir, worker_name=f"rank{rank}"),
             record_shapes=True,

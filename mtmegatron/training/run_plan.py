@@ -56,7 +56,7 @@ def plan_run(args) -> RunPlan:
     lines = startup_lines(args) + [describe_layer_spec(args)] + ([fp8_spec.describe(args)] if args.fp8_format else [])
     return RunPlan(family=args.model, transformer_impl=args.transformer_impl,
                    transformer_engine_layers=args.transformer_engine_layers,
-                   fp8_executor=fp8_spec.resolve_executor(args),
+                   fp8_executor=fp8_spec.executor_in_use(args),
                    attention_kernel=core_attention_choice(args, args.transformer_engine_layers)[0],
                    fusions=tuple(name for name, (on, _) in fusions.decide(args).items() if on),
                    host_initialization=initialization.host_initialization(args), lines=tuple(lines))

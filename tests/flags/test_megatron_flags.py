@@ -204,9 +204,8 @@ def test_demo_is_unchanged():
 def _te_missing() -> str:
     """Why TE layers do not serve the auto-selected backend here (cpu in CI: none exist for it)."""
     from mtmegatron.backends import select_backend
-    from mtmegatron.models.transformer_impl import te_layers_missing
 
-    return te_layers_missing(select_backend(None, warn=False).device_type)
+    return select_backend(None, warn=False).transformer_engine_missing()
 
 
 def test_explicit_transformer_engine_without_te_is_refused():

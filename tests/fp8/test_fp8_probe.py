@@ -126,7 +126,7 @@ def test_device_is_set_before_the_probe_which_runs_on_the_current_device(monkeyp
     monkeypatch.setattr("mtmegatron.backends.active._active", backend)
 
     def fake_probe(facts):
-        backend.log.append(("probe", facts.name, facts.capability))
+        backend.log.append(("probe", str(facts.device), facts.capability))
         return probe.ScaledMMSupport(None, None)
 
     monkeypatch.setattr(probe, "scaled_mm_support", fake_probe)

@@ -5,12 +5,13 @@ rank`` with ``--data-parallel-random-init``). Placement itself: tests/musa_sim/t
 from __future__ import annotations
 
 import argparse
-from types import SimpleNamespace
 
 import pytest
 
-import mtmegatron
+from mtmegatron.backends.registry import BUILTIN
 from mtmegatron.models import initialization
+
+get_backend_description = BUILTIN.__getitem__
 
 
 def _args(**kw):
@@ -21,7 +22,7 @@ def _args(**kw):
 @pytest.mark.parametrize("device_type,flag,host", [("musa", None, False), ("cuda", None, False),
                                                    ("musa", True, True), ("cpu", None, True), ("cpu", True, True)])
 def test_where_the_weights_are_born(monkeypatch, device_type, flag, host):
-    monkeypatch.setattr(mtmegatron, "active_backend", lambda: SimpleNamespace(device_type=device_type))
+    monkeypatch.setattr(initialization, "active_backend", lambda: get_backend_description(device_type))
     args = _args(use_cpu_initialization=flag)
     assert initialization.host_initialization(args) is host
     assert initialization.config_fields(args) == {"use_cpu_initialization": host, "perform_initialization": True}

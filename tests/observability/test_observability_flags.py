@@ -17,6 +17,9 @@ from helpers.pretrain_runner import TINY
 from mtmegatron.training.arguments import build_parser, parse_args
 from mtmegatron.utils.errors import ConfigError
 from mtmegatron.training.observability import ManualGC
+from mtmegatron.backends.cpu import CPU
+from mtmegatron.backends.cuda import CUDA
+from mtmegatron.backends.musa import MUSA
 from mtmegatron.training.profiler import profiler_activities, profiler_kind
 
 FLAGS = ("--log-throughput", "--log-params-norm", "--log-num-zeros-in-grad", "--timing-log-level",
@@ -73,12 +76,12 @@ def test_profiler_choice_and_activities():
     import torch
 
     plain = SimpleNamespace(use_pytorch_profiler=False)
-    assert profiler_kind(plain, "cuda") == "nsys"  # Megatron-LM's --profile on CUDA
-    assert profiler_kind(plain, "cpu") == profiler_kind(plain, "musa") == "torch"
-    assert profiler_kind(SimpleNamespace(use_pytorch_profiler=True), "cuda") == "torch"
-    assert profiler_activities("cpu") == [torch.profiler.ProfilerActivity.CPU]
-    assert profiler_activities("cuda")[1] == torch.profiler.ProfilerActivity.CUDA
-    assert profiler_activities("musa")[1] == torch.profiler.ProfilerActivity.PrivateUse1
+    assert profiler_kind(plain, CUDA) == "nsys"  # Megatron-LM's --profile on CUDA
+    assert profiler_kind(plain, CPU) == profiler_kind(plain, MUSA) == "torch"
+    assert profiler_kind(SimpleNamespace(use_pytorch_profiler=True), CUDA) == "torch"
+    assert profiler_activities(CPU) == [torch.profiler.ProfilerActivity.CPU]
+    assert profiler_activities(CUDA)[1] == torch.profiler.ProfilerActivity.CUDA
+    assert profiler_activities(MUSA)[1] == torch.profiler.ProfilerActivity.PrivateUse1
 
 
 def test_manual_gc_collects_where_megatron_lm_does():
