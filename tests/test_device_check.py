@@ -34,7 +34,7 @@ gtc = _load("gpu_train_check", "scripts/gpu_train_check.py")
 
 
 # ---- the bundle manifest -----------------------------------------------------------------------------------------
-RUNTIME = ["mtmegatron", "backends", "patches", "scripts/gpu_train_check.py", "scripts/gpu_kernels.py",
+RUNTIME = ["mtmegatron", "scripts/gpu_train_check.py", "scripts/gpu_kernels.py",
            "scripts/device_check.py", "benchmarks/step.py", "benchmarks/step_baselines.py", "tests/conformance",
            "tests/conftest.py", "tests/helpers"]
 LOCAL = {"mtmegatron", "helpers", "step_baselines", "conftest"}
