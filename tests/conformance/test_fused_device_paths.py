@@ -51,11 +51,11 @@ def test_block_kernel_matches_the_math_block(activated, dtype, case, monkeypatch
 
 def test_scaled_mm_probe_agrees_with_its_rules_and_runs_what_it_reports(activated):
     from mtmegatron.fp8.executors import QTensor, gemm_emulated, gemm_scaled_mm, gemm_scaled_mm_blockwise
-    from mtmegatron.fp8.probe import device_facts, rules, scaled_mm_support
+    from mtmegatron.fp8.probe import rules, scaled_mm_support
     from mtmegatron.fp8.quantize import fp8_quantize_blockwise, fp8_quantize_current
 
     device = _device(activated)
-    facts = device_facts(activated)
+    facts = activated.facts()
     support = scaled_mm_support(facts)
     print(f"{facts}: {support}")
     assert support == rules(facts)

@@ -147,7 +147,8 @@ def test_record_memory_history_records_on_a_device_and_writes_snapshots(tmp_path
     from mtmegatron.training.memory_history import MemoryHistory
 
     memory = _Memory()
-    device = SimpleNamespace(name="sim", device_type="sim", device_module=lambda: SimpleNamespace(memory=memory))
+    device = SimpleNamespace(name="sim", device_type="sim", device_is_host=False,
+                             device_module=lambda: SimpleNamespace(memory=memory))
     path = tmp_path / "snap.pickle"
     args = SimpleNamespace(record_memory_history=True, memory_snapshot_path=str(path), log_interval=3)
     history = MemoryHistory(args, device, rank=0)
@@ -161,5 +162,5 @@ def test_record_memory_history_records_on_a_device_and_writes_snapshots(tmp_path
             assert pickle.loads(path.read_bytes())["device_traces"] == [[{"action": "alloc"}]]
     assert written == [5, 6, 9]
     path.unlink()
-    MemoryHistory(args, SimpleNamespace(name="cpu", device_type="cpu"), rank=0).after_step(6, first=True)
+    MemoryHistory(args, SimpleNamespace(name="cpu", device_type="cpu", device_is_host=True), rank=0).after_step(6, first=True)
     assert "records nothing on the cpu backend" in capsys.readouterr().out and not path.exists()
