@@ -32,7 +32,7 @@ MEASURED_FUSED_OVER_SDPA = "1.3-4.6x"
 def core_attention_choice(args: argparse.Namespace, transformer_engine: bool) -> tuple[str, str]:
     """``(kind, reason)`` for ``args.attention_backend`` / ``args.transformer_impl``; ``transformer_engine``: the
     layers are TransformerEngine's (``fp8/spec.uses_transformer_engine``)."""
-    backend = getattr(args, "attention_backend", "auto")
+    backend = args.attention_backend
     fused_impl = args.transformer_impl == "mtmegatron"
     if backend in LOCAL_BACKENDS:
         if fused_impl:

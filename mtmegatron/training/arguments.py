@@ -25,13 +25,13 @@ from mtmegatron.models.transformer_impl import resolve_transformer_impl
 from mtmegatron.data.flags import add_data_args, check_data_args
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.training.run_control import add_run_control_args, check_run_control_args
-from mtmegatron.training.schedule_flags import add_schedule_args
+from mtmegatron.training.schedule_flags import add_schedule_args, check_schedule_args
 from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
 from mtmegatron.sft.flags import add_sft_args, check_sft_args
 from mtmegatron.training.checkpoint_flags import (add_checkpoint_args, check_checkpoint_args,
                                                   check_checkpoint_paths, use_checkpoint_args)
-from mtmegatron.training.schedule import check_schedule_flags
 from mtmegatron.training import flag_help, flag_sources, megatron_flags, run_args, training_flags
+from mtmegatron.utils.checkpoint_dirs import check_writable_dir
 from mtmegatron.utils.errors import ConfigError
 
 
@@ -60,7 +60,7 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                         "deepseek-v3, llava, qwen2.5, qwen3, qwen3-moe, mistral); without it and without model-shape "
                         "flags: the demo (llama3 tiny); with model-shape flags and no --model: Megatron-LM's defaults")
     g.add_argument("--model-size", default=None,
-                   help="preset size, default tiny (see models/presets.py: llama3 tiny/8b/70b/3.1-8b/3.1-70b/3.2-1b/"
+                   help="preset size, default tiny (see models/families/: llama3 tiny/8b/70b/3.1-8b/3.1-70b/3.2-1b/"
                         "3.2-3b; mixtral tiny/8x7b; deepseek-v3 tiny/lite/671b; llava tiny/7b; qwen2.5 "
                         "tiny/0.5b/7b/72b; qwen3 tiny/0.6b/8b/32b; qwen3-moe tiny/30b-a3b/235b-a22b; mistral tiny/7b)")
     for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
@@ -407,26 +407,16 @@ def _check_training(args: argparse.Namespace) -> None:
 # resolve its own concern's derived values; after pretrain.prepare nothing writes args (RunArgs.freeze).
 CHECKS = (
     ("parallel sizes, attention heads and context parallelism", _check_parallel_sizes),
-    ("pipeline split", partial(check_pipeline_split, error=ConfigError)),
-    ("parallel layout", _resolve_layout),
+    ("pipeline split", partial(check_pipeline_split, error=ConfigError)), ("parallel layout", _resolve_layout),
     ("llava", partial(check_llava_args, error=ConfigError)),
-    ("model family", partial(check_family_args, error=ConfigError)),
-    ("experts", _check_experts),
-    ("deepseek-v3", partial(check_deepseek_args, error=ConfigError)),
-    ("vocabulary padding", _check_vocab),
-    ("schedule", check_schedule_flags),
-    ("micro-batches", _resolve_micro_batches),
-    ("training", _check_training),
-    ("memory", check_memory_args),
-    ("grouped experts", partial(check_grouped_experts_args, error=ConfigError)),
-    ("run control", check_run_control_args),
-    ("data", partial(check_data_args, error=ConfigError)),
-    ("tokenizer", partial(check_tokenizer_args, error=ConfigError)),
-    ("observability", check_observability_args),
-    ("checkpoints", check_checkpoint_args),
-    ("training flags", training_flags.check),
-    ("evaluation and samples", run_args.validate),
-    ("sft", partial(check_sft_args, error=ConfigError)),
+    ("model family", partial(check_family_args, error=ConfigError)), ("experts", _check_experts),
+    ("deepseek-v3", partial(check_deepseek_args, error=ConfigError)), ("vocabulary padding", _check_vocab),
+    ("schedule", check_schedule_args), ("micro-batches", _resolve_micro_batches), ("training", _check_training),
+    ("memory", check_memory_args), ("grouped experts", partial(check_grouped_experts_args, error=ConfigError)),
+    ("run control", check_run_control_args), ("data", partial(check_data_args, error=ConfigError)),
+    ("tokenizer", partial(check_tokenizer_args, error=ConfigError)), ("observability", check_observability_args),
+    ("checkpoints", check_checkpoint_args), ("training flags", training_flags.check),
+    ("evaluation and samples", run_args.validate), ("sft", partial(check_sft_args, error=ConfigError)),
     ("fp8", _check_fp8),
 )
 
@@ -447,6 +437,9 @@ def validate_for_training(args: argparse.Namespace) -> None:
         # megatron-core's MoE layer raises this in the first training forward otherwise
         raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel in training "
                           "(megatron-core refuses MoE + TP without it)")
+    check_writable_dir("--log-dir", args.log_dir, ConfigError)  # metrics, the loss plot and samples go there
+    if args.tensorboard_dir:
+        check_writable_dir("--tensorboard-dir", args.tensorboard_dir, ConfigError)
 
 
 def parse_args(argv=None, world_size: int | None = None, for_training: bool = True) -> argparse.Namespace:
@@ -469,16 +462,10 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
     _derive(args, given)
     args.megatron_differences = flag_sources.differences(parser, args, args.value_sources, parser.megatron_defaults)
     validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
-    if args.sequence_parallel_at_tp1:  # not in effect: said at start-up instead (pretrain.startup_lines)
+    if args.sequence_parallel_at_tp1:  # not in effect: said at start-up instead (run_plan.startup_lines)
         args.megatron_differences = [d for d in args.megatron_differences if not d.startswith("--sequence-parallel ")]
-    if for_training:
-        validate_for_training(args)
     if args.log_dir is None:
         args.log_dir = os.path.join("runs", args.model)
-    if for_training:  # metrics, the loss plot and samples are written there
-        from mtmegatron.utils.checkpoint_dirs import check_writable_dir
-
-        check_writable_dir("--log-dir", args.log_dir, ConfigError)
-        if args.tensorboard_dir:
-            check_writable_dir("--tensorboard-dir", args.tensorboard_dir, ConfigError)
+    if for_training:
+        validate_for_training(args)
     return args

@@ -74,8 +74,6 @@ def check_checkpoint_args(args: argparse.Namespace) -> None:
     from mtmegatron.training.resilience_flags import check_resilience_args
 
     check_resilience_args(args)  # --rerun-mode, non-persistent checkpoints
-    if args.use_checkpoint_args and not args.load:
-        raise ConfigError("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
     check_convert_args(args)
     from mtmegatron.training.upcycling import check_upcycling_args
 
@@ -85,13 +83,13 @@ def check_checkpoint_args(args: argparse.Namespace) -> None:
 def check_convert_args(args: argparse.Namespace) -> None:
     """``--ckpt-convert-format``: load ``--load``, save it to ``<--ckpt-convert-save>/<format>`` and exit
     (pretrain.py ``run``); as Megatron-LM it needs both directories and a checkpoint to load."""
-    fmt = getattr(args, "ckpt_convert_format", None)
+    fmt = args.ckpt_convert_format
     if fmt is None:
         return
     if fmt != "torch_dist":
         raise ConfigError(f"--ckpt-convert-format {fmt}: mtmegatron does not write {fmt} checkpoints "
                           f"({FORMAT_REFUSALS[fmt]})")
-    if not getattr(args, "ckpt_convert_save", None):
+    if not args.ckpt_convert_save:
         raise ConfigError("--ckpt-convert-format needs --ckpt-convert-save DIR (the checkpoint is written to "
                           "DIR/torch_dist)")
     if not args.load:
@@ -104,7 +102,7 @@ def check_checkpoint_paths(args: argparse.Namespace) -> None:
     from mtmegatron.utils.checkpoint_dirs import check_paths
 
     check_paths(args, ConfigError)
-    if getattr(args, "ckpt_convert_format", None):
+    if args.ckpt_convert_format:
         from mtmegatron.utils.checkpoint_dirs import check_writable_dir
 
         check_writable_dir("--ckpt-convert-save", args.ckpt_convert_save, ConfigError)
@@ -114,7 +112,7 @@ def use_checkpoint_args(args: argparse.Namespace, given: dict) -> None:
     """``--use-checkpoint-args``: the model fields of ``args`` from the ``--load`` checkpoint's saved Namespace
     (before the derived sizes are computed). A checkpoint without a Namespace (an mtmegatron checkpoint of an
     older layout, or a converter's) is an error naming why."""
-    if not getattr(args, "use_checkpoint_args", False):
+    if not args.use_checkpoint_args:
         return
     if not args.load:
         raise ConfigError("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")

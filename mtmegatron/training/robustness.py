@@ -124,7 +124,7 @@ def data_worker_init(args):
     multiprocessing's at exit, use SIGTERM). A worker killed by the group's signal would make the rank's
     DataLoader raise (``DataLoader worker ... killed by signal``) before the rank could save. None without the
     flag: the signal ends workers and ranks alike."""
-    if not getattr(args, "exit_signal_handler", False):
+    if not args.exit_signal_handler:
         return None
     return functools.partial(_outlive_exit_signal, int(exit_signal(args)))
 

@@ -38,8 +38,6 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def validate(args: argparse.Namespace) -> None:
-    if args.mock_data and args.data_path:
-        raise ConfigError("--mock-data and --data-path are mutually exclusive")
     if args.tokenizer_model and args.mock_data and not args.tokenizer_type:
         raise ConfigError("--tokenizer-model is for real data; --mock-data needs no tokenizer (or name its "
                           "--tokenizer-type)")

@@ -28,7 +28,7 @@ def unsupported_reason(model, args) -> str | None:
         return "megatron-core's inference engine does not run interleaved (virtual) pipeline chunks"
     if parallel_state.get_context_parallel_world_size() > 1:
         return "the inference KV cache is not split over context-parallel ranks"
-    if getattr(args, "mtp_num_layers", None):
+    if args.mtp_num_layers:
         return ("the multi-token-prediction block runs in every forward of this model and needs labels; save a "
                 "checkpoint and use `mtmegatron generate`, which builds the model without it")
     return None

@@ -9,15 +9,14 @@ decay style, start/end weight decay, weight-decay increment style and steps — 
 scheduler compares) differs from this run's, the load stops with one message unless the user chose:
 ``--override-opt_param-scheduler`` (this run's flags, continued from the checkpoint's step count) or
 ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's values). Giving both is a flag error
-(``check_schedule_flags``, called by arguments.py). ``wd_incr_steps`` is not compared when both sides keep the
+(``schedule_flags.check_schedule_args``). ``wd_incr_steps`` is not compared when both sides keep the
 weight decay constant (it has no effect then). ``--finetune`` / ``--no-load-optim`` never restore a schedule.
 May assume: ``args`` validated by training/arguments.py.
 """
 
 from __future__ import annotations
 
-from mtmegatron.training.schedule_flags import check_schedule_args, scheduler_steps, weight_decay_range
-from mtmegatron.utils.errors import ConfigError
+from mtmegatron.training.schedule_flags import scheduler_steps, weight_decay_range
 
 # scheduler state key -> the flag that sets it
 COMPARED = {
@@ -28,15 +27,6 @@ COMPARED = {
     "wd_incr_style": "--weight-decay-incr-style", "wd_incr_steps": "--train-iters|samples",
 }
 _STEP_KEYS = ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps")
-
-
-def check_schedule_flags(args) -> None:
-    """Flag check (before any process group): at most one of the two resume-schedule flags, and the schedule
-    flags of training/schedule_flags.py (which also sets ``train_iters`` for ``--train-samples``)."""
-    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
-        raise ConfigError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually "
-                          "exclusive: pass one")
-    check_schedule_args(args)
 
 
 def build_scheduler(optimizer, args):

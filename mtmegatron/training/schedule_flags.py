@@ -57,7 +57,7 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
 def _check_mode(args: argparse.Namespace) -> None:
     """One of iteration- or sample-based training, with only that mode's flags (Megatron-LM's rules). With
     --train-samples, iteration values a preset filled (not the user) give way to Megatron-LM's defaults."""
-    given = getattr(args, "given_flags", {})
+    given = args.given_flags
     if args.train_samples is not None:
         if "train_iters" in given:
             raise ConfigError("--train-iters and --train-samples are mutually exclusive: give one")
@@ -70,13 +70,12 @@ def _check_mode(args: argparse.Namespace) -> None:
         if args.train_samples < 0:
             raise ConfigError("--train-samples must be >= 0")
         _check_rampup(args)
-        ramped = getattr(args, "rampup_batch_size", None)
-        args.train_iters = (SamplePlan(args).last_iteration_within(args.train_samples) if ramped
+        args.train_iters = (SamplePlan(args).last_iteration_within(args.train_samples) if args.rampup_batch_size
                             else args.train_samples // args.global_batch_size)
         return
     if args.train_iters is None:
         raise ConfigError("give --train-iters or --train-samples")
-    if getattr(args, "rampup_batch_size", None):
+    if args.rampup_batch_size:
         raise ConfigError("--rampup-batch-size needs sample-based training (--train-samples), as in Megatron-LM: the "
                           "ramp counts samples")
     for flag, value, unset in (("--lr-decay-samples", args.lr_decay_samples, None),
@@ -90,7 +89,7 @@ def _check_mode(args: argparse.Namespace) -> None:
 def _check_rampup(args: argparse.Namespace) -> None:
     """``--rampup-batch-size start increment samples``: what megatron-core's calculator asserts, and a global
     batch of every size on the ramp divisible into micro-batches (and, interleaved, pipeline-sized groups)."""
-    if not getattr(args, "rampup_batch_size", None):
+    if not args.rampup_batch_size:
         return
     start, increment, samples = args.rampup_batch_size
     gbs, unit = args.global_batch_size, args.micro_batch_size * args.data_parallel_size
@@ -114,6 +113,9 @@ def _check_rampup(args: argparse.Namespace) -> None:
 
 def check_schedule_args(args: argparse.Namespace) -> None:
     """Raise ``ConfigError`` for flags megatron-core's scheduler cannot take; sets train_iters for --train-samples."""
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise ConfigError("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are mutually "
+                          "exclusive: pass one")
     if args.micro_batch_size is None:
         raise ConfigError("--micro-batch-size is required (as in Megatron-LM)")
     if args.global_batch_size is None:  # Megatron-LM's default: one micro-batch per data-parallel rank

@@ -18,7 +18,7 @@ from mtmegatron.utils.errors import ConfigError
 
 
 def check_upcycling_args(args: argparse.Namespace) -> None:
-    if not getattr(args, "moe_use_upcycling", False):
+    if not args.moe_use_upcycling:
         return
     if not args.save:
         raise ConfigError("--moe-use-upcycling needs --save DIR (the upcycled MoE checkpoint is written there)")
