@@ -118,7 +118,7 @@ def main(argv=None) -> int:
             command = command._subparsers._group_actions[0].choices[args.direction]
         command.error(unknown_flags_message(command, extras).removesuffix(" (see --help)"))
     from mtmegatron.backends import BackendUnavailableError
-    from mtmegatron.convert.hf_config import ConversionError
+    from mtmegatron.models.families import ConversionError
     from mtmegatron.utils.checkpoint_dirs import CheckpointError
     from mtmegatron.utils.errors import ConfigError, describe_os_error
 

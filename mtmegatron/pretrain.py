@@ -13,6 +13,7 @@ import sys
 import warnings
 
 from mtmegatron.backends import BackendUnavailableError, select_backend
+from mtmegatron.models import families
 from mtmegatron.patches import UnsupportedMegatronVersion
 from mtmegatron.training.arguments import parse_args
 from mtmegatron.utils.checkpoint_dirs import CheckpointError
@@ -55,7 +56,7 @@ def prepare(argv):
             raise ConfigError(str(e)) from None
     progress = int(os.environ.get("RANK", "0")) == 0
     data = None
-    if args.model == "llava":  # images + conversations (training/multimodal_data.py)
+    if families.of(args).is_multimodal:  # images + conversations (training/multimodal_data.py)
         from mtmegatron.training.multimodal_data import prepare as prepare_multimodal
 
         data = prepare_multimodal(args, progress=progress)

@@ -1,6 +1,6 @@
 """``mtmegatron convert hf-to-mcore`` and ``mtmegatron convert mcore-to-hf``.
 
-hf-to-mcore: HF config -> our flags (hf_config, or convert/llava.py for LLaVA), the target layout validated with
+hf-to-mcore: HF config -> our flags (the family registry, models/families/; + convert/llava.py for LLaVA), the target layout validated with
 the pretrain flag checks, then convert/streaming.py streams every tensor (mapping.mcore_sources; the model only
 on the meta device) into a model-only distributed checkpoint plus ``model_flags.txt`` (the flags to pass to
 pretrain next to ``--load``).
@@ -22,11 +22,10 @@ import sys
 
 import torch
 
-from mtmegatron.convert.hf_config import HF_ARCH, ConversionError, family_of, flags_from_hf, hf_config_from_args
 from mtmegatron.convert.hf_io import HFCheckpoint
-from mtmegatron.convert.mapping import mtp_in_checkpoint
+from mtmegatron.models import families
+from mtmegatron.models.families import ConversionError
 
-_VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
 
@@ -45,14 +44,6 @@ def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
         raise ConversionError(f"target layout TP{tp} PP{pp} EP{ep}: {e}") from None
 
 
-def _is_vocab_rows(name: str) -> bool:
-    return any(name == rows or name.endswith("." + rows) for rows in _VOCAB_ROWS)  # LLaVA: under language_model.
-
-
-def slice_vocab(state: dict, vocab_size: int) -> dict:
-    return {name: (t[:vocab_size] if _is_vocab_rows(name) else t) for name, t in state.items()}
-
-
 def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1, ep: int = 1, workers: int = 1,
                 dtype: torch.dtype | None = None) -> list[str]:
     """Convert; returns the model flags a pretrain run needs next to ``--load out``. Streams (convert/streaming.py:
@@ -60,23 +51,19 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
     beside the checkpoint before it is marked complete (convert/llava.py)."""
     hf = HFCheckpoint(hf_dir)  # names and config only here (LLaVA's stored tied head: compared, then dropped)
     config = hf.config()
-    family = family_of(config, model_name)
+    family = families.for_hf_config(config, model_name).name
     rope_interleave = config.get("rope_interleave", True)
     hf_layout, extra = {"rope_interleave": rope_interleave}, {}
     try:
-        if family == "llava":
+        if families.get(family).is_multimodal:  # the vision tower's key layout and carried layers (convert/llava.py)
             from mtmegatron.convert import llava
 
             flags, plan = llava.flags_from_hf(config, hf.names)
-            hf_layout["llava"] = llava.dumps_record(plan)
+            hf_layout[family] = llava.dumps_record(plan)
             extra = {"unmapped": llava.unmapped_names(hf, plan),
                      "before_marker": lambda staging: llava.write_carried(staging, hf_dir, plan)}
         else:
-            with_mtp = family == "deepseek-v3" and mtp_in_checkpoint(hf.names, config["num_hidden_layers"])
-            if family == "deepseek-v3" and config.get("num_nextn_predict_layers") and not with_mtp:
-                print(f"mtmegatron convert: {hf_dir} has no MTP layer weights; converting without MTP",
-                      file=sys.stderr)
-            flags = flags_from_hf(family, config, with_mtp)
+            flags = families.get(family).flags_from_hf(config, names=hf.names, source=hf_dir)
     except KeyError as e:
         raise ConversionError(f"{os.path.join(hf_dir, 'config.json')}: no field {e.args[0]!r}, which a "
                               f"{config.get('model_type')} config has") from None
@@ -112,19 +99,20 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
 
         flags = flags_from_fingerprint(recorded_fingerprint(common))
     args = parse_flags(list(flags))
-    if args.model not in HF_ARCH:
+    family = families.of(args)
+    if not family.hf_model_type:
         raise ConversionError(f"--model {args.model}: no HF mapping")
-    if image_token_id is not None and args.model != "llava":
+    if image_token_id is not None and not family.is_multimodal:
         raise ConversionError("--image-token-id is only meaningful for --model llava")
     from mtmegatron.convert.streaming_export import export
 
-    if args.model == "llava":
+    if family.is_multimodal:
         from mtmegatron.convert import llava
 
-        config, hf_layout = llava.export_layout(args, common.get("hf_layout", {}).get("llava", {}), load,
+        config, hf_layout = llava.export_layout(args, common.get("hf_layout", {}).get(family.name, {}), load,
                                                 image_token_id)
     else:
-        config, hf_layout = hf_config_from_args(args.model, args, rope_interleave=rope_interleave), None
+        config, hf_layout = family.hf_config(args, rope_interleave=rope_interleave), None
     export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype,
            max_shard_bytes=max_shard_bytes, hf_layout=hf_layout)
     return config
@@ -132,10 +120,11 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
 
 def add_parser(sub) -> None:
     """Register ``convert hf-to-mcore|mcore-to-hf`` on the ``mtmegatron`` command's subparsers."""
-    convert = sub.add_parser("convert", help=f"HF <-> megatron-core checkpoints ({', '.join(HF_ARCH)})")
+    names = families.with_hf_mapping()
+    convert = sub.add_parser("convert", help=f"HF <-> megatron-core checkpoints ({', '.join(names)})")
     kinds = convert.add_subparsers(dest="direction", required=True)
     a = kinds.add_parser("hf-to-mcore", help="HF safetensors -> model-only megatron-core dist checkpoint")
-    a.add_argument("--model", required=True, choices=list(HF_ARCH))
+    a.add_argument("--model", required=True, choices=names)
     a.add_argument("--hf-dir", required=True)
     a.add_argument("--out", required=True)
     a.add_argument("--tensor-model-parallel-size", type=int, default=1)

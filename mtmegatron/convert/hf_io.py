@@ -13,7 +13,7 @@ import os
 import torch
 from safetensors import SafetensorError, safe_open
 
-from mtmegatron.convert.hf_config import ConversionError
+from mtmegatron.models.families import ConversionError
 
 INDEX = "model.safetensors.index.json"
 FP8_BLOCK = 128

@@ -15,14 +15,17 @@ import pickle
 
 import torch
 
+from mtmegatron.models import families
+
 MODEL_ONLY_KEY = "model_only"
 
 
 def parse_flags(flags: list[str], world_size: int = 1):
     from mtmegatron.training.arguments import parse_args
 
-    # LLaVA's data default is the embedded dataset (its rules refuse mock data); nothing is read here either way
-    data = [] if "llava" in flags else ["--mock-data"]
+    # a multimodal family's data default is its embedded dataset (its rules refuse mock data); nothing is read here
+    model = flags[flags.index("--model") + 1] if "--model" in flags else None
+    data = [] if families.get(model).is_multimodal else ["--mock-data"]
     args = parse_args(flags + data + ["--backend", "cpu"], world_size=world_size, for_training=False)
     # the HF mapping names the sequential experts (local_experts.<e>); the torch_dist checkpoint is the same for
     # megatron's grouped experts, so a --moe-grouped-gemm run loads what the converter writes and vice versa

@@ -2,29 +2,23 @@
 ``mcore-to-hf`` needs no flags after ``--``.
 
 The fingerprint holds every value that changes parameter shapes or the forward math; each becomes its Megatron-LM
-flag. The family (``--model``) is not recorded: it is read from the fields (MLA -> deepseek-v3; experts with
-q/k norm -> qwen3-moe, else mixtral; q/k/v bias -> qwen2.5; q/k norm -> qwen3; else llama3 — a Mistral
-checkpoint comes back as the same network written as HF Llama). LLaVA checkpoints are not covered (their vision
-fields are not in the fingerprint).
+flag. The family (``--model``) is not recorded: the registry reads it from the fields
+(``families.from_fingerprint``; a Mistral checkpoint comes back as the same network written as HF Llama). LLaVA
+checkpoints are not covered (their vision fields are not in the fingerprint).
 May assume: ``saved`` is a fingerprint dict as written by training/checkpointing.py or the converter.
 """
 
 from __future__ import annotations
 
-from mtmegatron.convert.hf_config import ConversionError
+from mtmegatron.models import families
+from mtmegatron.models.families import ConversionError
 from mtmegatron.models.deepseek_args import _ZERO_IS_NONE
 
 _DERIVED = {"padded_vocab_size"}  # given as --padded-vocab-size at the end (the rows the checkpoint holds)
 
 
 def family_of_fingerprint(saved: dict) -> str:
-    if saved.get("multi_latent_attention"):
-        return "deepseek-v3"
-    if saved.get("num_experts"):
-        return "qwen3-moe" if saved.get("qk_layernorm") else "mixtral"
-    if saved.get("add_qkv_bias"):
-        return "qwen2.5"
-    return "qwen3" if saved.get("qk_layernorm") else "llama3"
+    return families.from_fingerprint(saved).name
 
 
 def flags_from_fingerprint(saved: dict) -> list[str]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mtmegatron.convert.hf_config import ConversionError
+from mtmegatron.models.families import ConversionError
 
 MARKER = "conversion_complete.json"
 _VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -350,7 +350,8 @@ def _merge_metadata(parts: list[str], out_dir: str) -> None:
         pickle.dump(merged, f)
 
 
-def _check_sources(hf, family: str, config: dict, sources: dict, shapes: dict, unmapped=()) -> None:
+def _check_sources(hf, config: dict, sources: dict, shapes: dict, unmapped=(), copies=()) -> None:
+    """``copies``: HF tensors the way back writes as copies (mapping.hf_only_names), ignorable here."""
     for local in shapes:
         if local not in sources:
             raise ConversionError(f"no HF tensor maps to {local}")
@@ -358,11 +359,7 @@ def _check_sources(hf, family: str, config: dict, sources: dict, shapes: dict, u
     missing = sorted(n for n in used if n not in hf)
     if missing:
         raise ConversionError(f"{len(missing)} tensors the model needs are not in the checkpoint (first: {missing[:3]})")
-    ignorable = ({"lm_head.weight"} if config.get("tie_word_embeddings") else set()) | set(unmapped)
-    if family == "deepseek-v3":
-        mtp = config["num_hidden_layers"]
-        ignorable |= {n for n in hf.names if n.startswith(f"model.layers.{mtp}.")
-                      and (n.endswith("embed_tokens.weight") or n.endswith("shared_head.head.weight"))}
+    ignorable = ({"lm_head.weight"} if config.get("tie_word_embeddings") else set()) | set(unmapped) | set(copies)
     unused = [n for n in hf.names if n not in used and n not in ignorable and "rotary_emb" not in n]
     if unused:
         raise ConversionError(f"{len(unused)} checkpoint tensors have no place in the model built from config.json "
@@ -394,7 +391,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     from megatron.core import dist_checkpointing
 
     from mtmegatron.convert.hf_io import HFCheckpoint
-    from mtmegatron.convert.mapping import mcore_sources
+    from mtmegatron.convert.mapping import hf_only_names, mcore_sources
     from mtmegatron.convert.model import MODEL_ONLY_KEY, init_single_rank, parse_flags, saved_args
     from mtmegatron.utils.checkpoint_dirs import TRACKER, checkpoint_dir
 
@@ -408,7 +405,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
     model = _meta_model(args)
     chunks, shapes, objects = plan_chunks(model)
     sources = mcore_sources(family, args, rope_interleave, hf_layout)
-    _check_sources(hf, family, config, sources, shapes, unmapped)
+    _check_sources(hf, config, sources, shapes, unmapped, hf_only_names(family, args, rope_interleave, hf_layout))
     _check_shapes(hf, sources, shapes)
     dtypes = _source_dtypes(hf, sources, dtype)
     itemsize = {name: torch.empty((), dtype=dt).element_size() for name, dt in dtypes.items()}

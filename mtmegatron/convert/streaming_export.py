@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from mtmegatron.convert.hf_config import ConversionError
+from mtmegatron.models.families import ConversionError
 from mtmegatron.convert.streaming import (MARKER, _VOCAB_ROWS, BytesReporter, _follow, _reset_peak, _vm_hwm_bytes,
                                           exit_with_parent, staged, worker_failed)
 

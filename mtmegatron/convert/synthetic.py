@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from mtmegatron.convert.hf_io import INDEX
+from mtmegatron.models.families.deepseek_v3 import FAMILY as deepseek
+from mtmegatron.models.families.llava import FAMILY as llava
 
 
 def llama_shape_for(total_bytes: int, hidden: int = 1024, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -114,7 +116,7 @@ def write_llava(directory: str, text: dict, vision_hidden: int = 256, vision_lay
     vision = dict(model_type="clip_vision_model", hidden_size=h, intermediate_size=ffn, num_hidden_layers=vision_layers,
                   num_attention_heads=h // 64, image_size=32, patch_size=8, projection_dim=h, hidden_act="quick_gelu",
                   layer_norm_eps=1e-5)
-    config = dict(model_type="llava", architectures=["LlavaForConditionalGeneration"], image_token_index=
+    config = dict(model_type=llava.hf_model_type, architectures=[llava.hf_architecture], image_token_index=
                   text["vocab_size"] - 1, image_seq_length=16, vision_feature_layer=-2, projector_hidden_act="gelu",
                   vision_feature_select_strategy="default", text_config=language, vision_config=vision,
                   torch_dtype=text["torch_dtype"])
@@ -129,7 +131,7 @@ def deepseek_shape_for(total_bytes: int, hidden: int = 1024, experts: int = 16,
     one shared expert, FFN sizes 3x hidden dense and hidden/2 per expert, vocab 8192, no MTP layer) with about
     ``total_bytes`` of weights; the layer sizes come from transformers' own model built on the meta device."""
     size = torch.empty((), dtype=dtype).element_size()
-    config = dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], hidden_size=hidden,
+    config = dict(model_type=deepseek.hf_model_type, architectures=[deepseek.hf_architecture], hidden_size=hidden,
                   intermediate_size=3 * hidden, moe_intermediate_size=hidden // 2, num_attention_heads=hidden // 128,
                   num_key_value_heads=hidden // 128, n_routed_experts=experts, n_shared_experts=1,
                   num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1,

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.models import families
+
 LEGACY_DEFAULT_SPLIT = "969, 30, 1"  # Megatron-LM's value when --data-path comes without --split
 
 
@@ -66,7 +68,7 @@ def check_data_args(args: argparse.Namespace, error) -> None:
     if args.reset_attention_mask and args.context_parallel_size > 1:
         raise error("--reset-attention-mask needs an explicit attention mask, which context parallelism does not "
                     "take here; drop one of them")
-    if args.model == "llava" and (args.eod_mask_loss or args.reset_position_ids or args.reset_attention_mask
+    if families.of(args).is_multimodal and (args.eod_mask_loss or args.reset_position_ids or args.reset_attention_mask
                                   or per_split):
         raise error("--eod-mask-loss/--reset-position-ids/--reset-attention-mask/--*-data-path apply to "
                     "token datasets, not --model llava's conversations")
@@ -111,7 +113,7 @@ def _check_validation_flags(args: argparse.Namespace, error) -> None:
                     "--valid-data-path")
     if not args.full_validation:
         return
-    if args.mock_data or args.sft or args.model == "llava":
+    if args.mock_data or args.sft or families.of(args).is_multimodal:
         raise error("--full-validation reads a whole validation set of --data-path/--valid-data-path token data; "
                     "mock data, SFT and --model llava have none")
     weighted = [p for p in (args.data_path, None if args.multiple_validation_sets else args.valid_data_path)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from mtmegatron.models import families
+
 TOKENIZER_TYPES = ["BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
                    "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
                    "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer", "SFTTokenizer"]
@@ -85,7 +87,7 @@ def check_tokenizer_args(args: argparse.Namespace, error: type[Exception]) -> No
         return
     if kind in REFUSED_TYPES:
         raise error(f"--tokenizer-type {kind}: {REFUSED_TYPES[kind]}")
-    if getattr(args, "model", None) == "llava":
+    if families.of(args).is_multimodal:
         raise error("--tokenizer-type is for GPT-style models; --model llava reads --tokenizer-model DIR")
     if kind == "GPT2BPETokenizer":
         _need_file("--vocab-file", args.vocab_file, "GPT-2 vocab.json", kind, error)

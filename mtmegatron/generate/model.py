@@ -3,7 +3,7 @@ weights loaded from the torch_dist checkpoint (resharded from whatever layout wr
 
 Where the flags come from, first that applies: flags given after ``--``; the ``model_flags`` the HF converter
 records (what ``mcore-to-hf`` reads); for a pretrain checkpoint, its model fingerprint (models/fingerprint.py:
-every field that changes shapes or the forward math) on top of the preset it names, its embedding rows given as
+every field that changes shapes or the forward math, convert/recorded_flags.py), its embedding rows given as
 ``--padded-vocab-size`` (so a model trained with ``--padded-vocab-size`` or another
 ``--make-vocab-size-divisible-by`` is rebuilt with its rows). The fingerprint is
 compared with the rebuilt model before loading, as ``pretrain --load`` does. A multi-token-prediction block
@@ -14,41 +14,9 @@ May assume: called on every rank; ``prepare`` before any process group, ``build_
 
 from __future__ import annotations
 
+from mtmegatron.convert.recorded_flags import flags_from_fingerprint
 from mtmegatron.generate.flags import GenerateError
-
-# fingerprint fields that are booleans switched on by a store_true flag
-_SWITCHES = ("untie_embeddings_and_output_weights", "disable_bias_linear", "swiglu", "qk_layernorm",
-             "multi_latent_attention", "moe_router_enable_expert_bias")
-
-
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-def flags_from_fingerprint(saved: dict) -> list[str]:
-    """Pretrain flags rebuilding the model a pretrain checkpoint's fingerprint describes."""
-    family = "deepseek-v3" if saved.get("multi_latent_attention") else "mixtral" if saved.get("num_experts") \
-        else "llama3"
-    flags = ["--model", family]
-    for field, value in saved.items():
-        if field == "padded_vocab_size" or value is None:  # given last, as --padded-vocab-size (below)
-            continue
-        if field in _SWITCHES:
-            if value:
-                flags.append(_flag(field))
-            elif field == "untie_embeddings_and_output_weights":
-                flags.append("--no-untie-embeddings-and-output-weights")
-            continue
-        if isinstance(value, bool):  # a switch this list does not know: leave it to the preset
-            continue
-        if isinstance(value, list):  # --moe-layer-freq as a list expression
-            value = "[" + ",".join(str(v) for v in value) + "]"
-        flags += [_flag(field), str(value)]
-    if saved.get("num_query_groups") and saved.get("num_query_groups") != saved.get("num_attention_heads"):
-        flags.append("--group-query-attention")
-    if saved.get("padded_vocab_size"):  # the embedding's rows as written, whatever padding made them
-        flags += ["--padded-vocab-size", str(saved["padded_vocab_size"])]
-    return flags
+from mtmegatron.models import families
 
 
 def checkpoint_common(load: str) -> dict:
@@ -86,7 +54,7 @@ def model_args(load: str, given_flags: list[str], layout: list[str], backend: st
         raise GenerateError(str(e)) from None
     except SystemExit:  # argparse already printed its one line about a flag it does not know
         raise GenerateError(f"the model flags {' '.join(flags)} are not valid pretrain flags") from None
-    if args.model == "llava":
+    if families.of(args).is_multimodal:
         raise GenerateError("--load holds a LLaVA model: mtmegatron generate decodes text-only GPT models")
     if args.context_parallel_size > 1:
         raise GenerateError("context parallelism is not supported for generation (the KV cache is not split "

@@ -10,8 +10,8 @@ and 8192, the Llama-3.1 values; others reach megatron-core through patches/llama
 (biases on q/k/v only, Qwen2), ``--kv-channels`` (the head dim when it is not hidden/heads, Qwen3).
 ``--qk-layernorm`` is registered in training/arguments.py (DeepSeek-V3 uses it too); it works for plain
 attention unchanged.
-A ``--model`` preset may set these fields (``models/presets.py``): a preset value is taken where the flag was left
-at its default. ``transformer_config_fields`` / ``gpt_model_fields`` are the extra TransformerConfig / GPTModel
+A ``--model`` preset may set these fields (``models/families/``; training/flag_sources.py applies it).
+``transformer_config_fields`` / ``gpt_model_fields`` are the extra TransformerConfig / GPTModel
 keyword arguments; ``skip_initialization`` says whether weights are about to be loaded (``--load``,
 ``--finetune``, ``HF_DIR``), so random initialisation is wasted work.
 May assume: the model fields are filled (preset applied) before ``check_family_args``.
@@ -21,11 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-# Megatron-LM's defaults (shared/megatron-lm-0.16.1-flags.tsv)
-DEFAULTS = {"use_rope_scaling": False, "rope_scaling_factor": 8.0, "add_qkv_bias": False, "kv_channels": None}
-# megatron-core's RotaryEmbedding._apply_scaling defaults (mtmegatron's flags, not Megatron-LM's)
-LLAMA3_SCALING_DEFAULTS = {"rope_scaling_low_freq_factor": 1.0, "rope_scaling_high_freq_factor": 4.0,
-                           "rope_scaling_original_max_position_embeddings": 8192}
+from mtmegatron.models.families.gpt import LLAMA3_SCALING_DEFAULTS  # noqa: F401 (training/megatron_lm_checkpoint.py)
 
 
 def add_family_args(p: argparse.ArgumentParser) -> None:
@@ -50,20 +46,7 @@ def add_family_args(p: argparse.ArgumentParser) -> None:
                    help="projection size of each attention head (default hidden-size / num-attention-heads)")
 
 
-def fill_from_preset(args: argparse.Namespace, values: dict) -> None:
-    """A preset's value for each field the command line left at Megatron-LM's default."""
-    for field, default in DEFAULTS.items():
-        if getattr(args, field, default) == default and field in values:
-            setattr(args, field, values[field])
-
-
 def check_family_args(args: argparse.Namespace, error: type[Exception]) -> None:
-    from mtmegatron.models.presets import preset
-
-    try:
-        fill_from_preset(args, preset(args.model, args.model_size))
-    except ValueError:
-        pass  # an unknown preset is reported by training/arguments.py
     if args.kv_channels is not None and args.kv_channels < 1:
         raise error(f"--kv-channels must be positive, not {args.kv_channels}")
     if args.kv_channels is None and args.hidden_size and args.num_attention_heads:

@@ -18,6 +18,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 
 from mtmegatron.fp8.spec import keep_layers_in_bf16, te_config_fields
 from mtmegatron.models import deepseek, fusions, initialization
+from mtmegatron.models import families
 from mtmegatron.models.config_from_flags import transformer_config_kwargs
 from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
@@ -101,7 +102,7 @@ def llama3_scaling(args: argparse.Namespace):
 
 
 def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
-    if args.model == "llava":
+    if families.of(args).is_multimodal:
         from mtmegatron.models.llava import build_llava_chunks
 
         return build_llava_chunks(args, config)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.models import families
+
 VISION_MODEL_TYPES = ("clip", "siglip")
 REFUSED_VISION_TYPES = ("internvit", "internvit300M", "radio", "radio-g", "cradio-g")
 
@@ -20,7 +22,7 @@ LLAVA_FIELDS = {
     "vision_model_type": "clip", "img_h": 336, "img_w": 336, "patch_dim": 14, "vision_num_layers": None,
     "vision_hidden_size": None, "vision_ffn_hidden_size": None, "vision_num_attention_heads": None,
     "vision_norm_epsilon": 1e-5, "disable_vision_class_token": False, "decoder_seq_length": None,
-    "max_num_tiles": 1, "prompt_format": "llama3",
+    "max_num_tiles": 1, "prompt_format": None,  # None: the family's chat template
 }
 # flags that only mean something with --model llava (store_true ones default False, the rest None)
 _LLAVA_ONLY_BOOLS = ("freeze_LM", "freeze_ViT", "freeze_projection", "use_tiling", "use_thumbnail", "pixel_shuffle",
@@ -63,7 +65,8 @@ def add_llava_args(p: argparse.ArgumentParser) -> None:
 def fill_llava_fields(args: argparse.Namespace, given: dict, error: type[Exception]) -> None:
     """Complete the LLaVA fields (the preset already filled what it has; ``given``: dest -> the user's flag); on a
     text model, refuse any LLaVA-only flag the user gave."""
-    if args.model != "llava":
+    family = families.of(args)
+    if not family.is_multimodal:
         named = [given[f] for f in (*LLAVA_FIELDS, *_LLAVA_ONLY_BOOLS, "image_folder") if f in given]
         if named:
             raise error(f"{', '.join(named)}: LLaVA flags, only valid with --model llava (this run is --model "
@@ -71,7 +74,7 @@ def fill_llava_fields(args: argparse.Namespace, given: dict, error: type[Excepti
         return
     for field, fallback in LLAVA_FIELDS.items():
         if getattr(args, field) is None:
-            setattr(args, field, fallback)
+            setattr(args, field, family.chat_template if field == "prompt_format" else fallback)
     for field in ("vision_num_layers", "vision_hidden_size", "vision_num_attention_heads"):
         if getattr(args, field) is None:
             raise error(f"--{field.replace('_', '-')} is required (no preset value)")
@@ -103,7 +106,7 @@ def max_tiles_per_image(args: argparse.Namespace) -> int:
 
 def check_llava_args(args: argparse.Namespace, error: type[Exception]) -> None:
     """Layouts and shapes megatron-core 0.16's LLaVAModel cannot run here: one message each."""
-    if args.model != "llava":
+    if not families.of(args).is_multimodal:
         return
     if args.vision_model_type in REFUSED_VISION_TYPES:
         raise error(f"--vision-model-type {args.vision_model_type} is not supported here (supported: "

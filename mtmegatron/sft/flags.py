@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-PROMPT_FORMATS = ("nemotron-h-aligned", "tokenizer", "llama3", "chatml", "qwen", "plain")
+from mtmegatron.models import families
+from mtmegatron.sft.templates import PROMPT_FORMATS
 
 
 def add_sft_args(p: argparse.ArgumentParser) -> None:
@@ -39,7 +40,7 @@ def add_sft_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_sft_args(args: argparse.Namespace, error: type[Exception]) -> None:
-    if args.calculate_per_token_loss and args.model == "llava":
+    if args.calculate_per_token_loss and families.of(args).is_multimodal:
         raise error("--calculate-per-token-loss is not supported with --model llava (its loss is per micro-batch)")
     if not args.sft:
         if not args.sft_packing or args.sft_drop_unanswered:
@@ -50,7 +51,7 @@ def check_sft_args(args: argparse.Namespace, error: type[Exception]) -> None:
                     f"(choose from {', '.join(PROMPT_FORMATS)})")
     if args.mock_data:
         raise error("--sft reads conversations; --mock-data has none")
-    if args.model == "llava":
+    if families.of(args).is_multimodal:
         raise error("--sft is for text models; --model llava trains on its own conversations already")
     if args.sequence_parallel and args.seq_length % args.tensor_model_parallel_size:
         raise error(f"--sequence-parallel needs --seq-length {args.seq_length} divisible by "

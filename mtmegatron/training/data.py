@@ -33,6 +33,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 
 from mtmegatron.data.flags import per_split_paths, requested_splits
 from mtmegatron.data.position import SamplePlan, rank_micro_batches
+from mtmegatron.models import families
 from mtmegatron.training.robustness import data_worker_init
 from mtmegatron.training.training_flags import dataset_config_fields
 
@@ -146,7 +147,7 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
         from mtmegatron.sft.dataset import micro_batches as sft_micro_batches
 
         return sft_micro_batches(dataset.data, args, dp_rank, plan, dataset.pad_id)
-    if args.model == "llava":  # image + conversation batches (training/multimodal_data.py)
+    if families.of(args).is_multimodal:  # image + conversation batches (training/multimodal_data.py)
         from mtmegatron.training import multimodal_data
 
         return multimodal_data.micro_batches(dataset, args, dp_rank, plan)

@@ -2,7 +2,7 @@
 Megatron-LM's default — and the demo.
 
 - ``--model NAME`` (with ``--model-size``, default ``tiny``) names a preset: it fills the model fields and the
-  training recipe it carries (models/presets.py), wherever the user gave no flag.
+  training recipe it carries (models/families/), wherever the user gave no flag.
 - A command line that names no preset and no model-shape flag at all (``torchrun ... -m mtmegatron.pretrain``,
   perhaps with run flags such as ``--mock-data``) is the demo: ``--model llama3 --model-size tiny``, announced.
 - Anything else is a Megatron-LM command line: every value it did not give is Megatron-LM's default. A
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-from mtmegatron.models.presets import RECIPE, preset
+from mtmegatron.models.families import DEMO, preset
+from mtmegatron.models.families.gpt import RECIPE
 
-DEMO = ("llama3", "tiny")
 
 # A flag for any of these makes a command line a model description: no demo preset is applied to it.
 MODEL_SHAPE_DESTS = frozenset({
@@ -25,13 +25,6 @@ MODEL_SHAPE_DESTS = frozenset({
     "seq_length", "max_position_embeddings", "vocab_size", "num_experts", "normalization", "swiglu",
     "position_embedding_type", "multi_latent_attention", "group_query_attention",
 })
-
-# preset keys spelled with our older dest names -> (Megatron-LM dest, value transform)
-_PRESET_DEST = {
-    "disable_bias_linear": ("add_bias_linear", lambda v: not v),
-    "norm_epsilon": ("layernorm_epsilon", lambda v: v),
-}
-
 
 def given_dests(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, str]:
     """dest -> the option string the user wrote, for every flag on the command line."""
@@ -64,12 +57,10 @@ def apply_preset(args: argparse.Namespace, given: dict[str, str], name: tuple[st
     args.model, args.model_size = name
     label = f"preset {name[0]}/{name[1]}"
     values = {**RECIPE, **preset(*name)}
-    for key, value in values.items():
-        dest, transform = _PRESET_DEST.get(key, (key, lambda v: v))
-        if dest in given or key in given:
-            continue
-        setattr(args, dest, transform(value))
-        sources[dest] = label
+    for dest, value in values.items():
+        if dest not in given:
+            setattr(args, dest, value)
+            sources[dest] = label
     return sources
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.models import families
+
 
 def check_pipeline_split(args: argparse.Namespace, error) -> None:
     pp, layers = args.pipeline_model_parallel_size, args.num_layers
     first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
     extra = int(args.account_for_embedding_in_pipeline_split) + int(args.account_for_loss_in_pipeline_split)
-    if args.model == "llava":
+    if families.of(args).is_multimodal:
         if last is not None or extra:
             raise error("--model llava splits the pipeline with --decoder-first-pipeline-num-layers only")
         return  # llava_args._check_pipeline_split

@@ -31,6 +31,7 @@ from functools import partial
 
 import torch
 from megatron.core import tensor_parallel
+from mtmegatron.models import families
 from megatron.core.rerun_state_machine import (EXIT_CODE_FAILED_ON_RESULT_VALIDATION,
                                                EXIT_CODE_RESUME_TO_DISAMBIGUATE, RerunDataIterator,
                                                RerunDiagnostic, RerunErrorInjector, RerunMode, RerunState,
@@ -77,7 +78,7 @@ def describe(args) -> str:
     checks = [name for name, on in (("NaN/Inf loss and gradients", args.check_for_nan_in_loss_and_grad),
                                     ("spiky loss (10x)", args.check_for_spiky_loss)) if on]
     what = " and ".join(checks) or "nothing (no check asked for)"
-    if args.model == "llava" and checks:  # as Megatron-LM's pretrain_vlm: its loss is not validated
+    if families.of(args).is_multimodal and checks:  # as Megatron-LM's pretrain_vlm: its loss is not validated
         what = f"{what} (LLaVA: gradients only, as Megatron-LM's pretrain_vlm)"
     if args.rerun_mode == "disabled":
         return f"mtmegatron: --rerun-mode disabled: validates {what}; a NaN/Inf raises, nothing is re-run"

@@ -20,6 +20,7 @@ from mtmegatron.training import rerun, robustness
 from mtmegatron.backends.device import compute_device, to_compute_device
 from mtmegatron.training.step_timers import timed
 from mtmegatron.models.aux_losses import aux_loss_stats
+from mtmegatron.models import families
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -66,7 +67,7 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
     per-micro-batch loss dicts."""
     forward_backward = get_forward_backward_func()
     seq_length, micro_batch_size = args.seq_length, args.micro_batch_size
-    if args.model == "llava":
+    if families.of(args).is_multimodal:
         from mtmegatron.training.multimodal_step import forward_step as step
     elif args.calculate_per_token_loss:  # SFT hook: packed THD batches, per-token loss (mtmegatron/training/sft_step.py)
         from mtmegatron.training.sft_step import forward_step as step
@@ -120,5 +121,5 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         "skipped": not update_successful,
         **({"num_zeros_in_grad": None if num_zeros is None else int(num_zeros)} if args.log_num_zeros_in_grad else {}),
         **aux_loss_stats(args),  # mtp_loss / moe_aux_loss when the model has them
-        **({"image_tokens": data_iterators[0].image_tokens(iteration)} if args.model == "llava" else {}),
+        **({"image_tokens": data_iterators[0].image_tokens(iteration)} if families.of(args).is_multimodal else {}),
     }

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mtmegatron.convert.hf_config import ConversionError, family_of, flags_from_hf
+from mtmegatron.models.families import ConversionError, for_hf_config, get
 from mtmegatron.convert.hf_io import HFCheckpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
@@ -55,24 +55,24 @@ def _check_fp8_dequantization(tmp_path: Path) -> None:
 
 def test_unsupported_hf_settings_are_refused_with_the_reason():
     with pytest.raises(ConversionError, match="--model mixtral does not match"):
-        family_of({"model_type": "llama"}, "mixtral")
+        for_hf_config({"model_type": "llama"}, "mixtral")
     with pytest.raises(ConversionError, match="not supported"):
-        family_of({"model_type": "gpt2"}, "llama3")
+        for_hf_config({"model_type": "gpt2"}, "llama3")
     llama = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediate_size=96,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
-    assert "--group-query-attention" in flags_from_hf("llama3", llama)
+    assert "--group-query-attention" in get("llama3").flags_from_hf(llama)
     with pytest.raises(ConversionError, match="field rope_scaling \\(rope_type 'linear'\\)"):
-        flags_from_hf("llama3", {**llama, "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+        get("llama3").flags_from_hf({**llama, "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
     with pytest.raises(ConversionError, match="field attention_bias = True"):
-        flags_from_hf("llama3", {**llama, "attention_bias": True})
+        get("llama3").flags_from_hf({**llama, "attention_bias": True})
     deepseek = dict(model_type="deepseek_v3", num_hidden_layers=2, hidden_size=64, intermediate_size=96,
                     num_attention_heads=4, vocab_size=128, max_position_embeddings=64, kv_lora_rank=16,
                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
                     num_experts_per_tok=6, n_group=4, topk_group=2, moe_intermediate_size=32)
     with pytest.raises(ConversionError, match="top-2 experts"):
-        flags_from_hf("deepseek-v3", deepseek)
+        get("deepseek-v3").flags_from_hf(deepseek)
     with pytest.raises(ConversionError, match="norm_topk_prob"):
-        flags_from_hf("deepseek-v3", {**deepseek, "num_experts_per_tok": 4, "norm_topk_prob": False})
+        get("deepseek-v3").flags_from_hf({**deepseek, "num_experts_per_tok": 4, "norm_topk_prob": False})
 
 
 if __name__ == "__main__":

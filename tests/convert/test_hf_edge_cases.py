@@ -16,7 +16,7 @@ import torch
 
 from helpers.cli_subprocess import run_cli
 from helpers.hf_parity import MAX_ABS, logits_worker, model_flags, save_reference
-from mtmegatron.convert.hf_config import ConversionError, flags_from_hf
+from mtmegatron.models.families import ConversionError, get
 
 CASES = ["llama3:mha-tied-163", "mixtral:vocab-163"]
 
@@ -72,12 +72,12 @@ BASE = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediat
 ])
 def test_math_changing_fields_we_cannot_represent_are_refused(field, value):
     with pytest.raises(ConversionError, match=f"field {field}"):
-        flags_from_hf("llama3", {**BASE, field.split(".")[0]: value})
+        get("llama3").flags_from_hf({**BASE, field.split(".")[0]: value})
 
 
 def test_llama3_rope_scaling_converts_with_the_config_values():
     """Not only megatron-core's fixed 1 / 4 / 8192 (absent fields are those values, as in HF)."""
-    flags = flags_from_hf("llama3", {**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+    flags = get("llama3").flags_from_hf({**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                                                               "low_freq_factor": 2.0,
                                                               "original_max_position_embeddings": 4096}})
     given = {f: flags[flags.index(f) + 1] for f in ("--rope-scaling-factor", "--rope-scaling-low-freq-factor",
@@ -89,6 +89,6 @@ def test_llama3_rope_scaling_converts_with_the_config_values():
 
 
 def test_harmless_values_of_those_fields_convert():
-    flags = flags_from_hf("llama3", {**BASE, "sliding_window": 64, "attention_bias": False, "mlp_bias": False,
+    flags = get("llama3").flags_from_hf({**BASE, "sliding_window": 64, "attention_bias": False, "mlp_bias": False,
                                      "layer_types": ["full_attention", "full_attention"]})
     assert "--untie-embeddings-and-output-weights" in flags

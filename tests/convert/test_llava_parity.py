@@ -289,7 +289,7 @@ def test_converted_checkpoint_trains(converted, tmp_path):
 
 def test_key_layouts_are_recognised():
     """Each LLaVA key layout resolves to its prefixes (the way back writes the one read); two at once is refused."""
-    from mtmegatron.convert.hf_config import ConversionError
+    from mtmegatron.models.families import ConversionError
     from mtmegatron.convert.llava import _find_prefixes
 
     def names(language, head, vision, projector):
@@ -329,7 +329,7 @@ def test_partial_config_gets_hf_defaults():
                   "patch_dim", "vision_num_layers", "vision_hidden_size", "vision_ffn_hidden_size",
                   "vision_num_attention_heads", "rotary_base"):
         assert int(value[field]) == expected[field], field
-    assert float(value["norm_epsilon"]) == expected["norm_epsilon"]
+    assert float(value["norm_epsilon"]) == expected["layernorm_epsilon"]
     assert "--disable-vision-class-token" in flags
     assert plan.num_hf_layers == 24 and plan.num_used_layers == 23 and plan.record["image_token_index"] == 32000
 

@@ -38,7 +38,7 @@ def test_the_rows_come_back_whatever_made_them(rows_flags):
 
 
 def test_a_checkpoint_without_a_fingerprint_asks_for_flags():
-    from mtmegatron.convert.hf_config import ConversionError
+    from mtmegatron.models.families import ConversionError
 
     with pytest.raises(ConversionError, match="after '--'"):
         flags_from_fingerprint({})

@@ -163,14 +163,16 @@ def test_converted_llama_loads_under_tp2_pp2_with_the_tp1_loss_and_its_checkpoin
     stored = FileSystemReader(str(trained / f"iter_{iteration:07d}")).read_metadata()
     assert any("optimizer" in k for k in stored.state_dict_metadata)  # the distributed optimizer's state is there
     run_cli("convert", "mcore-to-hf", "--load", str(trained), "--out", str(tmp_path / "back"), "--workers", "2")
-    code = ("import sys, torch; from mtmegatron.convert.model import *; from mtmegatron.convert.commands import "
-            "slice_vocab; from mtmegatron.convert.mapping import to_hf; "
-            "from mtmegatron.convert.recorded_flags import flags_from_fingerprint; "
+    code = ("import sys, torch; from mtmegatron.convert.model import *; from mtmegatron.convert.mapping import "
+            "hf_groups; from mtmegatron.convert.recorded_flags import flags_from_fingerprint; "
             "from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint; "
             "args = parse_flags(flags_from_fingerprint(recorded_fingerprint(checkpoint_common(sys.argv[1])))); "
             "init_single_rank(args); m = build_model(args); load_model(m, sys.argv[1]); "
-            "state = slice_vocab({k: v for k, v in m.state_dict().items() if not k.endswith('_extra_state')}, "
-            "args.vocab_size); torch.save(to_hf(args.model, args, state), sys.argv[2])")
+            "rows = ('embedding.word_embeddings.weight', 'output_layer.weight'); "
+            "state = {k: v[:args.vocab_size] if k in rows else v for k, v in m.state_dict().items() "
+            "if not k.endswith('_extra_state')}; "
+            "out = {h: t.contiguous() for names, f in hf_groups(args.model, args) "
+            "for h, t in f(*(state[n] for n in names)).items()}; torch.save(out, sys.argv[2])")
     proc = subprocess.run([sys.executable, "-c", code, str(trained), str(tmp_path / "ref.pt")],
                           capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -202,7 +202,7 @@ def test_bad_input_is_one_line(tiny, tmp_path, capsys):
 def test_pretrain_checkpoint_flags_rebuild_the_same_model(model_flags):
     """A pretrain checkpoint records only the model fingerprint: the flags generate rebuilds from it describe the
     same model (every fingerprint field equal)."""
-    from mtmegatron.generate.model import flags_from_fingerprint
+    from mtmegatron.convert.recorded_flags import flags_from_fingerprint
     from mtmegatron.models.fingerprint import fingerprint
     from mtmegatron.training.arguments import parse_args
 

@@ -7,7 +7,7 @@ Reads these ``args`` fields (flags of ``--model llava``):
 - ``valid_data_path`` (optional): held-out JSONL file(s); without it ``split`` ("train,valid,test" weights,
   default "969,30,1") carves a seeded random held-out subset out of ``data_path``;
 - ``image_folder``: where the JSONL image paths point (default: the first JSONL's directory);
-- ``prompt_format``: template name (``template.TEMPLATES``; default ``llama3``);
+- ``prompt_format``: template name (``template.TEMPLATES``; default the LLaVA family's chat template);
 - ``tokenizer_model``: a local HF tokenizer directory; without it a byte-level BPE of ``vocab_size`` is trained
   on the conversations' text (special tokens whole) and cached;
 - ``vocab_size``: the tokenizer must not be larger;
@@ -38,6 +38,7 @@ from mtmegatron.data.multimodal.images import ImageConfig
 from mtmegatron.data.multimodal.records import BadSample
 from mtmegatron.data.multimodal.template import MULTIMODAL_SPECIAL_TOKENS, TemplateError
 from mtmegatron.data.tokenizer import TokenizerError, load_tokenizer, train_bpe
+from mtmegatron.models.families import llava
 from mtmegatron.utils.errors import ConfigError
 
 SHAPES_SEED = 1234  # the embedded dataset does not change with --seed: runs with different seeds compare
@@ -107,7 +108,7 @@ def build_multimodal_datasets(args: argparse.Namespace, img_seq_len: int, tokeni
     """(train dataset, valid dataset or None, tokenizer, info); ``info["collate_fn"]`` makes batches
     (``collate.py``), ``info["bad_samples"]`` counts skipped samples (also printed to stderr when ``progress``),
     ``info["summary"]`` is one line for logs."""
-    template = _field(args, "prompt_format", "llama3")
+    template = _field(args, "prompt_format", llava.FAMILY.chat_template)
     data_paths = _as_list(getattr(args, "data_path", None))
     valid_paths = _as_list(getattr(args, "valid_data_path", None))
     image_folder = getattr(args, "image_folder", None)

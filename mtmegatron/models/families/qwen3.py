@@ -1,0 +1,35 @@
+"""Qwen3 (``--model qwen3``; HF ``Qwen3ForCausalLM``): no bias, RMSNorm on each head's q and k
+(``--qk-layernorm``: ``q_norm``/``k_norm``), head dim set explicitly (``--kv-channels``).
+May assume: what gpt.py assumes.
+"""
+
+from __future__ import annotations
+
+import mtmegatron.models.families.gpt as gpt
+from mtmegatron.models.families.base import Family
+from mtmegatron.models.families.qwen2_5 import qwen_config
+
+COMMON = dict(gpt.LLAMA_COMMON, layernorm_epsilon=1e-6, rotary_base=1000000, qk_layernorm=True, vocab_size=151936,
+              seq_length=4096, max_position_embeddings=40960)
+TINY = {**gpt.TINY_DENSE, "kv_channels": 32}  # head dim 32 with hidden 128 / 8 heads = 16, as in the real ones
+
+PRESETS = {
+    "tiny": dict(COMMON, **TINY, untie_embeddings_and_output_weights=False),
+    "0.6b": dict(COMMON, num_layers=28, hidden_size=1024, ffn_hidden_size=3072, num_attention_heads=16,
+                 num_query_groups=8, kv_channels=128, untie_embeddings_and_output_weights=False),
+    "8b": dict(COMMON, num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32,
+               num_query_groups=8, kv_channels=128),
+    "32b": dict(COMMON, num_layers=64, hidden_size=5120, ffn_hidden_size=25600, num_attention_heads=64,
+                num_query_groups=8, kv_channels=128),
+}
+
+
+def qwen3_config(family: Family, args) -> dict:
+    return {**qwen_config(family, args), "attention_bias": False}
+
+
+FAMILY = Family(name="qwen3", presets=PRESETS, hf_model_type="qwen3", hf_architecture="Qwen3ForCausalLM",
+                flags_from_hf=lambda config, **_: ["--model", FAMILY.name, *gpt.llama_like_flags(config),
+                                                   "--qk-layernorm"],
+                hf_config=lambda args, **_: qwen3_config(FAMILY, args), hf_map=gpt.decoder_map,
+                matches=lambda saved: bool(saved.get("qk_layernorm")))
