@@ -102,9 +102,6 @@ def run(args, backend, tokenizer=None, data=None) -> int:
                 f" {num_params / 1e6:.2f}M params | {args.num_microbatches} micro-batches of {args.micro_batch_size}"
                 + (" (global batch ramped up from {} by {} over {} samples)".format(*args.rampup_batch_size)
                    if args.rampup_batch_size else ""))
-    from mtmegatron.ops import native
-
-    print_rank0(rank, f"mtmegatron: {native.status(backend.device_type)}")
     for line in args.run_plan.lines:
         print_rank0(rank, line)
 

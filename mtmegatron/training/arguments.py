@@ -421,13 +421,6 @@ CHECKS = (
 )
 
 
-def validate(args: argparse.Namespace, world_size: int) -> None:
-    """Run every check of CHECKS in order on the derived args (raises ConfigError)."""
-    args.world_size = world_size
-    for _, check in CHECKS:
-        check(args)
-
-
 def validate_for_training(args: argparse.Namespace) -> None:
     """Checks that concern training only (a converter or an inference forward may build these models)."""
     if args.lr is None:
@@ -461,7 +454,9 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
     use_checkpoint_args(args, given)  # --use-checkpoint-args: model fields from the --load checkpoint
     _derive(args, given)
     args.megatron_differences = flag_sources.differences(parser, args, args.value_sources, parser.megatron_defaults)
-    validate(args, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")))
+    args.world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    for _, check in CHECKS:
+        check(args)
     if args.sequence_parallel_at_tp1:  # not in effect: said at start-up instead (run_plan.startup_lines)
         args.megatron_differences = [d for d in args.megatron_differences if not d.startswith("--sequence-parallel ")]
     if args.log_dir is None:

@@ -5,7 +5,7 @@ What they do is in training/observability.py (and throughput.py, step_timers.py,
 params_norm.py). ``--profile`` without ``--use-pytorch-profiler`` is Megatron-LM's nsys range on the CUDA
 backend (cudaProfilerStart/Stop around the steps, NVTX ranges); on the other backends it writes the torch
 profiler trace instead and says so at start-up.
-May assume: called by arguments.build_parser / arguments.validate only.
+May assume: called by arguments.build_parser / arguments.CHECKS only.
 """
 
 from __future__ import annotations

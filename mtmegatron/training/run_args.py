@@ -4,7 +4,7 @@ Megatron-LM has the flag.
 
 Kept apart from arguments.py so that file stays the model/parallelism contract; ``add_flags`` and
 ``validate`` are called from there.
-May assume: called by arguments.build_parser / arguments.validate only.
+May assume: called by arguments.build_parser / arguments.CHECKS only.
 """
 
 from __future__ import annotations

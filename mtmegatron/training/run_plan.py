@@ -1,15 +1,14 @@
-"""What this run will do, decided once at start-up from the validated flags and the active backend: the model
-family, the layer implementation and whether its layers are TransformerEngine's, the FP8 executor, the core
-attention kernel, the fusions that run, where the weights are born; ``lines`` are the start-up lines saying so.
-May assume: args validated by training/arguments.py; for ``plan_run``, the backend activated and the FP8 executor
-resolved (pretrain.prepare, which stores the plan as ``args.run_plan`` before freezing args).
-"""
+"""What this run will do (family, layer implementation, TE layers, FP8 executor, attention kernel, fusions, init
+placement), decided once from the validated flags and the active backend; ``lines`` are the start-up lines saying so.
+May assume: for ``plan_run``, pretrain.prepare activated the backend and resolved the FP8 executor (it stores the plan
+as ``args.run_plan``, then freezes args)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from mtmegatron.attention.spec import core_attention_choice
+from mtmegatron.backends.active import active_backend
 from mtmegatron.models import fusions, initialization
 
 
@@ -26,8 +25,7 @@ class RunPlan:
 
 
 def startup_lines(args) -> list[str]:
-    """What this run took from where: the preset (or the demo), every value that differs from Megatron-LM's
-    default with its source, the layer implementation actually used, and which fusions run."""
+    """The preset (or the demo), each value differing from Megatron-LM's default and its source, the layers used."""
     if args.preset_name is None:
         lines = ["mtmegatron: no --model preset: every value not given is Megatron-LM's default"]
     elif "model" in args.given_flags or "model_size" in args.given_flags:
@@ -52,8 +50,10 @@ def startup_lines(args) -> list[str]:
 def plan_run(args) -> RunPlan:
     from mtmegatron.fp8 import spec as fp8_spec
     from mtmegatron.models.layer_spec import describe_layer_spec  # megatron-core's spec modules: lazy
+    from mtmegatron.ops import native
 
-    lines = startup_lines(args) + [describe_layer_spec(args)] + ([fp8_spec.describe(args)] if args.fp8_format else [])
+    lines = ([f"mtmegatron: {native.status(active_backend().device_type)}"] + startup_lines(args)
+             + [describe_layer_spec(args)] + ([fp8_spec.describe(args)] if args.fp8_format else []))
     return RunPlan(family=args.model, transformer_impl=args.transformer_impl,
                    transformer_engine_layers=args.transformer_engine_layers,
                    fp8_executor=fp8_spec.executor_in_use(args),

@@ -15,7 +15,7 @@ with Megatron-LM core_v0.16.1's meaning:
   ``--allow-ambiguous-pad-tokens``, ``--dataloader-fast-cache-load``, ``--dataloader-defer-npy-index-mmap``,
   ``--per-dataset-sequences-path``) go to megatron-core's GPTDatasetConfig as in Megatron-LM's pretrain_gpt.py.
 May assume: argparse flags registered from the table with Megatron-LM's defaults; ``check`` runs inside
-arguments.validate (before any process group).
+arguments.CHECKS (before any process group).
 """
 
 from __future__ import annotations
