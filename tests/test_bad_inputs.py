@@ -220,3 +220,16 @@ def test_sequence_parallel_at_tp1_is_said_not_listed():
     assert any("--sequence-parallel has no effect at TP 1" in line for line in lines), lines
     args = parse_args(BASE + ["--sequence-parallel", "--tensor-model-parallel-size", "2"], world_size=2)
     assert args.sequence_parallel and not any("no effect at TP 1" in line for line in startup_lines(args))
+
+
+def test_args_are_read_only_once_frozen():
+    import copy
+
+    from mtmegatron.training.arguments import parse_args
+
+    args = parse_args(BASE, world_size=1).freeze()  # as pretrain.prepare returns them
+    with pytest.raises(AttributeError, match="args.lr is read-only after start-up"):
+        args.lr = 1.0
+    mine = copy.copy(args)  # a copy is its taker's own (e.g. upcycling's dense twin)
+    mine.lr = 1.0
+    assert args.lr != 1.0
