@@ -408,9 +408,9 @@ def _check_training(args: argparse.Namespace) -> None:
 CHECKS = (
     ("parallel sizes, attention heads and context parallelism", _check_parallel_sizes),
     ("pipeline split", partial(check_pipeline_split, error=ConfigError)), ("parallel layout", _resolve_layout),
-    ("llava", partial(check_llava_args, error=ConfigError)),
+    ("multimodal model", partial(check_llava_args, error=ConfigError)),
     ("model family", partial(check_family_args, error=ConfigError)), ("experts", _check_experts),
-    ("deepseek-v3", partial(check_deepseek_args, error=ConfigError)), ("vocabulary padding", _check_vocab),
+    ("MLA and MoE layer pattern", partial(check_deepseek_args, error=ConfigError)), ("vocabulary padding", _check_vocab),
     ("schedule", check_schedule_args), ("micro-batches", _resolve_micro_batches), ("training", _check_training),
     ("memory", check_memory_args), ("grouped experts", partial(check_grouped_experts_args, error=ConfigError)),
     ("run control", check_run_control_args), ("data", partial(check_data_args, error=ConfigError)),
