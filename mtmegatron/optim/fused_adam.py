@@ -13,6 +13,8 @@ One step: parameters with a gradient are grouped by (device, step count, gradien
 ``adam_step`` call. The kernel wants fp32 contiguous params/moments and fp32 or bf16 grads; other dtypes (bf16
 params without master weights, bf16/fp16 moments, fp16 grads) go through fp32 temporaries written back after
 the call. ``adam_w_mode=False`` (L2 Adam) folds ``weight_decay * p`` into the gradient.
+Parameters may be DTensors (Megatron-FSDP's main weights, torch FSDP2's parameters): the update runs on each
+one's local shard (the kernel is elementwise; the op has no DTensor sharding rule).
 May assume: torch >= 2.7; the params of one optimizer may live on different devices (host and device in the
 offloaded optimizer).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from mtmegatron.ops.adam import adam_step
 
@@ -114,7 +117,7 @@ class FusedAdam(torch.optim.AdamW):
                         grad = grad.add(target, alpha=wd)
                 lists = calls[(target.device, step, grad.dtype)]
                 for lst, t in zip(lists, (target, grad.contiguous(), *moments)):
-                    lst.append(t)
+                    lst.append(t.to_local() if isinstance(t, DTensor) else t)  # the elementwise kernel: the shard
             for (_, step, _), (targets, grads, exp_avgs, exp_avg_sqs) in calls.items():
                 adam_step(targets, grads, exp_avgs, exp_avg_sqs, lr=group["lr"], betas=(beta1, beta2),
                           eps=group["eps"], weight_decay=wd if decoupled else 0.0, step=step)
