@@ -24,6 +24,7 @@ from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.models.transformer_impl import resolve_transformer_impl
 from mtmegatron.data.flags import add_data_args, check_data_args
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
+from mtmegatron.training.fsdp_flags import check_fsdp_args
 from mtmegatron.training.run_control import add_run_control_args, check_run_control_args
 from mtmegatron.training.schedule_flags import add_schedule_args, check_schedule_args
 from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
@@ -412,7 +413,7 @@ CHECKS = (
     ("model family", partial(check_family_args, error=ConfigError)), ("experts", _check_experts),
     ("MLA and MoE layer pattern", partial(check_deepseek_args, error=ConfigError)), ("vocabulary padding", _check_vocab),
     ("schedule", check_schedule_args), ("micro-batches", _resolve_micro_batches), ("training", _check_training),
-    ("memory", check_memory_args), ("grouped experts", partial(check_grouped_experts_args, error=ConfigError)),
+    ("memory", check_memory_args), ("fully sharded data parallelism", check_fsdp_args), ("grouped experts", partial(check_grouped_experts_args, error=ConfigError)),
     ("run control", check_run_control_args), ("data", partial(check_data_args, error=ConfigError)),
     ("tokenizer", partial(check_tokenizer_args, error=ConfigError)), ("observability", check_observability_args),
     ("checkpoints", check_checkpoint_args), ("training flags", training_flags.check),

@@ -111,6 +111,8 @@ READ_BY_CODE = frozenset({
     "full_validation", "multiple_validation_sets",  # training/evaluate.py: whole validation sets, one loss per set
     "ckpt_convert_format", "ckpt_convert_save",  # pretrain.py: save the loaded checkpoint as torch_dist, exit
     "moe_use_upcycling", "moe_upcycling_granularity",  # training/upcycling.py: a dense checkpoint becomes the MoE
+    # training/fsdp_flags.py: the engine that wraps the model chunks, its sharding and the combinations refused
+    "use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2", "torch_fsdp2_reshard_after_forward",
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
@@ -126,7 +128,7 @@ _VISION = "a vision-pretraining (ViT classification/inpainting/DINO) flag: this 
 _INFERENCE_ENGINE = ("an inference engine/server flag: mtmegatron.pretrain trains; `mtmegatron generate` has its "
                      "own flags")
 _NVIDIA_TOOLING = "NVIDIA cluster tooling with no MUSA/CPU counterpart here"
-_FSDP = "an FSDP flag: FSDP is not wired into mtmegatron (--use-torch-fsdp2/--use-megatron-fsdp are refused)"
+_FSDP = "not implemented in mtmegatron (Megatron-FSDP's HSDP and fsdp_dtensor checkpoints are not wired in)"
 _LOCAL_CKPT = ("nvidia-resiliency-ext's local-checkpoint replication: --non-persistent-ckpt-type local is refused "
                "here")
 _FIM = ("fill-in-the-middle samples: Megatron-LM's GPTFIMDataset is part of Megatron-LM's training package, not of "
@@ -165,9 +167,7 @@ REFUSED = {
     "te_rng_tracker": _TE_ONLY, "te_precision_config_file": _TE_ONLY,
     "enable_cuda_graph": _CUDA_GRAPHS, "external_cuda_graph": _CUDA_GRAPHS, "cuda_graph_impl": _CUDA_GRAPHS,
     "cuda_graph_scope": _CUDA_GRAPHS, "cuda_graph_warmup_steps": _CUDA_GRAPHS,
-    "use_torch_fsdp2": "use --use-distributed-optimizer (FSDP is not wired into mtmegatron)",
-    "use_megatron_fsdp": "use --use-distributed-optimizer (Megatron FSDP is not wired into mtmegatron)",
-    "use_custom_fsdp": "use --use-distributed-optimizer (Megatron FSDP is not wired into mtmegatron)",
+    "use_custom_fsdp": "deprecated in Megatron-LM: use --use-megatron-fsdp",
     "heterogeneous_layers_config_path": "heterogeneous (NAS) layer configs are not supported; DeepSeek-style "
                                         "dense/MoE patterns use --moe-layer-freq",
     "yaml_cfg": "YAML configs are not read: pass the flags",
@@ -201,8 +201,7 @@ REFUSED = {
     "nccl_communicator_config_path": _NVIDIA_TOOLING + " (a YAML of NCCL communicator settings)",
     "high_priority_stream_groups": _NVIDIA_TOOLING + " (NCCL high-priority communicator streams)",
     "object_storage_cache_path": _SERVICES + " (Multi-Storage Client / S3 data loading)",
-    **dict.fromkeys(("torch_fsdp2_reshard_after_forward", "enable_full_sharding_in_hsdp",
-                     "strict_fsdp_dtensor_load"), _FSDP),
+    **dict.fromkeys(("enable_full_sharding_in_hsdp", "strict_fsdp_dtensor_load"), _FSDP),
     **dict.fromkeys(("replication", "replication_jump", "replication_factor"), _LOCAL_CKPT),
     "heterogeneous_layers_config_encoded_json": "heterogeneous (NAS) layer configs are not supported; "
                                                 "DeepSeek-style dense/MoE patterns use --moe-layer-freq",

@@ -20,13 +20,15 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.distributed.torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
 
 from mtmegatron.models.config_from_flags import ddp_config_kwargs
 
 
 def ddp_config(args) -> DistributedDataParallelConfig:
     """Flags by field name (models/config_from_flags.py), with Megatron-LM's alignment rule and this loop's own
-    inf/nan handling (training/robustness.py skips and counts such steps instead of megatron's in-DDP check)."""
+    inf/nan handling (training/robustness.py skips and counts such steps instead of megatron's in-DDP check);
+    with --use-torch-fsdp2 the FSDP2 wrapper's config (a DistributedDataParallelConfig) with its resharding."""
     ours = dict(
         # Megatron-LM aligns the parameter all-gathers of all pipeline stages only with the interleaved schedule
         # (the schedule then dispatches them through config.param_sync_func)
@@ -35,7 +37,11 @@ def ddp_config(args) -> DistributedDataParallelConfig:
         check_for_nan_in_grad=False,
         check_for_large_grads=False,
     )
-    return DistributedDataParallelConfig(**ddp_config_kwargs(args, DistributedDataParallelConfig, ours))
+    config_class = DistributedDataParallelConfig
+    if args.use_torch_fsdp2:
+        config_class = TorchFullyShardedDataParallelConfig
+        ours["reshard_after_forward"] = args.torch_fsdp2_reshard_after_forward
+    return config_class(**ddp_config_kwargs(args, config_class, ours))
 
 
 def _per_chunk(funcs: list):
@@ -61,7 +67,8 @@ class ParamGather:
 
     def __init__(self, model, args):
         self.model, self.config = model, model[0].config  # the config the schedules read
-        self.active = bool(args.use_distributed_optimizer and args.overlap_param_gather)
+        # Megatron-FSDP gathers its parameters itself (Megatron-LM toggles no hooks for it either)
+        self.active = bool(args.use_distributed_optimizer and args.overlap_param_gather and not args.use_megatron_fsdp)
         self.hooks_on = self.active  # DDP registers the hooks when it is built
         self.stale = False  # an optimizer step updated only this rank's shards since the last full gather
         self._param_sync_func = None

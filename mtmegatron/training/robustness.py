@@ -13,8 +13,8 @@ job), so the rank finishes its iteration and saves; the rank still ends them as 
 Test hooks: ``MTMEGATRON_TEST_INJECT_NAN=ITER[,ITER...][:RANK]`` fills that rank's (default 0) gradients with
 nan at those iterations; ``MTMEGATRON_TEST_STARTED_MINUTES_AGO=M[:RANK]`` moves that rank's program start M
 minutes back (for ``--exit-duration-in-mins``).
-May assume: DDP-wrapped model chunks (``buffers``/``expert_parallel_buffers`` hold the gradients); process
-groups initialised.
+May assume: model chunks wrapped by DDP, Megatron-FSDP or torch FSDP2 (training/fsdp_flags.py); process groups
+initialised.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import signal
 import threading
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from mtmegatron.training.run_control import exit_signal, minutes_since_start
 
@@ -39,9 +40,18 @@ def _agreed(local: bool) -> bool:
 
 
 def _grad_buffers(model):
+    """This rank's gradients: DDP's buffers, Megatron-FSDP's main-grad buffers (this rank's shard), else torch
+    FSDP2's gradients (this rank's local shards)."""
     for chunk in model:
-        for buffer in list(getattr(chunk, "buffers", [])) + list(getattr(chunk, "expert_parallel_buffers", [])):
-            yield buffer.grad_data
+        fsdp_buffers = getattr(chunk, "param_and_grad_buffer", None)
+        if fsdp_buffers is not None:
+            grads = (g.main_grad_buffer.data for g in fsdp_buffers.parameter_groups if g.main_grad_buffer is not None)
+            yield from (grad for grad in grads if grad is not None)
+        elif isinstance(getattr(chunk, "buffers", None), list):
+            yield from (b.grad_data for b in chunk.buffers + list(getattr(chunk, "expert_parallel_buffers", [])))
+        else:
+            grads = (p.grad for p in chunk.parameters() if p.grad is not None)
+            yield from (grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads)
 
 
 def _inject_nan(model, iteration: int) -> None:

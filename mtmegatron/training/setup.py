@@ -11,16 +11,18 @@ from __future__ import annotations
 import datetime
 import os
 import random
+from functools import partial
 
 import numpy as np
 import torch
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.distributed import DistributedDataParallel, TorchFullyShardedDataParallel, finalize_model_grads
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
 from megatron.core.transformer.module import Float16Module
 
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
-from mtmegatron.training import overlap, training_flags
+from mtmegatron.training import fsdp_flags, overlap, training_flags
 from mtmegatron.backends.device import compute_device, move_module
 from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
@@ -75,7 +77,8 @@ def seed_everything(seed: int) -> None:
 
 
 def build(args):
-    """Returns (model chunks wrapped in DDP, optimizer, scheduler, transformer config)."""
+    """Returns (model chunks wrapped in DDP, Megatron-FSDP or torch FSDP2 (training/fsdp_flags.py), optimizer,
+    scheduler, transformer config)."""
     config = transformer_config(args)
     chunks = build_model_chunks(args, config)  # on the device, or on the host (models/initialization.py)
     device = compute_device()
@@ -86,12 +89,14 @@ def build(args):
     ddp_config = overlap.ddp_config(args)
     if args.ddp_num_buckets is not None:  # Megatron-LM: this rank's parameters // N
         ddp_config.bucket_size = training_flags.ddp_bucket_size(args, chunks)
+    wrapper = {"ddp": DistributedDataParallel, "megatron_fsdp": partial(FullyShardedDataParallel, device=device),
+               "torch_fsdp2": TorchFullyShardedDataParallel}[fsdp_flags.engine(args)]
     model = [  # Megatron-LM: chunks after the first are not bucketed (their reduce overlaps anyway)
-        DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=(i > 0))
-        for i, chunk in enumerate(chunks)
+        wrapper(config, ddp_config, chunk, disable_bucketing=(i > 0)) for i, chunk in enumerate(chunks)
     ]
-    for chunk in model:
-        chunk.broadcast_params()
+    if wrapper is DistributedDataParallel:  # the FSDP engines shard weights every rank initialised alike
+        for chunk in model:
+            chunk.broadcast_params()
     optimizer = build_optimizer(args, model, config.params_dtype)
     scheduler = build_scheduler(optimizer, args)
     config.finalize_model_grads_func = finalize_model_grads

@@ -30,8 +30,8 @@ FORMAT_REFUSALS = {
              "convert with Megatron-LM's --ckpt-convert-format torch_dist, or use --ckpt-format torch_dist",
     "torch_dcp": "plain torch.distributed.checkpoint state dicts (Megatron-LM's FSDP2 path) are not supported; "
                  "use --ckpt-format torch_dist",
-    "fsdp_dtensor": "Megatron FSDP's DTensor format needs Megatron FSDP, which mtmegatron does not wire in; use "
-                    "--ckpt-format torch_dist",
+    "fsdp_dtensor": "Megatron FSDP's DTensor format is not written or read here yet (nor are checkpoints under "
+                    "--use-megatron-fsdp); use --ckpt-format torch_dist",
 }
 
 def checkpoint_dir(root: str, iteration: int) -> str:

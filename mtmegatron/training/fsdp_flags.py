@@ -1,0 +1,88 @@
+"""Fully sharded data parallelism: which engine wraps the model chunks, and the combinations refused.
+
+``--use-megatron-fsdp`` wraps each chunk in megatron-core's Megatron-FSDP (``FullyShardedDataParallel``) with
+``--data-parallel-sharding-strategy`` (no_shard | optim | optim_grads | optim_grads_params, a field of
+DistributedDataParallelConfig); ``--use-torch-fsdp2`` in megatron-core's ``TorchFullyShardedDataParallel`` (torch's
+``fully_shard``), resharding after forward unless ``--torch-fsdp2-no-reshard-after-forward``; otherwise megatron-core's
+DistributedDataParallel. ``check_fsdp_args`` refuses, one line each, what megatron-core does not support (Megatron-LM
+0.16.1's validate_args rules and its Megatron-FSDP guide), what gloo cannot reduce, flags that would do nothing, and
+checkpoints under FSDP (not wired here yet).
+May assume: flags parsed and the layout resolved (arguments.CHECKS order); imports nothing from megatron-core.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mtmegatron.backends import BackendUnavailableError, select_backend
+from mtmegatron.models import fusions
+from mtmegatron.utils.errors import ConfigError
+
+
+def engine(args: argparse.Namespace) -> str:
+    """'megatron_fsdp', 'torch_fsdp2' or 'ddp': what wraps the model chunks (training/setup.py)."""
+    return "megatron_fsdp" if args.use_megatron_fsdp else "torch_fsdp2" if args.use_torch_fsdp2 else "ddp"
+
+
+def _torch_fsdp2_refusal(args: argparse.Namespace) -> str | None:
+    if args.pipeline_model_parallel_size > 1:
+        return "not supported with pipeline parallelism (megatron-core's FSDP2 wrapper; as in Megatron-LM)"
+    if args.expert_model_parallel_size > 1:
+        return "not supported with expert parallelism (megatron-core's FSDP2 wrapper; as in Megatron-LM)"
+    if args.use_distributed_optimizer:
+        return "shards the optimizer state itself: drop --use-distributed-optimizer (megatron-core's distributed " \
+               "optimizer does not run on FSDP2 parameters; as in Megatron-LM)"
+    if not args.untie_embeddings_and_output_weights:
+        return "needs --untie-embeddings-and-output-weights (megatron-core's FSDP2 wrapper does not support tied " \
+               "embedding and output weights; as in Megatron-LM)"
+    if args.fp16:
+        return "--fp16 is not supported (as in Megatron-LM); use --bf16"
+    if fusions.decide(args)["gradient-accumulation"][0]:
+        return "needs --no-gradient-accumulation-fusion (megatron-core's FSDP2 wrapper does not support the fused " \
+               "weight-gradient accumulation; as in Megatron-LM)"
+    if args.overlap_grad_reduce or args.overlap_param_gather:
+        return "overlaps its reduce-scatter and all-gather itself: drop --overlap-grad-reduce/--overlap-param-gather"
+    return None
+
+
+def _megatron_fsdp_refusal(args: argparse.Namespace) -> str | None:
+    if not args.use_distributed_optimizer:
+        return "needs --use-distributed-optimizer (megatron-core's optimizer over Megatron-FSDP's buffers; " \
+               "Megatron-LM's Megatron-FSDP guide requires both)"
+    if args.init_model_with_meta_device and args.data_parallel_sharding_strategy == "no_shard":
+        return "--init-model-with-meta-device is neither supported nor needed with --data-parallel-sharding-" \
+               "strategy no_shard (as in Megatron-LM)"
+    if args.data_parallel_sharding_strategy == "optim_grads_params" \
+            and args.check_weight_hash_across_dp_replicas_interval is not None:
+        return "--check-weight-hash-across-dp-replicas-interval: parameters are sharded with optim_grads_params " \
+               "(as in Megatron-LM)"
+    if args.ddp_average_in_collective and _on_gloo(args):
+        return "--ddp-average-in-collective: gloo has no ReduceOp.AVG (drop the flag: the gradients are scaled " \
+               "before a SUM)"
+    return None
+
+
+def _on_gloo(args: argparse.Namespace) -> bool:
+    try:
+        return select_backend(args.backend, warn=False).dist_backend == "gloo"
+    except BackendUnavailableError:
+        return False  # pretrain reports it with its own message right after parsing
+
+
+def check_fsdp_args(args: argparse.Namespace) -> None:
+    if args.use_megatron_fsdp and args.use_torch_fsdp2:
+        raise ConfigError("--use-megatron-fsdp and --use-torch-fsdp2 are two engines for the same job: give one")
+    if args.data_parallel_sharding_strategy != "no_shard" and not args.use_megatron_fsdp:
+        raise ConfigError(f"--data-parallel-sharding-strategy {args.data_parallel_sharding_strategy} needs "
+                          "--use-megatron-fsdp (megatron-core's DistributedDataParallel does not read it)")
+    if not args.torch_fsdp2_reshard_after_forward and not args.use_torch_fsdp2:
+        raise ConfigError("--torch-fsdp2-no-reshard-after-forward needs --use-torch-fsdp2")
+    if engine(args) == "ddp":
+        return
+    flag = "--use-torch-fsdp2" if args.use_torch_fsdp2 else "--use-megatron-fsdp"
+    why = _torch_fsdp2_refusal(args) if args.use_torch_fsdp2 else _megatron_fsdp_refusal(args)
+    if why:
+        raise ConfigError(f"{flag}: {why}")
+    if args.save or args.load:
+        raise ConfigError(f"{flag}: checkpoints (--save/--load) under FSDP are not wired into mtmegatron yet; train "
+                          "without them or use --use-distributed-optimizer")
