@@ -57,7 +57,8 @@ def apply():
             handle.wait()
 
     def build(config, model_chunks, *args, **kwargs):
-        if _no_shard(getattr(model_chunks, "ddp_config", None)) and "model_parallel_group" in kwargs:
+        chunk = model_chunks[0] if isinstance(model_chunks, list) else model_chunks  # one chunk per call for FSDP
+        if _no_shard(getattr(chunk, "ddp_config", None)) and "model_parallel_group" in kwargs:
             kwargs["intra_dist_opt_group"] = kwargs["model_parallel_group"]  # replicated grads: TP/PP only
         return original_build(config, model_chunks, *args, **kwargs)
 

@@ -3,8 +3,8 @@
 Target: megatron.core.distributed.torch_fully_sharded_data_parallel:DeviceMesh
 Reason: TorchFullyShardedDataParallel builds its mesh with ``DeviceMesh.from_group(group, "cuda")``; FSDP2 then
 expects every parameter on ``cuda:<rank>`` ("Expects the parameter to already be moved to device cuda:0 but got
-cpu" on the cpu backend). The module's ``DeviceMesh`` becomes a stand-in whose ``from_group`` puts a "cuda" mesh
-on the active backend's device type (``compute_device().type``); every other use is torch's DeviceMesh.
+cpu" on the cpu backend). The module's ``DeviceMesh`` becomes a stand-in whose ``from_group`` puts the mesh on the
+active backend's device type (``compute_device().type``); every other use is torch's DeviceMesh.
 Versions: megatron-core 0.16.x. Backends: cpu (checked), musa (not yet run on a MUSA device).
 """
 
@@ -16,15 +16,13 @@ TARGET = "megatron.core.distributed.torch_fully_sharded_data_parallel:DeviceMesh
 
 
 class BackendDeviceMesh:
-    """``DeviceMesh`` for megatron-core's FSDP2 wrapper: "cuda" means the active backend's device type."""
+    """``DeviceMesh`` for megatron-core's FSDP2 wrapper, which asks for "cuda": the active backend's device type."""
 
     @staticmethod
     def from_group(group, device_type, *args, **kwargs):
         from mtmegatron.backends.device import compute_device
 
-        if device_type == "cuda":
-            device_type = compute_device().type
-        return DeviceMesh.from_group(group, device_type, *args, **kwargs)
+        return DeviceMesh.from_group(group, compute_device().type, *args, **kwargs)
 
 
 def apply():
