@@ -44,8 +44,6 @@ def losses(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(ENGINES))
 def test_losses_equal_ddp_with_distributed_optimizer(losses, name):
-    if name.startswith("megatron_fsdp"):
-        pytest.importorskip("einops", reason="Megatron-FSDP needs einops (a dependency in pyproject.toml)")
     baseline, fsdp = losses("baseline"), losses(name)
     assert baseline[-1] < baseline[0] - 0.1, f"the baseline did not learn: {baseline}"
     diff = max(abs(a - b) for a, b in zip(baseline, fsdp))
