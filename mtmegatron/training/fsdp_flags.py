@@ -2,7 +2,8 @@
 
 ``--use-megatron-fsdp`` wraps each chunk in megatron-core's Megatron-FSDP (``FullyShardedDataParallel``) with
 ``--data-parallel-sharding-strategy`` (no_shard | optim | optim_grads | optim_grads_params, a field of
-DistributedDataParallelConfig); ``--use-torch-fsdp2`` in megatron-core's ``TorchFullyShardedDataParallel`` (torch's
+DistributedDataParallelConfig; ``--fsdp-double-buffer`` gives its all-gather and gradient buffers two fixed slots);
+``--use-torch-fsdp2`` in megatron-core's ``TorchFullyShardedDataParallel`` (torch's
 ``fully_shard``), resharding after forward unless ``--torch-fsdp2-no-reshard-after-forward``; otherwise megatron-core's
 DistributedDataParallel. ``check_fsdp_args`` refuses, one line each, what megatron-core does not support (Megatron-LM
 0.16.1's validate_args rules and its Megatron-FSDP guide), what gloo cannot reduce, flags that would do nothing, and
@@ -49,9 +50,6 @@ def _megatron_fsdp_refusal(args: argparse.Namespace) -> str | None:
     if not args.use_distributed_optimizer:
         return "needs --use-distributed-optimizer (megatron-core's optimizer over Megatron-FSDP's buffers; " \
                "Megatron-LM's Megatron-FSDP guide requires both)"
-    if args.init_model_with_meta_device and args.data_parallel_sharding_strategy == "no_shard":
-        return "--init-model-with-meta-device is neither supported nor needed with --data-parallel-sharding-" \
-               "strategy no_shard (as in Megatron-LM)"
     if args.data_parallel_sharding_strategy == "optim_grads_params" \
             and args.check_weight_hash_across_dp_replicas_interval is not None:
         return "--check-weight-hash-across-dp-replicas-interval: parameters are sharded with optim_grads_params " \
@@ -70,6 +68,9 @@ def _on_gloo(args: argparse.Namespace) -> bool:
 
 
 def check_fsdp_args(args: argparse.Namespace) -> None:
+    if args.fsdp_double_buffer and not args.use_megatron_fsdp:
+        raise ConfigError("--fsdp-double-buffer needs --use-megatron-fsdp (megatron-core's DistributedDataParallel "
+                          "does not read it)")
     if args.use_megatron_fsdp and args.use_torch_fsdp2:
         raise ConfigError("--use-megatron-fsdp and --use-torch-fsdp2 are two engines for the same job: give one")
     if args.data_parallel_sharding_strategy != "no_shard" and not args.use_megatron_fsdp:

@@ -113,6 +113,9 @@ READ_BY_CODE = frozenset({
     "moe_use_upcycling", "moe_upcycling_granularity",  # training/upcycling.py: a dense checkpoint becomes the MoE
     # training/fsdp_flags.py: the engine that wraps the model chunks, its sharding and the combinations refused
     "use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2", "torch_fsdp2_reshard_after_forward",
+    "fsdp_double_buffer",
+    # training/memory_flags.py: activation offloading, checked against the backend (off with a line on the host)
+    "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size", "cpu_offloading_num_layers",
 })
 
 # --- refusals with their reasons -------------------------------------------------------------------------------
@@ -150,6 +153,9 @@ PARTLY_REFUSED = {
     "dataloader_type": "cyclic (its per-epoch shuffle is not built) and external (no hook for a user's "
                        "dataloader); single, Megatron-LM's default, is honoured",
     "rerun_mode": "report_stats (megatron-core 0.16.1 cannot run it); validate_results and disabled are honoured",
+    **dict.fromkeys(("fine_grained_activation_offloading", "cpu_offloading_num_layers"),
+                    "without TransformerEngine (megatron-core offloads in TE's cpu_offload) and outside megatron-"
+                    "core's rules; off, with a start-up line, where the device is the host"),
     "non_persistent_ckpt_type": "local (nvidia-resiliency-ext's local checkpoints are not wired in) and in_memory "
                                 "(Megatron-LM 0.16 refuses it too); global is honoured",
 }
@@ -202,6 +208,9 @@ REFUSED = {
     "high_priority_stream_groups": _NVIDIA_TOOLING + " (NCCL high-priority communicator streams)",
     "object_storage_cache_path": _SERVICES + " (Multi-Storage Client / S3 data loading)",
     **dict.fromkeys(("enable_full_sharding_in_hsdp", "strict_fsdp_dtensor_load"), _FSDP),
+    **dict.fromkeys(("outer_dp_sharding_strategy", "num_distributed_optimizer_instances"),
+                    "several distributed-optimizer instances (HSDP, partial distributed optimizer): megatron-core's "
+                    "intra/inter-instance data-parallel groups are not built here"),
     **dict.fromkeys(("replication", "replication_jump", "replication_factor"), _LOCAL_CKPT),
     "heterogeneous_layers_config_encoded_json": "heterogeneous (NAS) layer configs are not supported; "
                                                 "DeepSeek-style dense/MoE patterns use --moe-layer-freq",
@@ -226,6 +235,9 @@ REFUSED = {
     "ckpt_convert_update_legacy_dist_opt_format": "it rewrites the distrib_optim.pt of a legacy --ckpt-format "
                                                   "torch checkpoint saved before Feb 2024; mtmegatron reads no "
                                                   "--ckpt-format torch checkpoint (convert those with Megatron-LM)",
+    "init_model_with_meta_device": "not wired into mtmegatron yet: each rank builds the whole model, and "
+                                   "Megatron-FSDP's re-initialisation from the meta device gave other starting "
+                                   "weights than the host/device init (losses 7e-2 apart)",
     "enable_experimental": "megatron-core's experimental-feature switch: none of its experimental features is wired "
                            "into mtmegatron",
 }

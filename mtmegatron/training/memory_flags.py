@@ -1,8 +1,10 @@
 """Memory and overlap flags of ``mtmegatron.pretrain`` (Megatron-LM names and semantics) and their rules.
 
 Optimizer CPU offload (megatron-core's HybridDeviceOptimizer), the precision-aware optimizer, overlapped
-gradient reduce-scatter / parameter all-gather, and activation recompute. Every invalid combination is one
-``ConfigError`` raised before any process group exists, with megatron's rule in words.
+gradient reduce-scatter / parameter all-gather, activation recompute and activation offloading (megatron-core's
+fine-grained one and TransformerEngine's per-layer one; both run in TE's cpu_offload). Every invalid combination is
+one ``ConfigError`` raised before any process group exists, with megatron's rule in words; offloading that has nothing
+to do (the device is the host) is turned off with a start-up line (``args.activation_offload_note``).
 May assume: the model fields are filled (preset applied) and data_parallel_size is derived.
 """
 
@@ -10,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.backends import BackendUnavailableError, select_backend
 from mtmegatron.utils.errors import ConfigError
 
-# megatron-core 0.16's choices for --recompute-modules
+# megatron-core 0.16's choices for --recompute-modules and --offload-modules
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+OFFLOAD_MODULES = ("core_attn", "attn_proj", "expert_fc1", "moe_act", "attn_norm", "mlp_norm", "qkv_linear")
 
 
 def add_memory_args(p: argparse.ArgumentParser) -> None:
@@ -79,6 +83,47 @@ def check_memory_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--optimizer-offload-fraction must be between 0 and 1, not "
                           f"{args.optimizer_offload_fraction}")
     _check_recompute(args)
+    _check_activation_offloading(args)
+
+
+def _check_activation_offloading(args: argparse.Namespace) -> None:
+    """--fine-grained-activation-offloading (--offload-modules, --min-offloaded-tensor-size) and
+    --cpu-offloading-num-layers N (megatron-core's cpu_offloading, on for N > 0 as Megatron-LM sets it):
+    megatron-core's rules, then what this backend does with them."""
+    args.activation_offload_note = None
+    fine, layers = args.fine_grained_activation_offloading, args.cpu_offloading_num_layers
+    if not fine and (args.offload_modules or args.min_offloaded_tensor_size != 1024 * 1024):
+        raise ConfigError("--offload-modules / --min-offloaded-tensor-size need --fine-grained-activation-offloading")
+    if fine and not set(args.offload_modules or ()) <= set(OFFLOAD_MODULES):
+        raise ConfigError(f"--offload-modules: choose from {', '.join(OFFLOAD_MODULES)} (megatron-core 0.16's)")
+    if fine and (not args.offload_modules or ("attn_proj" in args.offload_modules
+                                              and "core_attn" not in args.offload_modules)):
+        raise ConfigError("--fine-grained-activation-offloading needs --offload-modules (attn_proj only with "
+                          "core_attn, whose backward reads attn_proj's input; as in megatron-core)")
+    if layers and (fine or not 0 < layers < args.num_layers or args.pipeline_model_parallel_size > 1
+                   or args.recompute_granularity):
+        raise ConfigError(f"--cpu-offloading-num-layers {layers}: megatron-core offloads 1 to num-layers - 1 layers, "
+                          "without pipeline parallelism, recompute or --fine-grained-activation-offloading")
+    if not (fine or layers):
+        return
+    flag = "--fine-grained-activation-offloading" if fine else "--cpu-offloading-num-layers"
+    try:
+        backend = select_backend(args.backend, warn=False)
+    except BackendUnavailableError:
+        return  # pretrain reports it with its own message right after parsing
+    if backend.device_is_host:
+        args.fine_grained_activation_offloading, args.cpu_offloading_num_layers = False, 0
+        args.activation_offload_note = f"{flag}: nothing to do on the {backend.name} backend (its device is the host " \
+                                       "memory activations would go to): off"
+        return
+    why = backend.transformer_engine_missing()
+    if why:
+        raise ConfigError(f"{flag}: megatron-core runs activation offloading in TransformerEngine's cpu_offload: {why}")
+    args.cpu_offloading = bool(layers)
+    args.activation_offload_note = f"{flag}: saved activations of " + (
+        f"{', '.join(args.offload_modules)} (tensors of at least {args.min_offloaded_tensor_size} elements)" if fine
+        else f"{layers} of the {args.num_layers} layers") + " go to host memory in forward and return in backward (megatron-core; " \
+        "the device peak shows with --log-memory-interval)"
 
 
 def _check_recompute(args: argparse.Namespace) -> None:

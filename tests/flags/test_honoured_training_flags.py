@@ -192,3 +192,56 @@ def test_refusals_say_why():
              "--fim-data", "--fim-rate", "--mask-prob", "--vision-pretraining", "--enable-chunked-prefill",
              "--use-sharp", "--log-energy", "--perform-rl-step"]
     assert [flag for flag in named if plain(rows[flag])] == []
+
+
+OFFLOAD = ["--fine-grained-activation-offloading", "--offload-modules", "core_attn", "attn_norm"]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--offload-modules", "core_attn"], "--offload-modules / --min-offloaded-tensor-size need --fine-grained"),
+    (["--min-offloaded-tensor-size", "4"], "--offload-modules / --min-offloaded-tensor-size need --fine-grained"),
+    (["--fine-grained-activation-offloading", "--offload-modules", "mlp"], "--offload-modules: choose from"),
+    (["--fine-grained-activation-offloading", "--offload-modules", "attn_proj"], ("--fine-grained-activation-"
+                                                                                "offloading needs --offload-modules")),
+    (["--cpu-offloading-num-layers", "1", "--pipeline-model-parallel-size", "2", "--global-batch-size", "2"],
+     "--cpu-offloading-num-layers 1: megatron-core offloads 1 to num-layers - 1 layers"),
+    (["--cpu-offloading-num-layers", "1"] + OFFLOAD, "--cpu-offloading-num-layers 1: megatron-core offloads"),
+])
+def test_activation_offloading_contradictions_are_one_line(flags, says):
+    with pytest.raises(ConfigError) as e:
+        parse_args(BASE + flags, world_size=2 if "--pipeline-model-parallel-size" in flags else 1)
+    assert str(e.value).startswith(says) and "\n" not in str(e.value), str(e.value)
+
+
+def test_activation_offloading_on_the_host_is_off_with_a_startup_line():
+    from mtmegatron.training.run_plan import startup_lines
+
+    for flags, flag in ((OFFLOAD, "--fine-grained-activation-offloading"),
+                        (["--cpu-offloading-num-layers", "1"], "--cpu-offloading-num-layers")):
+        args = parse_args(BASE + flags, world_size=1)
+        assert not args.fine_grained_activation_offloading and args.cpu_offloading_num_layers == 0
+        line = f"mtmegatron: {flag}: nothing to do on the cpu backend (its device is the host memory activations " \
+               "would go to): off"
+        assert line in startup_lines(args)
+
+
+@pytest.mark.parametrize("te_missing", [None, "TransformerEngine is not installed"])
+def test_activation_offloading_on_a_device_needs_transformer_engine(monkeypatch, te_missing):
+    """On a device backend megatron-core offloads in TE's cpu_offload: refused without TE, a start-up line with."""
+    from mtmegatron.training import memory_flags
+
+    device = types.SimpleNamespace(name="musa", device_is_host=False, transformer_engine_missing=lambda: te_missing)
+    monkeypatch.setattr(memory_flags, "select_backend", lambda name, warn: device)
+    if te_missing:
+        with pytest.raises(ConfigError) as e:
+            parse_args(BASE + OFFLOAD, world_size=1)
+        assert str(e.value) == ("--fine-grained-activation-offloading: megatron-core runs activation offloading in "
+                                "TransformerEngine's cpu_offload: TransformerEngine is not installed")
+        return
+    args = parse_args(BASE + OFFLOAD, world_size=1)
+    assert args.fine_grained_activation_offloading and args.activation_offload_note == (
+        "--fine-grained-activation-offloading: saved activations of core_attn, attn_norm (tensors of at least "
+        "1048576 elements) go to host memory in forward and return in backward (megatron-core; the device peak "
+        "shows with --log-memory-interval)")
+    args = parse_args(BASE + ["--cpu-offloading-num-layers", "1"], world_size=1)
+    assert args.cpu_offloading and "1 of the 2 layers go to host memory" in args.activation_offload_note

@@ -104,6 +104,8 @@ def test_refused_flag_is_one_line_naming_it(flag, value, reason):
     ("non_persistent_ckpt_type", ["--non-persistent-ckpt-type", "local"], "nvidia-resiliency-ext"),
     ("dataloader_type", ["--dataloader-type", "cyclic"], "per-epoch shuffle is not built"),
     ("dataloader_type", ["--dataloader-type", "external"], "no hook for a user's dataloader"),
+    ("fine_grained_activation_offloading", ["--fine-grained-activation-offloading"], "needs --offload-modules"),
+    ("cpu_offloading_num_layers", ["--cpu-offloading-num-layers", "4"], "offloads 1 to num-layers - 1 layers"),
 ])
 def test_partly_refused_flags_are_reported_and_really_refused(parser, dest, extra, says):
     """``mtmegatron flags`` says "some values refused" for exactly what validation refuses (one line each)."""
@@ -111,7 +113,8 @@ def test_partly_refused_flags_are_reported_and_really_refused(parser, dest, extr
 
     assert set(megatron_flags.PARTLY_REFUSED) == {"moe_aux_loss_coeff", "moe_router_load_balancing_type",
                                                  "cp_comm_type", "fp16", "add_position_embedding",
-                                                 "rerun_mode", "non_persistent_ckpt_type", "dataloader_type"}
+                                                 "rerun_mode", "non_persistent_ckpt_type", "dataloader_type",
+                                                 "fine_grained_activation_offloading", "cpu_offloading_num_layers"}
     row = next(r for r in megatron_flags.table() if r.dest == dest and r.action != "HelpAction")
     assert megatron_flags.classify(row, parser.hand_registered) == "honoured"
     assert "some values refused: " + megatron_flags.PARTLY_REFUSED[dest] in describe(row, parser.hand_registered)
