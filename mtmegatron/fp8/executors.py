@@ -56,10 +56,15 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous().t()
 
 
+# torch >= 2.10 has the block-scaled functional GEMM; the floor (2.7) does not
+HAS_BLOCK_SCALED_MM = hasattr(F, "scaled_mm") and hasattr(getattr(F, "ScalingType", None), "BlockWise1x128")
+
+
 @functools.cache
 def block_scales_run(device: torch.device) -> bool:
-    """Whether the backend's rules let ``torch.nn.functional.scaled_mm`` take block scales on ``device``."""
-    return (backend := backend_for(device.type)).scaled_mm_rules(backend.facts())[1] is None
+    """Whether this torch has ``torch.nn.functional.scaled_mm`` and the backend's rules let it take block scales on
+    ``device``."""
+    return HAS_BLOCK_SCALED_MM and (backend := backend_for(device.type)).scaled_mm_rules(backend.facts())[1] is None
 
 
 def block_scaled_shape_fits(a: QTensor, b: QTensor) -> bool:
