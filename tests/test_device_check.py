@@ -255,3 +255,23 @@ def test_step_rows_put_the_comparisons_first():
     cpu = step.rows_to_run("cpu", ["local", "mtmegatron"], fp8=True, quick=True)
     assert [name for name, _, flags in cpu if "--bf16" in flags] == [
         "local, fusions on, bf16", "local, fusions on, FP8 tensorwise scaled_mm"]
+
+
+def test_a_failed_kernel_build_falls_back_to_one_without_kernels(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "megatron_core-0.16.1-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    plan = dc.make_plan("quick", "cpu", None, "test", tmp_path / "out", sys.executable, 1)
+    plan.wheels, plan.work, plan.site = str(wheels), str(tmp_path / "work"), str(tmp_path / "site")
+    py = sys.executable
+    fails_with_kernels = "import os, sys; sys.exit(int(os.environ['MTMEGATRON_BUILD_CUDA']))"
+    plan.sections = [
+        dc.Section("install", 5, [[py, "-c", "print('ok')"]]),
+        dc.Section("build", 20, [[py, "-c", fails_with_kernels]], {"MTMEGATRON_BUILD_CUDA": "1"}, ("install",)),
+        dc.Section("train_check", 20, [[py, "-c", "print('fine')"]], needs=("build",)),
+    ]
+    assert dc.execute(plan) == 1  # the kernel build failed: the run says so
+    report = json.loads((tmp_path / "out/device_report.json").read_text())
+    assert [(s["name"], s["status"]) for s in report["sections"]] == [
+        ("install", "PASS"), ("build", "FAIL"), ("build_without_kernels", "PASS"), ("train_check", "PASS")]
+    assert (tmp_path / "out/build_without_kernels.log").is_file()

@@ -50,6 +50,7 @@ def install(backend) -> None:
         module._lazy_call, module._lazy_init = cpu_device._lazy_call, cpu_device._lazy_init
     logging.getLogger(LAZY_CALL_MODULES[0]).addFilter(_state["filter"])
     _state["mode"].__enter__()
+    _state["restore_engine"] = device_remap.engine_under_mode(_state["mode"])
     collectives.install(backend.dist_backend)
 
 
@@ -57,6 +58,8 @@ def uninstall() -> None:
     if not _state:
         return
     collectives.uninstall()
+    if _state["restore_engine"] is not None:
+        _state["restore_engine"]()
     _state["mode"].__exit__(None, None, None)
     logging.getLogger(LAZY_CALL_MODULES[0]).removeFilter(_state["filter"])
     for module, lazy_call, lazy_init in _state["lazy_refs"]:

@@ -10,8 +10,10 @@ The mode is per thread and is entered on the thread that activates the bridge (t
 autograd runs backward on the same thread). torch's dispatch pops a mode while its handler runs, so the
 autograd entry points (``Tensor.backward``, ``torch.autograd.backward/grad``) are re-run with the mode pushed
 again: otherwise every custom ``Function.backward`` in megatron-core would allocate on "cuda" unremapped.
-May assume: torch with ``torch.overrides.redispatch_function`` (torch 2.13 has it; the CPU backend checks
-at install time and says so otherwise).
+torch 2.13 re-runs them with ``torch.overrides.redispatch_function``; older torch (2.7 to 2.12, which lack it)
+gets the same effect from ``engine_under_mode``: the autograd engine's one Python entry (which ``backward`` and
+``grad`` both reach) is wrapped to push the mode again when the dispatcher has popped it.
+May assume: torch >= 2.7 (``torch.autograd._engine_run_backward``).
 """
 
 from __future__ import annotations
@@ -41,18 +43,43 @@ def _remap_to_args(args):
 _AUTOGRAD_ENTRIES = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 
 
+_REDISPATCH = getattr(torch.overrides, "redispatch_function", None)
+
+
 def supported() -> str | None:
     """None if this torch can run the mode, else why not."""
-    if not hasattr(torch.overrides, "redispatch_function"):
-        return f"the cpu bridge needs torch.overrides.redispatch_function, which torch {torch.__version__} lacks"
+    if _REDISPATCH is None and not callable(getattr(torch.autograd, "_engine_run_backward", None)):
+        return (f"the cpu bridge needs torch.overrides.redispatch_function or torch.autograd._engine_run_backward, "
+                f"and torch {torch.__version__} has neither")
     return None
+
+
+def engine_under_mode(mode: TorchFunctionMode):
+    """On a torch without redispatch_function: runs the autograd engine under ``mode`` when the dispatcher has popped
+    it (inside the mode's own handler for ``backward``/``grad``). Returns the function that undoes it; None where
+    redispatch_function serves instead."""
+    if _REDISPATCH is not None:
+        return None
+    engine = torch.autograd._engine_run_backward
+
+    def run_under_mode(*args, **kwargs):
+        if mode in torch.overrides._get_current_function_mode_stack():
+            return engine(*args, **kwargs)
+        with mode:
+            return engine(*args, **kwargs)
+
+    torch.autograd._engine_run_backward = run_under_mode
+
+    def restore():
+        torch.autograd._engine_run_backward = engine
+    return restore
 
 
 class CpuDeviceMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _AUTOGRAD_ENTRIES:
+        if func in _AUTOGRAD_ENTRIES and _REDISPATCH is not None:
             with self:  # redispatch skips this mode once, so this does not recurse
-                return torch.overrides.redispatch_function(func, types, args, kwargs or {})
+                return _REDISPATCH(func, types, args, kwargs or {})
         if kwargs:
             device = kwargs.get("device")
             if device is not None and _is_accelerator(device):

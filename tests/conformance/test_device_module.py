@@ -232,8 +232,44 @@ def test_event_timing(activated):
     a.record()
     b.record()
     b.synchronize()
-    with pytest.raises(RuntimeError):
+    with pytest.raises((RuntimeError, ValueError)):  # torch 2.11's CUDA events raise ValueError
         a.elapsed_time(b)
+
+
+class _AllocatesInBackward(torch.autograd.Function):
+    """megatron-core's custom Functions allocate with device='cuda' in backward (e.g. its fused cross-entropy)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2 + torch.zeros(grad.shape, device="cuda")
+
+
+@pytest.mark.parametrize("redispatch", [True, False], ids=["redispatch_function", "engine_entry"])
+def test_custom_backward_allocates_on_the_backend_device(backend, redispatch, monkeypatch):
+    """Both routes that keep the remap alive inside the autograd engine: torch.overrides.redispatch_function
+    (torch 2.13) and the wrapped engine entry of older torch (2.7-2.12, which lack it: the lent H200's 2.11)."""
+    from mtmegatron.bridge import device_remap
+
+    if redispatch and device_remap._REDISPATCH is None:
+        pytest.skip(f"torch {torch.__version__} has no redispatch_function; the engine_entry case covers it")
+    if not redispatch:
+        monkeypatch.setattr(device_remap, "_REDISPATCH", None)
+    mtmegatron.activate(backend)
+    try:
+        for run in (lambda y: y.backward(), lambda y: torch.autograd.backward([y]),
+                    lambda y: torch.autograd.grad([y], [x])):
+            x = torch.ones(3, device="cuda", requires_grad=True)
+            y = _AllocatesInBackward.apply(x).sum()
+            grads = run(y)
+            g = grads[0] if grads else x.grad
+            assert g.device.type == backend.device_type and torch.equal(g.cpu(), torch.full((3,), 2.0))
+    finally:
+        mtmegatron.deactivate()
+    assert torch.autograd._engine_run_backward is torch.autograd.graph._engine_run_backward
 
 
 # ---- activation lifecycle ------------------------------------------------------------------------------------
