@@ -60,7 +60,7 @@ fi
 cat <<MSG
 [bundle] ready. On the device (offline), from the repository root, carrying $WHEELS:
   carry:   $WHEELS
-  command: bash scripts/device_check.sh            # full, under 8 minutes; --quick: under 4
+  command: bash scripts/device_check.sh            # full, under 9 minutes; --quick: under 4
   (the report lands in \$OUT when set, else ./device-report; --print-plan shows what would run)
   here, offline:  PIP_NO_INDEX=1 https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9 bash scripts/device_check.sh --cpu-dry-run
 MSG

@@ -68,10 +68,12 @@ def block_scales_run(device: torch.device) -> bool:
 
 
 def block_scaled_shape_fits(a: QTensor, b: QTensor) -> bool:
-    """What ``gemm_scaled_mm_blockwise`` takes: A in 1x128 tiles, B in 128x128 blocks or 1x128 tiles, K a multiple
-    of 128 and M, N multiples of 16 (cuBLAS alignment)."""
+    """What ``gemm_scaled_mm_blockwise`` takes: A in 1x128 tiles, B in 128x128 blocks or 1x128 tiles, both E4M3
+    (torch 2.11 on an H200 refuses an E5M2 operand with block scales: the hybrid format's gradients run emulated),
+    K a multiple of 128 and M, N multiples of 16 (cuBLAS alignment)."""
     return (a.block == (1, 128) and b.block in ((128, 128), (1, 128)) and a.data.shape[1] % 128 == 0
-            and a.data.shape[0] % 16 == 0 and b.data.shape[0] % 16 == 0)
+            and a.data.shape[0] % 16 == 0 and b.data.shape[0] % 16 == 0
+            and a.data.dtype == b.data.dtype == torch.float8_e4m3fn)
 
 
 def gemm_scaled_mm_blockwise(a: QTensor, b: QTensor) -> torch.Tensor:

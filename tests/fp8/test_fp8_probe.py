@@ -171,6 +171,8 @@ def test_block_scaled_gemm_layout_reproduces_the_emulated_gemm(monkeypatch, weig
     odd = QTensor(*fp8_quantize_blockwise(x[:, :200], 1, 128, torch.float8_e4m3fn), (1, 128))  # K % 128 != 0
     odd_w = QTensor(*fp8_quantize_blockwise(w[:, :200], *weight_block, torch.float8_e4m3fn), weight_block)
     assert not executors.block_scaled_shape_fits(odd, odd_w)
+    grad = QTensor(*fp8_quantize_blockwise(x, 1, 128, torch.float8_e5m2), (1, 128))  # the hybrid format's E5M2
+    assert not executors.block_scaled_shape_fits(grad, b)  # refused by the device's cuBLAS: runs emulated
     assert torch.equal(gemm_scaled_mm(odd, odd_w), gemm_emulated(odd, odd_w))  # falls back for that GEMM
 
 
