@@ -102,6 +102,10 @@ def llama3_scaling(args: argparse.Namespace):
 
 
 def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
+    if families.of(args).vision_encoder == "packed":
+        from mtmegatron.models.qwen_vl import build_qwen_vl_chunks
+
+        return build_qwen_vl_chunks(args, config)
     if families.of(args).is_multimodal:
         from mtmegatron.models.llava import build_llava_chunks
 

@@ -35,4 +35,5 @@ class Family:
     hf_map: Callable | None = None
     matches: Callable = lambda saved: False
     is_multimodal: bool = False
+    vision_encoder: str | None = None  # "packed": native-resolution patches in one sequence (models/qwen_vl.py)
     chat_template: str | None = None

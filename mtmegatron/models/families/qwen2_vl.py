@@ -1,0 +1,150 @@
+"""Qwen2-VL (``--model qwen2-vl``; HF ``Qwen2VLForConditionalGeneration``): a native-resolution ViT (Conv3d patches
+14 x 14 x 2 frames, LayerNorm + QuickGELU layers, 2-D rotary positions, a 2x2 patch merger) and the Qwen2 language
+model (the qwen2.5 family's layer: biases on q/k/v) with M-RoPE (``mrope_section``). Built by models/qwen_vl.py
+(``vision_encoder="packed"``).
+
+Preset fields beyond the language model's (dests read by models/qwen_vl.py, no command-line flags yet):
+``vision_num_layers``, ``vision_hidden_size``, ``vision_ffn_hidden_size``, ``vision_num_attention_heads``,
+``vision_norm_epsilon``, ``vision_normalization``, ``vision_swiglu``, ``patch_dim``, ``vision_temporal_patch_size``,
+``vision_spatial_merge_size``, ``vision_window_size`` / ``vision_full_attention_layers`` (Qwen2.5-VL), and the
+special token ids (``image_token_id`` is the one the model reads).
+HF map (transformers 5 names): ``model.language_model.*`` / ``lm_head`` -> ``language_model.*`` as the qwen2.5
+decoder; ``model.visual.*`` -> ``vision_model.*``: the Conv3d kernel flattened into ``patch_embed`` (a Linear), each
+block's fused ``qkv`` (all q, then all k, then all v) regrouped per head, ``norm1/norm2`` -> the layer norms, the
+merger's ``ln_q`` -> ``merger_norm`` and ``mlp.0/mlp.2`` -> ``merger.encoder.linear_fc1/fc2``.
+Not yet: ``flags_from_hf`` (the vision shape has no flags to carry it), checkpoint fingerprints.
+May assume: what gpt.py assumes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import mtmegatron.models.families.gpt as gpt
+from mtmegatron.models.families.base import ConversionError, Entry, Family
+
+TEXT_COMMON = dict(gpt.LLAMA_COMMON, layernorm_epsilon=1e-6, rotary_base=1000000, add_qkv_bias=True,
+                   position_embedding_type="mrope")
+RELEASED_TEXT = dict(seq_length=4096, max_position_embeddings=32768, mrope_section=[16, 24, 24])
+RELEASED_TOKENS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+                       vision_end_token_id=151653)
+# a tiny vocabulary's last ids stand for the special tokens
+TINY_TOKENS = dict(image_token_id=1020, video_token_id=1021, vision_start_token_id=1018, vision_end_token_id=1019)
+PATCHES = dict(patch_dim=14, vision_temporal_patch_size=2, vision_spatial_merge_size=2, vision_norm_epsilon=1e-6,
+               vision_window_size=None, vision_full_attention_layers=None)
+VIT = dict(PATCHES, vision_normalization="LayerNorm", vision_swiglu=False)
+VIT_RELEASED = dict(VIT, vision_num_layers=32, vision_hidden_size=1280, vision_ffn_hidden_size=5120,
+                    vision_num_attention_heads=16)
+
+PRESETS = {
+    # a 4-layer language model (head dim 16: M-RoPE sections 2+3+3), a 2-layer ViT of width 64
+    "tiny": dict(TEXT_COMMON, **gpt.TINY_DENSE, mrope_section=[2, 3, 3], **TINY_TOKENS, **VIT, vision_num_layers=2,
+                 vision_hidden_size=64, vision_ffn_hidden_size=256, vision_num_attention_heads=4),
+    # Qwen/Qwen2-VL-2B-Instruct
+    "2b": dict(TEXT_COMMON, **RELEASED_TEXT, **RELEASED_TOKENS, **VIT_RELEASED, num_layers=28, hidden_size=1536,
+               ffn_hidden_size=8960, num_attention_heads=12, num_query_groups=2, vocab_size=151936,
+               untie_embeddings_and_output_weights=False),
+    # Qwen/Qwen2-VL-7B-Instruct
+    "7b": dict(TEXT_COMMON, **RELEASED_TEXT, **RELEASED_TOKENS, **VIT_RELEASED, num_layers=28, hidden_size=3584,
+               ffn_hidden_size=18944, num_attention_heads=28, num_query_groups=4, vocab_size=152064),
+}
+TOKEN_FIELDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def fail(message: str) -> None:
+    raise ConversionError(message)
+
+
+# ---- flags -> HF config.json ----------------------------------------------------------------------------------
+def text_config(family: Family, args) -> dict:
+    """The ``text_config`` of a Qwen VL config.json: the Qwen2 decoder with M-RoPE ``rope_parameters``."""
+    head_dim = args.kv_channels or args.hidden_size // args.num_attention_heads
+    if head_dim * args.num_attention_heads != args.hidden_size:
+        fail(f"--kv-channels {head_dim}: HF's Qwen VL text model takes hidden_size / heads as its head dim")
+    config = gpt.hf_config_base(family, args)
+    for field in ("architectures", "model_type", "torch_dtype", "attention_bias", "head_dim", "rope_theta"):
+        config.pop(field, None)
+    config.update(use_sliding_window=False, sliding_window=None,
+                  rope_parameters={"rope_type": "default", "mrope_section": list(args.mrope_section),
+                                   "rope_theta": float(args.rotary_base)})
+    return config
+
+
+def vision_shape(args, hidden_field: str, heads_field: str) -> dict:
+    """The vision_config fields both Qwen VL generations share."""
+    if args.vision_norm_epsilon != 1e-6:
+        fail(f"vision norm epsilon {args.vision_norm_epsilon}: HF's Qwen VL vision tower uses 1e-6")
+    return {"depth": args.vision_num_layers, hidden_field: args.vision_hidden_size,
+            heads_field: args.vision_num_attention_heads, "in_channels": 3, "patch_size": args.patch_dim,
+            "spatial_merge_size": args.vision_spatial_merge_size,
+            "temporal_patch_size": args.vision_temporal_patch_size}
+
+
+def vl_config(family: Family, args, vision: dict) -> dict:
+    return {"architectures": [family.hf_architecture], "model_type": family.hf_model_type, "torch_dtype": "float32",
+            **{field: getattr(args, field) for field in TOKEN_FIELDS},
+            "tie_word_embeddings": not args.untie_embeddings_and_output_weights,
+            "text_config": text_config(family, args), "vision_config": vision}
+
+
+def hf_config(args, **_) -> dict:
+    if args.vision_ffn_hidden_size % args.vision_hidden_size:
+        fail(f"vision MLP width {args.vision_ffn_hidden_size}: HF's Qwen2-VL takes an integer mlp_ratio of the "
+             f"width {args.vision_hidden_size}")
+    vision = {**vision_shape(args, "embed_dim", "num_heads"), "hidden_size": args.hidden_size,
+              "hidden_act": "quick_gelu", "mlp_ratio": args.vision_ffn_hidden_size // args.vision_hidden_size}
+    return vl_config(FAMILY, args, vision)
+
+
+# ---- tensors ------------------------------------------------------------------------------------------------
+def language_map(args) -> list[Entry]:
+    """The qwen2.5 decoder's map under the VL prefixes."""
+    def hf_name(name: str) -> str:
+        return "model.language_model." + name[len("model."):] if name.startswith("model.") else name
+    return [Entry("language_model." + e.mcore, tuple(hf_name(n) for n in e.hf), e.to_mcore, e.to_hf)
+            for e in gpt.decoder_map(args)]
+
+
+def fused_qkv(mcore: str, hf: str, heads: int) -> Entry:
+    """HF's one ``qkv`` tensor (q rows, k rows, v rows) -> megatron's per-head [q, k, v] rows (weight or bias)."""
+    return Entry(mcore, (hf,), lambda t: gpt.qkv_to_mcore(*t.chunk(3), heads, heads),
+                 lambda t: (torch.cat(gpt.qkv_to_hf(t, heads, heads)),))
+
+
+def patch_embed(args) -> Entry:
+    shape = (args.vision_hidden_size, 3, args.vision_temporal_patch_size, args.patch_dim, args.patch_dim)
+    return Entry("vision_model.patch_embed.weight", ("model.visual.patch_embed.proj.weight",),
+                 lambda w: w.reshape(w.shape[0], -1), lambda t: (t.reshape(shape),))
+
+
+def vision_map(args, mlp_entries, norm_kinds: tuple) -> list[Entry]:
+    """The tower: ``mlp_entries(mcore layer prefix, hf block prefix)`` gives a block's MLP entries; ``norm_kinds``
+    the norms' tensors (LayerNorm: weight and bias; RMSNorm: weight)."""
+    out = [patch_embed(args)]
+    for i in range(args.vision_num_layers):
+        m, h = f"vision_model.decoder.layers.{i}.", f"model.visual.blocks.{i}."
+        for kind in norm_kinds:
+            out += [gpt.same(f"{m}input_layernorm.{kind}", f"{h}norm1.{kind}"),
+                    gpt.same(f"{m}pre_mlp_layernorm.{kind}", f"{h}norm2.{kind}")]
+        for kind in ("weight", "bias"):
+            out += [fused_qkv(f"{m}self_attention.linear_qkv.{kind}", f"{h}attn.qkv.{kind}",
+                              args.vision_num_attention_heads),
+                    gpt.same(f"{m}self_attention.linear_proj.{kind}", f"{h}attn.proj.{kind}")]
+        out += mlp_entries(m, h)
+    out += [gpt.same(f"vision_model.merger_norm.{kind}", f"model.visual.merger.ln_q.{kind}") for kind in norm_kinds]
+    out += [gpt.same(f"vision_model.merger.encoder.linear_fc{i}.{kind}", f"model.visual.merger.mlp.{j}.{kind}")
+            for i, j in ((1, 0), (2, 2)) for kind in ("weight", "bias")]
+    return out
+
+
+def _plain_mlp(m: str, h: str) -> list[Entry]:
+    return [gpt.same(f"{m}mlp.linear_fc{i}.{kind}", f"{h}mlp.fc{i}.{kind}") for i in (1, 2) for kind in ("weight", "bias")]
+
+
+def hf_map(args, **_) -> list[Entry]:
+    return language_map(args) + vision_map(args, _plain_mlp, ("weight", "bias"))
+
+
+FAMILY = Family(name="qwen2-vl", presets=PRESETS, hf_model_type="qwen2_vl",
+                hf_architecture="Qwen2VLForConditionalGeneration", hf_config=hf_config, hf_map=hf_map,
+                vision_encoder="packed")

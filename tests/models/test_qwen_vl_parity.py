@@ -1,0 +1,148 @@
+"""``--model qwen2-vl`` (tiny preset) against HF transformers' ``Qwen2VLForConditionalGeneration`` at one rank,
+cpu backend, fp32.
+
+One worker process builds our model from the preset, builds the HF model from the family's ``hf_config`` (random
+init, every tensor then perturbed so that no norm is the identity and no bias zero), loads our model through the
+family's ``hf_map`` (the converter's one table: every mcore tensor written once, every HF tensor read), and runs
+one batch through both:
+* two samples, three images of three sizes (grid_thw 1x4x6, 1x8x4 and 1x6x6 patches) made by HF's
+  ``Qwen2VLImageProcessorPil`` from PIL images; sample 0 holds two images, sample 1 one; the 3-D position ids from
+  HF's ``get_rope_index`` are the input of both models;
+* logits at every position within 1e-5 (measured: 3.0e-6 on logits up to 2.6; float summation order only);
+* the images matter: the same batch with blank images moves our logits by far more than the tolerance;
+* text only (2-D positions): the same logits as HF's text path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+MAX_ABS = 1e-5
+FLAGS = ["--micro-batch-size", "1", "--global-batch-size", "1"]
+
+
+def _images_and_grids(args):
+    """pixel_values, grid_thw from HF's processor for three images of different sizes."""
+    import numpy as np
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    rng = np.random.default_rng(0)
+    sizes = [(56, 84), (112, 56), (84, 84)]  # (height, width) in pixels: 4x6, 8x4, 6x6 patches of 14
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+    processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=args.patch_dim,
+                                         temporal_patch_size=args.vision_temporal_patch_size,
+                                         merge_size=args.vision_spatial_merge_size)
+    out = processor(images=images, return_tensors="pt")
+    return out["pixel_values"].float(), out["image_grid_thw"]
+
+
+def _tokens(args, grid_thw, gen):
+    """Two samples of equal length: [text, <start>, image 0, <end>, text, <start>, image 1, <end>, text] and
+    [text, <start>, image 2, <end>, text]; text ids are random below the special ids."""
+    merged = (grid_thw.prod(-1) // args.vision_spatial_merge_size ** 2).tolist()
+
+    def text(n):
+        return torch.randint(0, args.vision_start_token_id, (n,), generator=gen).tolist()
+
+    def image(i):
+        return [args.vision_start_token_id] + [args.image_token_id] * merged[i] + [args.vision_end_token_id]
+
+    first = text(5) + image(0) + text(3) + image(1) + text(4)
+    second = text(7) + image(2)
+    second += text(len(first) - len(second))
+    return torch.tensor([first, second])
+
+
+def _worker(family_name: str, architecture: str):
+    import transformers
+
+    from mtmegatron.convert.model import build_model, init_single_rank, parse_flags
+    from mtmegatron.models import families
+
+    args = parse_flags(["--model", family_name, "--model-size", "tiny", *FLAGS])
+    init_single_rank(args)
+    model = build_model(args).eval()
+    family = families.get(family_name)
+
+    config = transformers.AutoConfig.for_model(**family.hf_config(args))
+    torch.manual_seed(0)
+    hf = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    hf_state = hf.state_dict()
+
+    ours = model.state_dict()
+    written, read = set(), set()
+    with torch.no_grad():
+        for entry in family.hf_map(args):
+            if entry.to_mcore is None:
+                continue
+            ours[entry.mcore].copy_(entry.to_mcore(*(hf_state[n] for n in entry.hf)))
+            written.add(entry.mcore)
+            read.update(entry.hf)
+    params = {k for k, v in ours.items() if isinstance(v, torch.Tensor) and "_extra_state" not in k}
+    model.load_state_dict(ours)
+
+    pixel_values, grid_thw = _images_and_grids(args)
+    gen = torch.Generator().manual_seed(1)
+    input_ids = _tokens(args, grid_thw, gen)
+    token_type = (input_ids == args.image_token_id).int()
+    position_ids, _ = hf.model.get_rope_index(input_ids, token_type, image_grid_thw=grid_thw)
+    text_ids = torch.randint(0, args.vision_start_token_id, (2, 24), generator=gen)
+    with torch.no_grad():
+        hf_logits = hf(input_ids=input_ids, pixel_values=pixel_values, image_grid_thw=grid_thw,
+                       position_ids=position_ids, mm_token_type_ids=token_type).logits
+        logits = model(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
+        blank = model(input_ids, position_ids, None, pixel_values=torch.zeros_like(pixel_values),
+                      image_grid_thw=grid_thw)
+        hf_text = hf(input_ids=text_ids).logits
+        text = model(text_ids, torch.arange(24).expand(2, -1), None)
+    vocab = args.vocab_size
+    return {"missing": sorted(params - written), "unread": sorted(set(hf_state) - read),
+            "grid_thw": grid_thw, "position_ids": position_ids, "image_tokens": int(token_type.sum()),
+            "diff": (logits[..., :vocab] - hf_logits).abs().max().item(),
+            "blank_moves": (blank - logits).abs().max().item(),
+            "text_diff": (text[..., :vocab] - hf_text).abs().max().item(),
+            "scale": hf_logits.abs().max().item()}
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qwen2_vl") / "result.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
+    # one plain process (not a forked rank: torch compute earlier in the pytest process can hang a fork)
+    proc = subprocess.run([sys.executable, __file__, str(out), "qwen2-vl", "Qwen2VLForConditionalGeneration"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    result = torch.load(out)
+    print({k: v for k, v in result.items() if k in ("diff", "blank_moves", "text_diff", "scale")})
+    return result
+
+
+def test_qwen2_vl_map_covers_both_models(qwen2_vl):
+    assert qwen2_vl["missing"] == [], "our tensors the HF map does not write"
+    assert qwen2_vl["unread"] == [], "HF tensors the map does not read"
+
+
+def test_qwen2_vl_images_of_three_sizes_give_hf_logits(qwen2_vl):
+    assert qwen2_vl["grid_thw"].tolist() == [[1, 4, 6], [1, 8, 4], [1, 6, 6]]
+    assert qwen2_vl["image_tokens"] == (24 + 32 + 36) // 4
+    positions = qwen2_vl["position_ids"]
+    assert not torch.equal(positions[1], positions[2]), "the batch must exercise 2-D image positions"
+    assert qwen2_vl["diff"] < MAX_ABS, qwen2_vl["diff"]
+    assert qwen2_vl["blank_moves"] > 1e3 * MAX_ABS, "blank images must change the logits"
+
+
+def test_qwen2_vl_text_only_gives_hf_logits(qwen2_vl):
+    assert qwen2_vl["text_diff"] < MAX_ABS, qwen2_vl["text_diff"]
+
+
+if __name__ == "__main__":
+    torch.save(_worker(sys.argv[2], sys.argv[3]), sys.argv[1])
