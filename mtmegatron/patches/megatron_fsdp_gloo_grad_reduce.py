@@ -7,7 +7,8 @@ ReduceOp.PREMUL_SUM with Gloo"), so every sharded strategy (optim, optim_grads, 
 first reduce-scatter. The replacement takes megatron-core's own non-fused branch: multiply the gradients by the
 scaling factor in place and SUM. (``--ddp-average-in-collective`` asks for ReduceOp.AVG, which gloo lacks too:
 refused with Megatron-FSDP on this backend, training/fsdp_flags.py.)
-Versions: megatron-core 0.16.x. Backends: cpu only (gloo).
+Versions: megatron-core 0.16.x. Backends: cpu (gloo) and musa: whether MCCL takes torch's NCCL-specific PREMUL_SUM
+op is unknown (none of Moore Threads' published material says), and scale-then-SUM is the same arithmetic.
 """
 
 import torch
@@ -35,5 +36,5 @@ PATCH = Patch(
     reason="gloo has no ReduceOp.PREMUL_SUM: Megatron-FSDP's sharded gradient reduce scales in place, then SUMs",
     versions=">=0.16,<0.17",
     apply=apply,
-    backends=("cpu",),
+    backends=("cpu", "musa"),
 )

@@ -6,7 +6,7 @@ by name; ``check`` raises one error naming them. The training loop checks once a
 not training state on the device and are allowed. With ``--optimizer-cpu-offload`` the host-side optimizers of
 megatron-core's HybridDeviceOptimizer keep their parameter copies and state on the host by design: those must be
 on ``cpu`` instead (and are not counted among the tensors reported on the device).
-May assume: DDP-wrapped megatron-core model chunks and a megatron-core optimizer (possibly chained).
+May assume: DDP- or FSDP-wrapped megatron-core model chunks and a megatron-core optimizer (possibly chained).
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ def _chunk_tensors(index: int, chunk):
     for name, buffer in chunk.named_buffers():
         yield f"model[{index}].{name} (buffer)", buffer
     for kind in ("buffers", "expert_parallel_buffers"):
-        for b, grad_buffer in enumerate(getattr(chunk, kind, [])):
+        grad_buffers = getattr(chunk, kind, None)  # DDP's lists (on FSDP wrappers `buffers` is Module.buffers)
+        if not isinstance(grad_buffers, (list, tuple)):
+            continue
+        for b, grad_buffer in enumerate(grad_buffers):
             for field in ("grad_data", "param_data"):
                 data = getattr(grad_buffer, field, None)
                 if data is not None:

@@ -10,7 +10,8 @@ Every case checks:
 * every rank's ``mccl`` group ran collectives (counted by the simulator) and refused no host tensor.
 Layouts: TP2+SP, PP2+VPP2, DP2 + distributed optimizer in fp32 and bf16 (grad clipping, Float16Module), Mixtral
 EP2 and EP2 x TP2+SP (4 ranks),
-DeepSeek-V3 tiny (MTP on) TP2+SP and EP2, CP2, FP8 delayed scaling under TP2+SP; then bit-exact resume with dropout
+DeepSeek-V3 tiny (MTP on) TP2+SP and EP2, CP2, Megatron-FSDP DP2 (optim_grads_params), FP8 delayed scaling
+under TP2+SP; then bit-exact resume with dropout
 (device RNG in the checkpoint), an HF-converted checkpoint, and the main command's outputs on the embedded corpus.
 LLaVA TP2+SP (the CLIP encoder's Conv2d, eval and greedy answers) is tests/llava/test_llava_musa_sim.py.
 """
@@ -63,6 +64,10 @@ CASES = {
     "deepseek_tp2_sp": DEEPSEEK + TP2_SP + ["--moe-aux-loss-coeff", "0"],
     "deepseek_ep2": DEEPSEEK + ["--expert-model-parallel-size", "2"],
     "cp2": LLAMA + ["--context-parallel-size", "2"],
+    # Megatron-FSDP, parameters, gradients and optimizer state sharded: DTensor shards on the device, its
+    # reduce-scatter/all-gather through MCCL (torch FSDP2 does not run on the simulator yet: its streams/events)
+    "megatron_fsdp_dp2": LLAMA + ["--use-megatron-fsdp", "--use-distributed-optimizer",
+                                  "--data-parallel-sharding-strategy", "optim_grads_params"],
     "sft_packed_tp2_sp": SFT + TP2_SP,
     # delayed scaling: per-layer amax history and scales that must follow the weights to the device
     # one executor on both backends (the cpu backend prefers torch._scaled_mm, musa does not offer it), and the

@@ -83,6 +83,11 @@ class MCCLProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("musa_sim_mccl/", store), rank, size, timeout)
+        # torch_musa's ProcessGroupMCCL is a c10d Backend that torch wraps in a named ProcessGroup; a Python
+        # ProcessGroup has a name only through a registered backend (DeviceMesh.from_group reads it). The
+        # collectives still run through the methods below; a C++-side call would reach gloo and refuse the
+        # musa tensor, loudly.
+        self._register_backend(torch.device("musa"), dist.ProcessGroup.BackendType.CUSTOM, self._gloo)
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _host(self, op: str, tensors):
