@@ -1,5 +1,5 @@
-"""``--model qwen2-vl`` (tiny preset) against HF transformers' ``Qwen2VLForConditionalGeneration`` at one rank,
-cpu backend, fp32.
+"""``--model qwen2-vl`` / ``qwen2.5-vl`` (tiny presets) against HF transformers' ``Qwen2VLForConditionalGeneration``
+/ ``Qwen2_5_VLForConditionalGeneration`` at one rank, cpu backend, fp32.
 
 One worker process builds our model from the preset, builds the HF model from the family's ``hf_config`` (random
 init, every tensor then perturbed so that no norm is the identity and no bias zero), loads our model through the
@@ -8,9 +8,12 @@ one batch through both:
 * two samples, three images of three sizes (grid_thw 1x4x6, 1x8x4 and 1x6x6 patches) made by HF's
   ``Qwen2VLImageProcessorPil`` from PIL images; sample 0 holds two images, sample 1 one; the 3-D position ids from
   HF's ``get_rope_index`` are the input of both models;
-* logits at every position within 1e-5 (measured: 3.0e-6 on logits up to 2.6; float summation order only);
+* logits at every position within 1e-5 (measured: Qwen2-VL 3.0e-6, Qwen2.5-VL 2.8e-6, on logits up to
+  2.6 / 2.9; float summation order only);
 * the images matter: the same batch with blank images moves our logits by far more than the tolerance;
-* text only (2-D positions): the same logits as HF's text path.
+* text only (2-D positions): the same logits as HF's text path;
+* Qwen2.5-VL: its tiny ViT attends in windows of 2x2 merge blocks in layer 0 (full attention in layer 1), so the
+  three images make 2, 2 and 4 windows (some cut at the edge); the same model without windows gives other logits.
 """
 
 from __future__ import annotations
@@ -104,44 +107,59 @@ def _worker(family_name: str, architecture: str):
                       image_grid_thw=grid_thw)
         hf_text = hf(input_ids=text_ids).logits
         text = model(text_ids, torch.arange(24).expand(2, -1), None)
+        windows, model.vision_model.window = model.vision_model.window, None
+        no_windows = model(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
     vocab = args.vocab_size
     return {"missing": sorted(params - written), "unread": sorted(set(hf_state) - read),
             "grid_thw": grid_thw, "position_ids": position_ids, "image_tokens": int(token_type.sum()),
             "diff": (logits[..., :vocab] - hf_logits).abs().max().item(),
             "blank_moves": (blank - logits).abs().max().item(),
-            "text_diff": (text[..., :vocab] - hf_text).abs().max().item(),
+            "text_diff": (text[..., :vocab] - hf_text).abs().max().item(), "windows": windows,
+            "no_windows_moves": (no_windows - logits).abs().max().item(),
             "scale": hf_logits.abs().max().item()}
 
 
-@pytest.fixture(scope="module")
-def qwen2_vl(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen2_vl") / "result.pt"
+CASES = {"qwen2-vl": "Qwen2VLForConditionalGeneration", "qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration"}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def result(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("qwen_vl") / "result.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
     # one plain process (not a forked rank: torch compute earlier in the pytest process can hang a fork)
-    proc = subprocess.run([sys.executable, __file__, str(out), "qwen2-vl", "Qwen2VLForConditionalGeneration"],
+    proc = subprocess.run([sys.executable, __file__, str(out), request.param, CASES[request.param]],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     result = torch.load(out)
-    print({k: v for k, v in result.items() if k in ("diff", "blank_moves", "text_diff", "scale")})
-    return result
+    print(request.param, {k: v for k, v in result.items() if k in ("diff", "blank_moves", "text_diff", "scale",
+                                                                   "no_windows_moves")})
+    return request.param, result
 
 
-def test_qwen2_vl_map_covers_both_models(qwen2_vl):
-    assert qwen2_vl["missing"] == [], "our tensors the HF map does not write"
-    assert qwen2_vl["unread"] == [], "HF tensors the map does not read"
+def test_map_covers_both_models(result):
+    _, r = result
+    assert r["missing"] == [], "our tensors the HF map does not write"
+    assert r["unread"] == [], "HF tensors the map does not read"
 
 
-def test_qwen2_vl_images_of_three_sizes_give_hf_logits(qwen2_vl):
-    assert qwen2_vl["grid_thw"].tolist() == [[1, 4, 6], [1, 8, 4], [1, 6, 6]]
-    assert qwen2_vl["image_tokens"] == (24 + 32 + 36) // 4
-    positions = qwen2_vl["position_ids"]
+def test_images_of_three_sizes_give_hf_logits(result):
+    name, r = result
+    assert r["grid_thw"].tolist() == [[1, 4, 6], [1, 8, 4], [1, 6, 6]]
+    assert r["image_tokens"] == (24 + 32 + 36) // 4
+    positions = r["position_ids"]
     assert not torch.equal(positions[1], positions[2]), "the batch must exercise 2-D image positions"
-    assert qwen2_vl["diff"] < MAX_ABS, qwen2_vl["diff"]
-    assert qwen2_vl["blank_moves"] > 1e3 * MAX_ABS, "blank images must change the logits"
+    assert r["diff"] < MAX_ABS, r["diff"]
+    assert r["blank_moves"] > 1e3 * MAX_ABS, "blank images must change the logits"
+    if name == "qwen2.5-vl":
+        assert r["windows"] == 2
+        assert r["no_windows_moves"] > 1e3 * MAX_ABS, "window attention must matter in this batch"
+    else:
+        assert r["windows"] is None
 
 
-def test_qwen2_vl_text_only_gives_hf_logits(qwen2_vl):
-    assert qwen2_vl["text_diff"] < MAX_ABS, qwen2_vl["text_diff"]
+def test_text_only_gives_hf_logits(result):
+    _, r = result
+    assert r["text_diff"] < MAX_ABS, r["text_diff"]
 
 
 if __name__ == "__main__":

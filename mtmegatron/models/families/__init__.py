@@ -19,12 +19,13 @@ May assume: nothing beyond torch (imported by the map helpers); family modules i
 
 from __future__ import annotations
 
-from mtmegatron.models.families import (deepseek_v3, gpt, llama3, llava, mistral, mixtral, qwen2_5, qwen2_vl, qwen3,
-                                        qwen3_moe)
+from mtmegatron.models.families import (deepseek_v3, gpt, llama3, llava, mistral, mixtral, qwen2_5, qwen2_5_vl,
+                                        qwen2_vl, qwen3, qwen3_moe)
 from mtmegatron.models.families.base import ConversionError, Entry, Family  # noqa: F401 (the interface)
 
 FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (llama3, qwen2_5, qwen3, qwen3_moe, mistral, mixtral,
-                                                                 llava, qwen2_vl, deepseek_v3, gpt)}
+                                                                 llava, qwen2_vl, qwen2_5_vl, deepseek_v3,
+                                                                 gpt)}
 DEMO = ("llama3", "tiny")
 _BY_FINGERPRINT = ("deepseek-v3", "qwen3-moe", "mixtral", "qwen2.5", "qwen3", "llama3")
 
