@@ -17,9 +17,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import PreTrainedTokenizerFast
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
 
 from mm_samples import write_jsonl
-from mtmegatron.data.multimodal.dynamic_resolution import (VIDEO_PIXELS, PatchConfig, image_patches,
+from mtmegatron.data.multimodal.dynamic_resolution import (IMAGE_PIXELS, VIDEO_PIXELS, PatchConfig, image_patches,
                                                            normalized_frame, video_patches)
 from mtmegatron.data.multimodal.mrope_positions import rope_index
 from mtmegatron.data.multimodal.template import IGNORE_INDEX
@@ -28,13 +33,6 @@ from mtmegatron.data.multimodal.vision_samples import (VisionDataConfig, collate
                                                        pack)
 from mtmegatron.data.tokenizer import train_bpe
 from mtmegatron.utils.errors import ConfigError
-
-transformers = pytest.importorskip("transformers")
-from transformers import PreTrainedTokenizerFast  # noqa: E402
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel  # noqa: E402
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
-from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel  # noqa: E402
-from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor  # noqa: E402
 
 # The released Qwen2-VL chat template (chat_template.json of the Qwen2-VL-*-Instruct checkpoints), transcribed.
 QWEN2_VL_CHAT_TEMPLATE = (
@@ -97,6 +95,7 @@ def test_image_patches_equal_hf():
         expected = hf(images=[image], return_tensors="pt")
         pixel_values, grid = image_patches(image)
         assert list(grid) == expected["image_grid_thw"][0].tolist(), image.size
+        assert IMAGE_PIXELS.grid(image.height, image.width) == grid  # what validation computes from the size
         assert torch.equal(pixel_values, expected["pixel_values"]), image.size
     above_max = cases[3]
     assert grid_pixels(image_patches(above_max)[1]) <= 28 * 28 * 1280 < above_max.width * above_max.height
@@ -122,7 +121,7 @@ def test_video_patches_equal_hf():
     height, width = VIDEO_PIXELS.resized_size(90, 120)
     stacked = torch.from_numpy(np.stack([normalized_frame(f, height, width, VIDEO_PIXELS) for f in frames]))
     expected, grid_t, grid_h, grid_w = hf_patchify(None, stacked[None], 14, 2, 2)
-    assert grid == (grid_t, grid_h, grid_w) == (2, height // 14, width // 14)
+    assert grid == (grid_t, grid_h, grid_w) == (2, height // 14, width // 14) == VIDEO_PIXELS.grid(90, 120, 3)
     assert torch.equal(pixel_values, expected[0])
     # a still video (two equal frames) is HF's image processor output for that frame, pixels included
     frame = random_image(rng, 97, 61)
@@ -298,6 +297,7 @@ def test_padded_and_packed_batches_keep_positions(vision_tokenizer, media, tmp_p
 def test_bad_records_are_one_line_naming_file_and_line(vision_tokenizer, media, tmp_path):
     (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     os.makedirs(tmp_path / "empty_clip")
+    (tmp_path / "junk.mp4").write_bytes(b"not a video")  # unreadable with or without PyAV
     good = {"id": "ok", "image": "wide.png",
             "conversations": [{"from": "human", "value": "<image> What?"}, CONVERSATION[1]]}
     cases = {
@@ -308,6 +308,8 @@ def test_bad_records_are_one_line_naming_file_and_line(vision_tokenizer, media, 
                                                             CONVERSATION[1]]},
         "1 <image> tag(s) but 2 image(s)": {"image": ["wide.png", "tall.png"]},
         "nested list": {"image": None, "video": ["clip/000.png"]},
+        "frames differ in size": {"image": None, "video": [["wide.png", "tall.png"]]},
+        "cannot read video": {"image": None, "video": str(tmp_path / "junk.mp4")},
     }
     for reason, change in cases.items():
         record = {**good, **change, "id": reason}

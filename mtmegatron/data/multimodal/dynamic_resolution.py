@@ -125,13 +125,19 @@ def image_patches(image: Image.Image, config: PatchConfig = IMAGE_PIXELS) -> tup
     return patchify(frame[None], config)
 
 
-def video_patches(frames: list[Image.Image], config: PatchConfig = VIDEO_PIXELS) -> tuple[torch.Tensor, tuple]:
-    """A video's frames (PIL images of one size) -> (pixel_values [t*h*w, 3*T*p*p], (t, h, w))."""
+def check_frame_sizes(frames: list[Image.Image]) -> bool:
+    """True for a non-empty list of frames of one size; else ValueError saying what is wrong."""
     if not frames:
         raise ValueError("a video with no frames")
     sizes = {f.size for f in frames}
     if len(sizes) > 1:
         raise ValueError(f"video frames differ in size ({', '.join(f'{w}x{h}' for w, h in sorted(sizes))})")
+    return True
+
+
+def video_patches(frames: list[Image.Image], config: PatchConfig = VIDEO_PIXELS) -> tuple[torch.Tensor, tuple]:
+    """A video's frames (PIL images of one size) -> (pixel_values [t*h*w, 3*T*p*p], (t, h, w))."""
+    check_frame_sizes(frames)
     height, width = config.resized_size(frames[0].height, frames[0].width)
     stacked = np.stack([normalized_frame(f, height, width, config) for f in frames])
     return patchify(torch.from_numpy(stacked), config)

@@ -11,7 +11,8 @@ A sample (``VisionConversationDataset[i]``)::
 
 ``n`` is the sample's own length (no padding); a sample longer than ``seq_length`` is refused, never cut (a cut
 could split a vision span). Every record is checked when the dataset is built (parsed, every image and video frame
-opened and decoded, rendered, length checked); the first bad one stops it with one ``BadSample`` naming file, line
+opened and decoded, its grid computed from its size, rendered, length checked; resizing and patching wait for
+``__getitem__``); the first bad one stops it with one ``BadSample`` naming file, line
 and id (``load_vision_conversations`` turns it into a ``ConfigError``: one line, exit status 2), or with
 ``skip_bad_samples`` bad ones are left out and listed in ``bad_samples``.
 May assume: the tokenizer has the vision chat template's special tokens (checked up front).
@@ -25,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mtmegatron.data.multimodal.dynamic_resolution import (IMAGE_PIXELS, VIDEO_PIXELS, PatchConfig, image_patches,
-                                                           load_image, load_video, video_patches)
+from mtmegatron.data.multimodal.dynamic_resolution import (IMAGE_PIXELS, VIDEO_PIXELS, PatchConfig,
+                                                           check_frame_sizes, image_patches, load_image,
+                                                           load_video, video_patches)
 from mtmegatron.data.multimodal.mrope_positions import rope_index, token_types
 from mtmegatron.data.multimodal.records import BadSample
 from mtmegatron.data.multimodal.template import IGNORE_INDEX, TemplateError
@@ -63,7 +65,7 @@ class VisionConversationDataset(torch.utils.data.Dataset):
                 for number, raw in enumerate(f, 1):
                     if raw.strip():
                         try:
-                            self._build(raw.decode("utf-8"), path, number)
+                            self._build(raw.decode("utf-8"), path, number, with_pixels=False)
                             self.entries.append((file_index, offset, number))
                         except BadSample as e:
                             if not config.skip_bad_samples:
@@ -84,14 +86,14 @@ class VisionConversationDataset(torch.utils.data.Dataset):
             line = f.readline().decode("utf-8")
         return self._build(line, path, number)
 
-    def _build(self, line: str, path: str, number: int) -> dict[str, torch.Tensor]:
+    def _build(self, line: str, path: str, number: int, with_pixels: bool = True) -> dict[str, torch.Tensor]:
         record = parse_vision_line(line, path, number, self.media_folder, self.config.default_fps)
 
         def bad(reason: str) -> BadSample:
             return BadSample(path, number, record.sample_id, reason)
 
         images, videos = _load_media(record, bad)
-        return build_sample(record, images, videos, self.tokenizer, self.config, bad)
+        return build_sample(record, images, videos, self.tokenizer, self.config, bad, with_pixels)
 
 
 def _load_media(record: VisionRecord, bad):
@@ -120,16 +122,25 @@ def _load_media(record: VisionRecord, bad):
     return images, videos
 
 
-def build_sample(record: VisionRecord, images, videos, tokenizer, config: VisionDataConfig, bad
-                 ) -> dict[str, torch.Tensor]:
-    """The sample of a parsed record whose images (PIL) and videos (lists of PIL frames) are loaded."""
+def build_sample(record: VisionRecord, images, videos, tokenizer, config: VisionDataConfig, bad,
+                 with_pixels: bool = True) -> dict[str, torch.Tensor]:
+    """The sample of a parsed record whose images (PIL) and videos (lists of PIL frames) are loaded; without
+    pixels (validation) the grids come from the sizes alone and the pixel tensors are left out."""
+    patch_dim = 3 * config.image.temporal_patch_size * config.image.patch_size ** 2
     try:
-        image_parts = [image_patches(image, config.image) for image in images]
-        video_parts = [video_patches(frames, config.video) for frames in videos]
+        if with_pixels:
+            image_parts = [image_patches(image, config.image) for image in images]
+            video_parts = [video_patches(frames, config.video) for frames in videos]
+            image_grids = [grid for _, grid in image_parts]
+            video_grids = [grid for _, grid in video_parts]
+        else:
+            image_grids = [config.image.grid(image.height, image.width) for image in images]
+            video_grids = []
+            for frames in videos:
+                check_frame_sizes(frames)
+                video_grids.append(config.video.grid(frames[0].height, frames[0].width, len(frames)))
     except ValueError as e:  # aspect ratio over 200, frames of different sizes
         raise bad(str(e)) from None
-    image_grids = [grid for _, grid in image_parts]
-    video_grids = [grid for _, grid in video_parts]
     ids, trained = render_vision_chat(record.turns, tokenizer, [config.image.num_tokens(g) for g in image_grids],
                                       [config.video.num_tokens(g) for g in video_grids])
     if len(ids) > config.seq_length:
@@ -146,19 +157,20 @@ def build_sample(record: VisionRecord, images, videos, tokenizer, config: Vision
     seconds = torch.tensor([config.video.temporal_patch_size / fps for fps in record.fps], dtype=torch.float32)
     position_ids, _ = rope_index(types, image_grid_thw, video_grid_thw, merge_size=config.image.merge_size,
                                  tokens_per_second=config.tokens_per_second, second_per_grid_ts=seconds)
-    patch_dim = 3 * config.image.temporal_patch_size * config.image.patch_size ** 2
-    return {
+    sample = {
         "tokens": tokens,
         "labels": torch.from_numpy(labels),
         "loss_mask": torch.from_numpy((labels != IGNORE_INDEX).astype(np.float32)),
         "position_ids": position_ids[:, 0],
-        "pixel_values": torch.cat([p for p, _ in image_parts]) if image_parts else torch.zeros(0, patch_dim),
         "image_grid_thw": image_grid_thw,
-        "pixel_values_videos": (torch.cat([p for p, _ in video_parts]) if video_parts
-                                else torch.zeros(0, patch_dim)),
         "video_grid_thw": video_grid_thw,
         "second_per_grid_ts": seconds,
     }
+    if with_pixels:
+        sample["pixel_values"] = torch.cat([p for p, _ in image_parts]) if image_parts else torch.zeros(0, patch_dim)
+        sample["pixel_values_videos"] = (torch.cat([p for p, _ in video_parts]) if video_parts
+                                         else torch.zeros(0, patch_dim))
+    return sample
 
 
 VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
