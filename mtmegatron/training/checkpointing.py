@@ -44,7 +44,7 @@ from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mism
 from mtmegatron.utils.checkpoint_dirs import (TRACKER, CheckpointError, check_load, checkpoint_dir, complete_iterations,
                                              latest_complete_iteration)
 from mtmegatron.training import megatron_lm_checkpoint as mlm
-from mtmegatron.training import non_persistent, rerun
+from mtmegatron.training import fsdp_checkpoint, non_persistent, rerun
 from mtmegatron.backends.device import compute_device, on_host
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
@@ -373,6 +373,10 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     load_rng = not (starts_over or args.no_load_rng) and saved["has_rng"]
     if load_optim and saved["distributed_optimizer"] != bool(args.use_distributed_optimizer):
         distopt = saved["distributed_optimizer"]
+        if distopt and fsdp_checkpoint.loads_in_place(args):
+            raise CheckpointError(f"checkpoint {directory} holds distributed-optimizer state, which does not load "
+                                  f"into torch FSDP2's optimizer (megatron-core's distributed optimizer does not "
+                                  f"run on FSDP2): pass --no-load-optim to load the weights only")
         raise CheckpointError(f"checkpoint {directory} holds {'distributed' if distopt else 'plain'}-optimizer "
                               f"state; run with{'' if distopt else 'out'} --use-distributed-optimizer, or "
                               f"pass --no-load-optim to load the weights only")
@@ -420,10 +424,15 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         loaded, missing, unexpected = loaded
         _say(f"--dist-ckpt-strictness {args.dist_ckpt_strictness}: missing {sorted(missing)}, unexpected "
              f"{sorted(unexpected)}")
+    in_place = fsdp_checkpoint.loads_in_place(args)  # FSDP2: the load filled the DTensors' local shards itself
     for key, chunk in zip(_model_keys(model), model):
-        _unwrap(chunk).load_state_dict(loaded[key])
+        if not in_place:
+            _unwrap(chunk).load_state_dict(loaded[key])
     if load_optim:
-        optimizer.load_state_dict(_regroup_optimizers(loaded["optimizer"], optimizer))
+        optimizer_state = _regroup_optimizers(loaded["optimizer"], optimizer)
+        if in_place:
+            optimizer_state = fsdp_checkpoint.optimizer_state_to_load(optimizer_state, optimizer)
+        optimizer.load_state_dict(optimizer_state)
         scheduler.load_state_dict(loadable_state(saved["scheduler"], scheduler))
     elif optimizer is not None:  # the optimizer's fp32 main copies must follow the freshly loaded weights
         optimizer.reload_model_params()

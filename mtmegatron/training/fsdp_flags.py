@@ -7,7 +7,8 @@ DistributedDataParallelConfig; ``--fsdp-double-buffer`` gives its all-gather and
 ``fully_shard``), resharding after forward unless ``--torch-fsdp2-no-reshard-after-forward``; otherwise megatron-core's
 DistributedDataParallel. ``check_fsdp_args`` refuses, one line each, what megatron-core does not support (Megatron-LM
 0.16.1's validate_args rules and its Megatron-FSDP guide), what gloo cannot reduce, flags that would do nothing, and
-checkpoints under FSDP (not wired here yet).
+the checkpoints megatron-core cannot write under an FSDP engine: under FSDP2 ``--save``/``--load`` (torch_dist)
+work (training/fsdp_checkpoint.py); under Megatron-FSDP they are refused (``_checkpoint_refusal``).
 May assume: flags parsed and the layout resolved (arguments.CHECKS order); imports nothing from megatron-core.
 """
 
@@ -84,6 +85,20 @@ def check_fsdp_args(args: argparse.Namespace) -> None:
     why = _torch_fsdp2_refusal(args) if args.use_torch_fsdp2 else _megatron_fsdp_refusal(args)
     if why:
         raise ConfigError(f"{flag}: {why}")
-    if args.save or args.load:
-        raise ConfigError(f"{flag}: checkpoints (--save/--load) under FSDP are not wired into mtmegatron yet; train "
-                          "without them or use --use-distributed-optimizer")
+    why = _checkpoint_refusal(args) if args.save or args.load else None
+    if why:
+        raise ConfigError(f"{flag} with --save/--load: {why}")
+
+
+def _checkpoint_refusal(args: argparse.Namespace) -> str | None:
+    """Why checkpoints under this FSDP engine cannot be written or read here (None: they can, torch_dist)."""
+    if args.use_megatron_fsdp:
+        return ("megatron-core 0.16.1's distributed optimizer saves Megatron-FSDP state only in --ckpt-format "
+                "fsdp_dtensor (Megatron-LM 0.16.1 requires it with Megatron-FSDP; its torch_dist sharded state "
+                "raises NotImplementedError), which mtmegatron does not write yet; use --use-torch-fsdp2 or "
+                "--use-distributed-optimizer without --use-megatron-fsdp to checkpoint")
+    if args.tensor_model_parallel_size > 1 and args.swiglu:
+        return ("with --tensor-model-parallel-size > 1 and --swiglu, megatron-core 0.16.1's SwiGLU checkpoint "
+                "factory takes each rank's fc1 rows for one TP rank's [gate; up], which FSDP2's dim-0 slice of them "
+                "is not (the checkpoint would hold them out of order); checkpoint at TP1")
+    return None

@@ -73,7 +73,6 @@ MFSDP = ["--use-megatron-fsdp", "--use-distributed-optimizer"]
     (MFSDP + FSDP2, "--use-megatron-fsdp and --use-torch-fsdp2 are two engines"),
     (["--data-parallel-sharding-strategy", "optim"], "--data-parallel-sharding-strategy optim needs --use-megatron"),
     (["--torch-fsdp2-no-reshard-after-forward"], "--torch-fsdp2-no-reshard-after-forward needs --use-torch-fsdp2"),
-    (FSDP2 + ["--save", "ckpt"], "--use-torch-fsdp2: checkpoints (--save/--load) under FSDP are not wired"),
 ])
 def test_unsupported_combination_is_one_line(extra, says):
     with pytest.raises(ConfigError) as e:

@@ -1,0 +1,49 @@
+"""torch_dist checkpoints of a model wrapped in torch FSDP2 (training/checkpointing.py asks here).
+
+Under ``--use-torch-fsdp2`` every parameter, and every optimizer state tensor, is a DTensor sharded over the
+data-parallel ranks. megatron-core describes each by its local shard (megatron.core.utils'
+make_*sharded_tensor_for_checkpoint: a ShardedTensor whose data is the DTensor's ``_local_tensor``), so the
+checkpoint holds the same global tensors as a DDP run's and ``dist_checkpointing.load`` fills the local shards in
+place (as Megatron-LM, which skips ``load_state_dict`` for FSDP2 + torch_dist). What is left to do here: not hand
+the loaded local shards to the model's ``load_state_dict`` (they are already in its DTensors), and give the
+optimizer's ``load_state_dict`` its DTensors back in place of the loaded local shards (torch's Adam cannot mix a
+DTensor parameter with a plain state tensor), so the step count and the param groups are restored as well.
+May assume: a torch FSDP2 run (megatron-core's TorchFullyShardedDataParallel); the optimizer is megatron-core's
+(chained) FP32/mixed-precision optimizer over the DTensor parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def loads_in_place(args: argparse.Namespace) -> bool:
+    """True when ``dist_checkpointing.load`` writes the model's weights into its parameters itself."""
+    return bool(getattr(args, "use_torch_fsdp2", False))  # converters load without the training flags
+
+
+def _as_dtensors(saved: dict, inner) -> dict:
+    """One optimizer's loaded state with each local-shard tensor replaced by this run's DTensor state it was
+    loaded into (same storage); 'step' and the param groups as loaded."""
+    params = [p for group in inner.optimizer.param_groups for p in group["params"]]
+    state = dict(saved["state"])
+    for index, entry in state.items():
+        if not isinstance(index, int) or not isinstance(entry, dict):
+            continue  # 'common_step'
+        current = inner.optimizer.state[params[index]]
+        state[index] = {key: current[key] if isinstance(current.get(key), DTensor)
+                        and isinstance(value, torch.Tensor) and not isinstance(value, DTensor) else value
+                        for key, value in entry.items()}
+    return {**saved, "state": state}
+
+
+def optimizer_state_to_load(loaded: dict, optimizer) -> dict:
+    """The loaded optimizer state of an FSDP2 run, ready for ``optimizer.load_state_dict``: a chained
+    optimizer's ``{0: .., 1: ..}`` or the one optimizer's own dict, each with its DTensors."""
+    inner = list(getattr(optimizer, "chained_optimizers", [optimizer]))
+    if len(inner) == 1:
+        return _as_dtensors(loaded, inner[0])
+    return {i: _as_dtensors(loaded[i], opt) for i, opt in enumerate(inner)}
