@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 
 from mtmegatron.models.families.gpt import LLAMA3_SCALING_DEFAULTS  # noqa: F401 (training/megatron_lm_checkpoint.py)
+from mtmegatron.models.packed_vision_args import check_packed_vision_args
 
 
 def add_family_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +65,7 @@ def check_family_args(args: argparse.Namespace, error: type[Exception]) -> None:
                         f"--rope-scaling-original-max-position-embeddings "
                         f"{args.rope_scaling_original_max_position_embeddings}: the factors must be positive and "
                         f"low < high (the smoothing divides by their difference), the context positive")
+    check_packed_vision_args(args, error)  # M-RoPE and the native-resolution vision-language models
 
 
 def transformer_config_fields(args: argparse.Namespace) -> dict:

@@ -71,7 +71,7 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--norm-epsilon", dest="layernorm_epsilon", type=float, default=1e-5)
     g.add_argument("--moe-aux-loss-coeff", type=float, nargs="+", default=0.0)
     g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default=None)
-    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope"], default=None)
+    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope"], default=None)
     g.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall"], default=None)
     g.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "none"],
                    nargs="+", default="aux_loss")

@@ -3,8 +3,8 @@
 
 One worker process builds our model from the preset, builds the HF model from the family's ``hf_config`` (random
 init, every tensor then perturbed so that no norm is the identity and no bias zero), loads our model through the
-family's ``hf_map`` (the converter's one table: every mcore tensor written once, every HF tensor read), and runs
-one batch through both:
+family's ``hf_map`` from the tensors ``save_pretrained`` wrote (the converter's one table: every mcore tensor
+written, every HF tensor read), and runs one batch through both:
 * two samples, three images of three sizes (grid_thw 1x4x6, 1x8x4 and 1x6x6 patches) made by HF's
   ``Qwen2VLImageProcessorPil`` from PIL images; sample 0 holds two images, sample 1 one; the 3-D position ids from
   HF's ``get_rope_index`` are the input of both models;
@@ -13,7 +13,9 @@ one batch through both:
 * the images matter: the same batch with blank images moves our logits by far more than the tolerance;
 * text only (2-D positions): the same logits as HF's text path;
 * Qwen2.5-VL: its tiny ViT attends in windows of 2x2 merge blocks in layer 0 (full attention in layer 1), so the
-  three images make 2, 2 and 4 windows (some cut at the edge); the same model without windows gives other logits.
+  three images make 2, 2 and 4 windows (some cut at the edge); the same model without windows gives other logits;
+* the converter: HF ``save_pretrained`` -> ``hf_to_mcore`` (flags from config.json) -> our model loaded from the
+  checkpoint gives HF's logits; ``mcore_to_hf`` writes the same tensors back bit-exactly.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def _tokens(args, grid_thw, gen):
     return torch.tensor([first, second])
 
 
-def _worker(family_name: str, architecture: str):
+def _worker(family_name: str, architecture: str, root: str):
     import transformers
+    from safetensors.torch import load_file
 
     from mtmegatron.convert.model import build_model, init_single_rank, parse_flags
     from mtmegatron.models import families
@@ -79,7 +82,8 @@ def _worker(family_name: str, architecture: str):
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    hf_state = hf.state_dict()
+    hf.save_pretrained(f"{root}/hf")
+    hf_state = load_file(f"{root}/hf/model.safetensors")  # the names on disk, which the map (and converter) read
 
     ours = model.state_dict()
     written, read = set(), set()
@@ -109,6 +113,7 @@ def _worker(family_name: str, architecture: str):
         text = model(text_ids, torch.arange(24).expand(2, -1), None)
         windows, model.vision_model.window = model.vision_model.window, None
         no_windows = model(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
+    converted = _through_the_converter(root, family, (input_ids, position_ids, pixel_values, grid_thw))
     vocab = args.vocab_size
     return {"missing": sorted(params - written), "unread": sorted(set(hf_state) - read),
             "grid_thw": grid_thw, "position_ids": position_ids, "image_tokens": int(token_type.sum()),
@@ -116,7 +121,33 @@ def _worker(family_name: str, architecture: str):
             "blank_moves": (blank - logits).abs().max().item(),
             "text_diff": (text[..., :vocab] - hf_text).abs().max().item(), "windows": windows,
             "no_windows_moves": (no_windows - logits).abs().max().item(),
-            "scale": hf_logits.abs().max().item()}
+            "scale": hf_logits.abs().max().item(),
+            "converted_diff": (converted["logits"][..., :vocab] - hf_logits).abs().max().item(),
+            "flags": converted["flags"], "round_trip_differs": converted["round_trip_differs"]}
+
+
+def _through_the_converter(root, family, batch):
+    """``hf_to_mcore`` of the saved HF model (flags from its config.json), our model built from those flags and
+    loaded from the checkpoint, its logits on ``batch``; and ``mcore_to_hf`` back: the HF tensors that differ."""
+    from megatron.core import parallel_state
+    from safetensors.torch import load_file
+
+    from mtmegatron.convert.commands import hf_to_mcore, mcore_to_hf
+    from mtmegatron.convert.model import build_model, load_model, parse_flags
+
+    input_ids, position_ids, pixel_values, grid_thw = batch
+    parallel_state.destroy_model_parallel()  # each converter call sets up its own one-rank parallel state
+    flags = hf_to_mcore(f"{root}/hf", f"{root}/mcore", family.name)
+    model = build_model(parse_flags(flags + FLAGS))
+    load_model(model, f"{root}/mcore")
+    with torch.no_grad():
+        logits = model.eval()(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
+    parallel_state.destroy_model_parallel()
+    mcore_to_hf(f"{root}/mcore", f"{root}/back")
+    before, after = load_file(f"{root}/hf/model.safetensors"), load_file(f"{root}/back/model.safetensors")
+    differs = sorted(n for n in set(before) | set(after) if n not in before or n not in after
+                     or not torch.equal(before[n], after[n]))
+    return {"logits": logits, "flags": flags, "round_trip_differs": differs}
 
 
 CASES = {"qwen2-vl": "Qwen2VLForConditionalGeneration", "qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration"}
@@ -124,15 +155,16 @@ CASES = {"qwen2-vl": "Qwen2VLForConditionalGeneration", "qwen2.5-vl": "Qwen2_5_V
 
 @pytest.fixture(scope="module", params=list(CASES))
 def result(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen_vl") / "result.pt"
+    root = tmp_path_factory.mktemp("qwen_vl")
+    out = root / "result.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
     # one plain process (not a forked rank: torch compute earlier in the pytest process can hang a fork)
-    proc = subprocess.run([sys.executable, __file__, str(out), request.param, CASES[request.param]],
+    proc = subprocess.run([sys.executable, __file__, str(out), request.param, CASES[request.param], str(root)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     result = torch.load(out)
     print(request.param, {k: v for k, v in result.items() if k in ("diff", "blank_moves", "text_diff", "scale",
-                                                                   "no_windows_moves")})
+                                                                   "no_windows_moves", "converted_diff")})
     return request.param, result
 
 
@@ -157,10 +189,21 @@ def test_images_of_three_sizes_give_hf_logits(result):
         assert r["windows"] is None
 
 
+def test_converter_round_trip(result):
+    """The CLI's path: flags from config.json pick the preset's tower, the converted checkpoint gives HF's logits,
+    and the way back writes every HF tensor bit-exactly under its name."""
+    name, r = result
+    flags = r["flags"]
+    assert flags[:4] == ["--model", name, "--model-size", "tiny"]
+    assert flags[flags.index("--mrope-section") + 1:][:3] == ["2", "3", "3"]
+    assert r["converted_diff"] < MAX_ABS, r["converted_diff"]
+    assert r["round_trip_differs"] == []
+
+
 def test_text_only_gives_hf_logits(result):
     _, r = result
     assert r["text_diff"] < MAX_ABS, r["text_diff"]
 
 
 if __name__ == "__main__":
-    torch.save(_worker(sys.argv[2], sys.argv[3]), sys.argv[1])
+    torch.save(_worker(*sys.argv[2:5]), sys.argv[1])

@@ -3,7 +3,7 @@ with a vision tower of RMSNorm + SwiGLU layers (biases on gate/up/down), windowe
 pixels a side) in every layer but the full-attention ones (``fullatt_block_indexes``), and an RMSNorm before the
 merger. Built by models/qwen_vl.py (``vision_encoder="packed"``).
 Map: as qwen2_vl.py, with ``gate_proj``/``up_proj`` -> ``linear_fc1`` (rows and biases concatenated),
-``down_proj`` -> ``linear_fc2``, weight-only norms.
+``down_proj`` -> ``linear_fc2``, weight-only norms. HF config -> flags as qwen2_vl.py (the tower must be a preset's).
 May assume: what qwen2_vl.py assumes.
 """
 
@@ -35,6 +35,28 @@ PRESETS = {
 }
 
 
+VISION_DEFAULTS = {"depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "num_heads": 16, "in_channels": 3,
+                   "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "silu",
+                   "window_size": 112, "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]}
+
+
+def flags_from_hf(config: dict, **_) -> list[str]:
+    vision = {**VISION_DEFAULTS, **(config.get("vision_config") or {})}
+    if vision["hidden_act"] != "silu" or vision["in_channels"] != 3:
+        qwen2_vl.fail(f"vision tower hidden_act {vision['hidden_act']!r} / channels: only silu on 3 channels")
+    fields = {"vision_num_layers": vision["depth"], "vision_hidden_size": vision["hidden_size"],
+              "vision_ffn_hidden_size": vision["intermediate_size"], "vision_num_attention_heads": vision["num_heads"],
+              "patch_dim": vision["patch_size"], "vision_spatial_merge_size": vision["spatial_merge_size"],
+              "vision_temporal_patch_size": vision["temporal_patch_size"], "vision_window_size": vision["window_size"],
+              "vision_full_attention_layers": list(vision["fullatt_block_indexes"])}
+    flags = qwen2_vl.text_flags(config)
+    hidden = int(flags[flags.index("--hidden-size") + 1])
+    if vision["out_hidden_size"] != hidden:
+        qwen2_vl.fail(f"vision_config.out_hidden_size {vision['out_hidden_size']} != the language model's "
+                      f"hidden_size {hidden}; not converted")
+    return ["--model", FAMILY.name, "--model-size", qwen2_vl.preset_for(FAMILY, config, fields), *flags]
+
+
 def hf_config(args, **_) -> dict:
     vision = {**qwen2_vl.vision_shape(args, "hidden_size", "num_heads"), "out_hidden_size": args.hidden_size,
               "intermediate_size": args.vision_ffn_hidden_size, "hidden_act": "silu",
@@ -56,5 +78,6 @@ def hf_map(args, **_) -> list[Entry]:
 
 
 FAMILY = Family(name="qwen2.5-vl", presets=PRESETS, hf_model_type="qwen2_5_vl",
-                hf_architecture="Qwen2_5_VLForConditionalGeneration", hf_config=hf_config, hf_map=hf_map,
+                hf_architecture="Qwen2_5_VLForConditionalGeneration", flags_from_hf=flags_from_hf, hf_config=hf_config,
+                hf_map=hf_map,
                 vision_encoder="packed")

@@ -8,11 +8,17 @@ Preset fields beyond the language model's (dests read by models/qwen_vl.py, no c
 ``vision_norm_epsilon``, ``vision_normalization``, ``vision_swiglu``, ``patch_dim``, ``vision_temporal_patch_size``,
 ``vision_spatial_merge_size``, ``vision_window_size`` / ``vision_full_attention_layers`` (Qwen2.5-VL), and the
 special token ids (``image_token_id`` is the one the model reads).
-HF map (transformers 5 names): ``model.language_model.*`` / ``lm_head`` -> ``language_model.*`` as the qwen2.5
-decoder; ``model.visual.*`` -> ``vision_model.*``: the Conv3d kernel flattened into ``patch_embed`` (a Linear), each
-block's fused ``qkv`` (all q, then all k, then all v) regrouped per head, ``norm1/norm2`` -> the layer norms, the
-merger's ``ln_q`` -> ``merger_norm`` and ``mlp.0/mlp.2`` -> ``merger.encoder.linear_fc1/fc2``.
-Not yet: ``flags_from_hf`` (the vision shape has no flags to carry it), checkpoint fingerprints.
+HF map (the names on disk: the released checkpoints' and what transformers 5's ``save_pretrained`` writes; in
+memory transformers 5 names them ``model.language_model.*`` / ``model.visual.*``): ``model.*`` / ``lm_head`` ->
+``language_model.*`` as the qwen2.5 decoder; ``visual.*`` -> ``vision_model.*``: the Conv3d kernel flattened into
+``patch_embed`` (a Linear), each block's fused ``qkv`` (all q, then all k, then all v) regrouped per head,
+``norm1/norm2`` -> the layer norms, the merger's ``ln_q`` -> ``merger_norm`` and ``mlp.0/mlp.2`` ->
+``merger.encoder.linear_fc1/fc2``.
+HF config -> flags: the language model's flags from ``text_config`` (or the flat fields of older config.json files,
+``rope_scaling`` ``{"type": "mrope", "mrope_section": ...}``); the vision tower has no flags yet, so it must be one
+of this family's presets' towers (``--model-size`` of the first preset whose vision fields and special token ids
+equal the config's), else the conversion is refused naming the field that differs.
+Not yet: checkpoint fingerprints (a training checkpoint names its ``--model``).
 May assume: what gpt.py assumes.
 """
 
@@ -53,6 +59,63 @@ TOKEN_FIELDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vi
 
 def fail(message: str) -> None:
     raise ConversionError(message)
+
+
+# ---- HF config.json -> flags ----------------------------------------------------------------------------------
+VISION_DEFAULTS = {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_channels": 3,
+                   "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "quick_gelu",
+                   "hidden_size": 3584}  # transformers' Qwen2VLVisionConfig
+TOKEN_DEFAULTS = dict(RELEASED_TOKENS)  # Qwen2VLConfig's
+
+
+def text_flags(config: dict) -> list[str]:
+    """The Qwen2 decoder with M-RoPE of a Qwen VL config.json (nested text_config or the older flat layout)."""
+    text = {k: v for k, v in config.items() if k not in ("vision_config", "text_config")}
+    text.update(config.get("text_config") or {})
+    rope = dict(text.pop("rope_parameters", None) or text.pop("rope_scaling", None) or {})
+    sections = rope.get("mrope_section", [16, 24, 24])
+    theta = rope.get("rope_theta", text.get("rope_theta", 1000000.0))
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
+        fail(f"rope {rope}: only M-RoPE without scaling is supported; not converted")
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    if 2 * sum(sections) != head_dim:
+        fail(f"mrope_section {sections}: the sections must cover half the head dim {head_dim}; not converted")
+    text.update(rope_parameters={"rope_type": "default", "rope_theta": theta}, head_dim=head_dim)
+    text.setdefault("rms_norm_eps", 1e-5)  # Qwen2VLTextConfig's default
+    text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    return [*gpt.llama_like_flags(text), "--add-qkv-bias", "--position-embedding-type", "mrope",
+            "--mrope-section", *map(str, sections)]
+
+
+def preset_for(family: Family, config: dict, vision_fields: dict) -> str:
+    """The preset whose vision tower and special tokens are the config's (``vision_fields``: dest -> value)."""
+    wanted = {**vision_fields, **{f: config.get(f, TOKEN_DEFAULTS[f]) for f in TOKEN_FIELDS}}
+    mismatches = []
+    for size, preset in family.presets.items():
+        differing = [f"{dest} {value!r} (preset {size}: {preset.get(dest)!r})" for dest, value in wanted.items()
+                     if preset.get(dest) != value]
+        if not differing:
+            return size
+        mismatches.append(differing[0])
+    fail(f"the vision tower / special tokens of this config match no {family.name} preset "
+         f"({'; '.join(mismatches)}): the vision shape has no flags yet; not converted")
+
+
+def flags_from_hf(config: dict, **_) -> list[str]:
+    vision = {**VISION_DEFAULTS, **(config.get("vision_config") or {})}
+    if vision["hidden_act"] != "quick_gelu" or vision.get("in_chans", vision["in_channels"]) != 3:
+        fail(f"vision tower hidden_act {vision['hidden_act']!r} / channels: only quick_gelu on 3 channels")
+    fields = {"vision_num_layers": vision["depth"], "vision_hidden_size": vision["embed_dim"],
+              "vision_ffn_hidden_size": vision["embed_dim"] * vision["mlp_ratio"],
+              "vision_num_attention_heads": vision["num_heads"], "patch_dim": vision["patch_size"],
+              "vision_spatial_merge_size": vision["spatial_merge_size"],
+              "vision_temporal_patch_size": vision["temporal_patch_size"]}
+    flags = text_flags(config)
+    hidden = int(flags[flags.index("--hidden-size") + 1])
+    if vision["hidden_size"] != hidden:
+        fail(f"vision_config.hidden_size {vision['hidden_size']} (the merger's output) != the language model's "
+             f"hidden_size {hidden}; not converted")
+    return ["--model", FAMILY.name, "--model-size", preset_for(FAMILY, config, fields), *flags]
 
 
 # ---- flags -> HF config.json ----------------------------------------------------------------------------------
@@ -98,11 +161,8 @@ def hf_config(args, **_) -> dict:
 
 # ---- tensors ------------------------------------------------------------------------------------------------
 def language_map(args) -> list[Entry]:
-    """The qwen2.5 decoder's map under the VL prefixes."""
-    def hf_name(name: str) -> str:
-        return "model.language_model." + name[len("model."):] if name.startswith("model.") else name
-    return [Entry("language_model." + e.mcore, tuple(hf_name(n) for n in e.hf), e.to_mcore, e.to_hf)
-            for e in gpt.decoder_map(args)]
+    """The qwen2.5 decoder's map under ``language_model.`` (the HF names are the decoder's own on disk)."""
+    return [Entry("language_model." + e.mcore, e.hf, e.to_mcore, e.to_hf) for e in gpt.decoder_map(args)]
 
 
 def fused_qkv(mcore: str, hf: str, heads: int) -> Entry:
@@ -113,7 +173,7 @@ def fused_qkv(mcore: str, hf: str, heads: int) -> Entry:
 
 def patch_embed(args) -> Entry:
     shape = (args.vision_hidden_size, 3, args.vision_temporal_patch_size, args.patch_dim, args.patch_dim)
-    return Entry("vision_model.patch_embed.weight", ("model.visual.patch_embed.proj.weight",),
+    return Entry("vision_model.patch_embed.weight", ("visual.patch_embed.proj.weight",),
                  lambda w: w.reshape(w.shape[0], -1), lambda t: (t.reshape(shape),))
 
 
@@ -122,7 +182,7 @@ def vision_map(args, mlp_entries, norm_kinds: tuple) -> list[Entry]:
     the norms' tensors (LayerNorm: weight and bias; RMSNorm: weight)."""
     out = [patch_embed(args)]
     for i in range(args.vision_num_layers):
-        m, h = f"vision_model.decoder.layers.{i}.", f"model.visual.blocks.{i}."
+        m, h = f"vision_model.decoder.layers.{i}.", f"visual.blocks.{i}."
         for kind in norm_kinds:
             out += [gpt.same(f"{m}input_layernorm.{kind}", f"{h}norm1.{kind}"),
                     gpt.same(f"{m}pre_mlp_layernorm.{kind}", f"{h}norm2.{kind}")]
@@ -131,8 +191,8 @@ def vision_map(args, mlp_entries, norm_kinds: tuple) -> list[Entry]:
                               args.vision_num_attention_heads),
                     gpt.same(f"{m}self_attention.linear_proj.{kind}", f"{h}attn.proj.{kind}")]
         out += mlp_entries(m, h)
-    out += [gpt.same(f"vision_model.merger_norm.{kind}", f"model.visual.merger.ln_q.{kind}") for kind in norm_kinds]
-    out += [gpt.same(f"vision_model.merger.encoder.linear_fc{i}.{kind}", f"model.visual.merger.mlp.{j}.{kind}")
+    out += [gpt.same(f"vision_model.merger_norm.{kind}", f"visual.merger.ln_q.{kind}") for kind in norm_kinds]
+    out += [gpt.same(f"vision_model.merger.encoder.linear_fc{i}.{kind}", f"visual.merger.mlp.{j}.{kind}")
             for i, j in ((1, 0), (2, 2)) for kind in ("weight", "bias")]
     return out
 
@@ -146,5 +206,6 @@ def hf_map(args, **_) -> list[Entry]:
 
 
 FAMILY = Family(name="qwen2-vl", presets=PRESETS, hf_model_type="qwen2_vl",
-                hf_architecture="Qwen2VLForConditionalGeneration", hf_config=hf_config, hf_map=hf_map,
+                hf_architecture="Qwen2VLForConditionalGeneration", flags_from_hf=flags_from_hf, hf_config=hf_config,
+                hf_map=hf_map,
                 vision_encoder="packed")
