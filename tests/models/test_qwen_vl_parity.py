@@ -15,12 +15,14 @@ written, every HF tensor read), and runs one batch through both:
 * Qwen2.5-VL: its tiny ViT attends in windows of 2x2 merge blocks in layer 0 (full attention in layer 1), so the
   three images make 2, 2 and 4 windows (some cut at the edge); the same model without windows gives other logits;
 * the converter: HF ``save_pretrained`` -> ``hf_to_mcore`` (flags from config.json) -> our model loaded from the
-  checkpoint gives HF's logits; ``mcore_to_hf`` writes the same tensors back bit-exactly.
+  checkpoint gives HF's logits, at one rank and under TP2 (2 spawned ranks); ``mcore_to_hf`` writes the same
+  tensors back bit-exactly.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -123,7 +125,8 @@ def _worker(family_name: str, architecture: str, root: str):
             "no_windows_moves": (no_windows - logits).abs().max().item(),
             "scale": hf_logits.abs().max().item(),
             "converted_diff": (converted["logits"][..., :vocab] - hf_logits).abs().max().item(),
-            "flags": converted["flags"], "round_trip_differs": converted["round_trip_differs"]}
+            "flags": converted["flags"], "round_trip_differs": converted["round_trip_differs"],
+            "batch": (input_ids, position_ids, pixel_values, grid_thw), "hf_logits": hf_logits}
 
 
 def _through_the_converter(root, family, batch):
@@ -165,17 +168,30 @@ def result(request, tmp_path_factory):
     result = torch.load(out)
     print(request.param, {k: v for k, v in result.items() if k in ("diff", "blank_moves", "text_diff", "scale",
                                                                    "no_windows_moves", "converted_diff")})
-    return request.param, result
+    return request.param, result, root
+
+
+def _tp_logits_worker(rank, world_size, backend_name, flags, checkpoint, batch):
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from helpers.hf_parity import converted_model
+
+    args, model = converted_model(world_size, backend_name, flags, checkpoint)
+    input_ids, position_ids, pixel_values, grid_thw = (torch.as_tensor(t) for t in batch)
+    with torch.no_grad():
+        logits = model(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
+        logits = gather_from_tensor_model_parallel_region(logits)[..., : args.vocab_size]
+    return logits if rank == 0 else None
 
 
 def test_map_covers_both_models(result):
-    _, r = result
+    _, r, _ = result
     assert r["missing"] == [], "our tensors the HF map does not write"
     assert r["unread"] == [], "HF tensors the map does not read"
 
 
 def test_images_of_three_sizes_give_hf_logits(result):
-    name, r = result
+    name, r, _ = result
     assert r["grid_thw"].tolist() == [[1, 4, 6], [1, 8, 4], [1, 6, 6]]
     assert r["image_tokens"] == (24 + 32 + 36) // 4
     positions = r["position_ids"]
@@ -192,7 +208,7 @@ def test_images_of_three_sizes_give_hf_logits(result):
 def test_converter_round_trip(result):
     """The CLI's path: flags from config.json pick the preset's tower, the converted checkpoint gives HF's logits,
     and the way back writes every HF tensor bit-exactly under its name."""
-    name, r = result
+    name, r, _ = result
     flags = r["flags"]
     assert flags[:4] == ["--model", name, "--model-size", "tiny"]
     assert flags[flags.index("--mrope-section") + 1:][:3] == ["2", "3", "3"]
@@ -200,9 +216,50 @@ def test_converter_round_trip(result):
     assert r["round_trip_differs"] == []
 
 
+def test_tp2_gives_hf_logits(result, run_ranks):
+    """The converted checkpoint loaded under TP2 (both towers split: vision heads 4 -> 2 per rank, the merger's
+    MLP column/row parallel)."""
+    name, r, root = result
+    flags = r["flags"] + FLAGS + ["--tensor-model-parallel-size", "2"]
+    logits = run_ranks(_tp_logits_worker, 2, "cpu", flags, str(root / "mcore"), r["batch"], timeout=240)[0]
+    diff = (torch.as_tensor(logits) - r["hf_logits"]).abs().max().item()
+    print(f"{name} tp2: max |logit diff| vs HF {diff:.2e}")
+    assert diff < MAX_ABS, diff
+
+
 def test_text_only_gives_hf_logits(result):
-    _, r = result
+    _, r, _ = result
     assert r["text_diff"] < MAX_ABS, r["text_diff"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "llama3", "--position-embedding-type", "mrope"], "--position-embedding-type mrope: only the"),
+    (["--model", "qwen2-vl", "--mrope-section", "2", "2", "2"], "--mrope-section 2 2 2: three sections"),
+    (["--model", "qwen2-vl", "--position-embedding-type", "rope"], "--model qwen2-vl uses M-RoPE"),
+    (["--model", "qwen2.5-vl", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     "--sequence-parallel with --model qwen2.5-vl: not supported yet"),
+], ids=["mrope-on-text-model", "sections", "rope", "sequence-parallel"])
+def test_flag_refusals(flags, message):
+    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.utils.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_flags(flags + FLAGS, world_size=2 if "--sequence-parallel" in flags else 1)
+
+
+def test_conversion_refuses_a_tower_no_preset_has():
+    from mtmegatron.models.families import ConversionError, get
+
+    config = {"model_type": "qwen2_vl", "vocab_size": 1024, "hidden_size": 1536, "intermediate_size": 8960,
+              "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 2,
+              "max_position_embeddings": 32768, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+              "vision_config": {"depth": 24, "hidden_size": 1536}}
+    with pytest.raises(ConversionError, match=re.escape("vision_num_layers 24 (preset tiny: 2)")):
+        get("qwen2-vl").flags_from_hf(config)
+    config["vision_config"]["depth"] = 32  # the released tower: the 2b preset's, whatever the language depth
+    flags = get("qwen2-vl").flags_from_hf(config)
+    assert flags[:4] == ["--model", "qwen2-vl", "--model-size", "2b"]
+    assert flags[flags.index("--num-layers") + 1] == "2"
 
 
 if __name__ == "__main__":
