@@ -10,7 +10,10 @@ A family module defines ``FAMILY = Family(...)``, the whole of what the rest of 
 - ``matches(fingerprint) -> bool``: whether a checkpoint's recorded model fields (models/fingerprint.py) are this
   family's (asked most specific family first, ``_BY_FINGERPRINT``) when a checkpoint names no ``--model``;
 - ``is_multimodal`` (images through a vision tower: the multimodal data, step and model builder) and
-  ``chat_template`` (the conversation template its data uses by default; sft/templates.py, data/multimodal).
+  ``chat_template`` (the conversation template its data uses by default; sft/templates.py, data/multimodal);
+- ``vision_encoder``: ``"packed"`` for the native-resolution vision-language models (Qwen2-VL, Qwen2.5-VL: patches
+  of every image in one packed sequence, M-RoPE; models/qwen_vl.py builds them), None otherwise (LLaVA's
+  fixed-size tiles go by ``is_multimodal``).
 Lookups: ``get(name)``, ``of(args)``, ``by_hf_model_type(model_type)``, ``for_hf_config(config, requested)``,
 ``from_fingerprint(saved)``, ``preset(model, size)``; ``DEMO`` is the run a command line naming no model gets.
 Adding a family: one module here (its ``FAMILY``), listed in ``FAMILIES``, and its tests.
