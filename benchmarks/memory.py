@@ -1,8 +1,10 @@
 """What each memory feature costs and saves, for one model and layout: ``python benchmarks/memory.py [--help]``.
 
-One run trains the same model once per row (plain; optimizer CPU offload at fraction 0 / 0.5 / 1.0; overlapped
-grad reduce + param gather off/on; recompute none / selective / full) with ``torchrun`` on ``--nproc`` ranks of
-``--backend`` (default: a small Llama-3 on the CPU backend, DP2 with the distributed optimizer, fp32) and prints:
+One run trains the same model once per row with ``torchrun`` on ``--nproc`` ranks of ``--backend`` (default: a
+small Llama-3 on the CPU backend, DP2, fp32). ``--group features`` (default; with the distributed optimizer):
+plain; optimizer CPU offload at fraction 0 / 0.5 / 1.0; overlapped grad reduce + param gather off/on; recompute
+none / selective / full. ``--group sharding``: DDP without and with the distributed optimizer, Megatron-FSDP with
+each ``--data-parallel-sharding-strategy``, torch FSDP2 with and without resharding after forward. It prints:
 * step time: mean over the steps after ``--warmup``, and its ratio to the plain row;
 * peak device memory: the backend's allocator peak (``max_memory_allocated``) on cuda/musa; the CPU backend has no
   device allocator statistics, so the column says ``n/a (cpu)`` there;
@@ -10,7 +12,9 @@ grad reduce + param gather off/on; recompute none / selective / full) with ``tor
   excluded), counted with ``torch.autograd.graph.saved_tensors_hooks`` on every backend; this is what recompute
   trades for time;
 * optimizer state on device / on host, and bytes copied per step (D2H + H2D) from
-  ``mtmegatron.training.offload_stats`` (the offloaded optimizer's own counters).
+  ``mtmegatron.training.offload_stats`` (the offloaded optimizer's own counters);
+* parameters, gradients and optimizer state this rank holds between steps (benchmarks/state_bytes.py), and each
+  as a fraction of the first row's (``--group sharding``: plain DDP, the 1/DP reference).
 Every number is rank 0's. May assume: run from the repository (or with mtmegatron installed).
 """
 
@@ -25,24 +29,38 @@ import sys
 import tempfile
 import time
 
+from state_bytes import COMPONENTS, state_bytes  # beside this file (sys.path[0] when run as a script)
+
 MODEL = ["--model", "llama3", "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "8",
          "--num-query-groups", "4", "--ffn-hidden-size", "384", "--seq-length", "128",
          "--max-position-embeddings", "128", "--vocab-size", "2048", "--micro-batch-size", "2",
          "--global-batch-size", "8", "--lr", "1e-4", "--lr-decay-style", "constant", "--mock-data",
-         "--use-distributed-optimizer"]
+         "--untie-embeddings-and-output-weights"]  # untied: what torch FSDP2 needs, the same for every row
+DISTOPT = ["--use-distributed-optimizer"]
+MFSDP = ["--use-megatron-fsdp", "--use-distributed-optimizer", "--data-parallel-sharding-strategy"]
 OFFLOAD = ["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--optimizer-offload-fraction"]
-ROWS = [
-    ("plain", []),
-    ("offload 0.0", OFFLOAD + ["0.0"]),
-    ("offload 0.5", OFFLOAD + ["0.5"]),
-    ("offload 1.0", OFFLOAD + ["1.0"]),
-    ("overlap off", []),  # the same flags as plain: the run-to-run spread of the step time
-    ("overlap on", ["--overlap-grad-reduce", "--overlap-param-gather"]),
-    ("recompute none", []),
-    ("recompute selective", ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"]),
-    ("recompute full", ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                        "--recompute-num-layers", "1"]),
-]
+GROUPS = {
+    "features": [
+        ("plain", DISTOPT),
+        ("offload 0.0", DISTOPT + OFFLOAD + ["0.0"]),
+        ("offload 0.5", DISTOPT + OFFLOAD + ["0.5"]),
+        ("offload 1.0", DISTOPT + OFFLOAD + ["1.0"]),
+        ("overlap off", DISTOPT),  # the same flags as plain: the run-to-run spread of the step time
+        ("overlap on", DISTOPT + ["--overlap-grad-reduce", "--overlap-param-gather"]),
+        ("recompute none", DISTOPT),
+        ("recompute selective", DISTOPT + ["--recompute-granularity", "selective", "--recompute-modules",
+                                           "core_attn", "mlp"]),
+        ("recompute full", DISTOPT + ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                      "--recompute-num-layers", "1"]),
+    ],
+    "sharding": [
+        ("DDP", []),
+        ("DDP + distributed optimizer", DISTOPT),
+        *((f"Megatron-FSDP {s}", MFSDP + [s]) for s in ("no_shard", "optim", "optim_grads", "optim_grads_params")),
+        ("torch FSDP2", ["--use-torch-fsdp2"]),
+        ("torch FSDP2, no reshard after forward", ["--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward"]),
+    ],
+}
 
 
 class SavedActivations:
@@ -118,6 +136,7 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
             copied.append(after["d2h_bytes"] + after["h2d_bytes"] - before["d2h_bytes"] - before["h2d_bytes"])
     params.finish()
     final = offload_stats(optimizer)
+    components = state_bytes(model, optimizer)
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as f:
             json.dump({
@@ -128,6 +147,7 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
                 "host_state_bytes": final["host_state_bytes"],
                 "copied_bytes_per_step": sum(copied) / len(copied),
                 "loss": stats["loss"],
+                **{f"{c}_bytes": components[c] for c in COMPONENTS},
             }, f)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -145,7 +165,9 @@ def _mib(n) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter,
-                                epilog="Rows: " + ", ".join(name for name, _ in ROWS))
+                                epilog="\n".join(f"--group {g}: " + ", ".join(n for n, _ in rows)
+                                                 for g, rows in GROUPS.items()))
+    p.add_argument("--group", default="features", choices=list(GROUPS), help="which rows (default: features)")
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "musa"])
     p.add_argument("--nproc", type=int, default=2, help="ranks (data-parallel unless --extra says otherwise)")
     p.add_argument("--iters", type=int, default=6, help="training steps per row")
@@ -160,8 +182,8 @@ def main(argv=None) -> int:
         return 0
     if args.warmup >= args.iters:
         p.error("--warmup must be smaller than --iters")
-    rows = [(n, f) for n, f in ROWS if args.rows is None or n in args.rows]
-    results = {}
+    rows = [(n, f) for n, f in GROUPS[args.group] if args.rows is None or n in args.rows]
+    results, failed = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, flags) in enumerate(rows, 1):
             out = os.path.join(tmp, f"row{i}.json")
@@ -174,31 +196,42 @@ def main(argv=None) -> int:
             proc = subprocess.run(cmd, capture_output=True, text=True,
                                   env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
             if proc.returncode != 0 or not os.path.exists(out):
-                print("failed")
-                print(proc.stderr[-3000:], file=sys.stderr)
-                return 1
+                errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln] or proc.stderr.splitlines()[-1:]
+                failed[name] = errors[-1].strip()[-160:] if errors else f"exit status {proc.returncode}"
+                print(f"failed: {failed[name]}", flush=True)
+                continue
             with open(out) as f:
                 results[name] = json.load(f)
             print(f"{time.perf_counter() - t0:.0f} s (step {results[name]['step_s'] * 1000:.0f} ms)", flush=True)
-    plain = results.get("plain", next(iter(results.values())))["step_s"]
-    header = ("row", "step ms", "x plain", "peak device MiB", "saved act. MiB", "opt. state device MiB",
-              "opt. state host MiB", "copied MiB/step", "last loss")
+    if not results:
+        print("every row failed", file=sys.stderr)
+        return 1
+    first = next(iter(results.values()))
+    ratio = lambda v, ref: f"{v / ref:.2f}" if ref else "-"  # noqa: E731
+    plain = first["step_s"]
+    header = ("row", "step ms", "x first", "peak device MiB", "saved act. MiB", "opt. state device MiB",
+              "opt. state host MiB", "copied MiB/step", *(f"{c} MiB (x first)" for c in COMPONENTS), "last loss")
     table = [header]
     for name, r in results.items():
         table.append((name, f"{r['step_s'] * 1000:.0f}", f"{r['step_s'] / plain:.2f}",
                       _mib(r["peak_device_bytes"]), _mib(r["saved_activation_bytes"]),
                       _mib(r["device_state_bytes"]), _mib(r["host_state_bytes"]),
-                      _mib(r["copied_bytes_per_step"]), f"{r['loss']:.4f}"))
+                      _mib(r["copied_bytes_per_step"]),
+                      *(f"{_mib(r[f'{c}_bytes'])} ({ratio(r[f'{c}_bytes'], first[f'{c}_bytes'])})"
+                        for c in COMPONENTS), f"{r['loss']:.4f}"))
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
-    print(f"\nbackend {args.backend}, {args.nproc} ranks, {args.iters} steps per row ({args.warmup} warm-up), rank 0:")
+    print(f"\nbackend {args.backend}, {args.nproc} ranks, {args.iters} steps per row ({args.warmup} warm-up), rank 0, "
+          f"x first = ratio to the row '{next(iter(results))}':")
     for j, row in enumerate(table):
         print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")
         if j == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for name, why in failed.items():
+        print(f"{name}: failed ({why})")
     if args.backend == "cpu":
         print("peak device memory: not measurable on the cpu backend (no device allocator); on cpu the 'device' and "
               "'host' optimizer state are both host memory, counted by the optimizer that owns them")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""Bytes of training state one rank holds between steps, by component: parameters, gathered (unsharded) weights,
+gradients, optimizer state.
+
+Counted from the objects that own them, not from an allocator, so it works on every backend (the cpu backend has
+no device allocator): model parameters (a DTensor's local shard), megatron-core DDP's parameter/gradient buffers,
+Megatron-FSDP's parameter-group buffers (model weights, main gradients; its main weights, which it keeps beside
+the model weights even in an fp32 run and which its DTensor parameters point into, count as optimizer state, as
+the distributed optimizer's fp32 copies do), ``main_grad``/``grad`` of each parameter, and the optimizer's
+parameters and state. Each storage counts once, for the first component that reaches it, in the order
+Megatron-FSDP's weight buffers, DDP's parameter buffers, parameters, gradients, optimizer (a gradient that is a
+view into DDP's buffer is that buffer's bytes). "gathered": Megatron-FSDP's parameters whose storage is none of its
+buffers, i.e. the all-gathered full weights it keeps between steps (its gather buffers). torch FSDP2 frees gradients after the
+step (``zero_grad`` sets them to None), so its gradients between steps are 0: its peak shows them.
+May assume: megatron-core 0.16 model chunks (DDP, Megatron-FSDP or torch FSDP2 wrapped) and optimizer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+COMPONENTS = ("parameters", "gathered", "gradients", "optimizer")
+
+
+def _local(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _buffers(chunk, names: tuple[str, ...]):
+    """Megatron-FSDP parameter-group buffers (``DataParallelBuffer.data``) of those names."""
+    groups = getattr(getattr(chunk, "param_and_grad_buffer", None), "parameter_groups", None) or []
+    for group in groups:
+        for name in names:
+            buffer = getattr(group, name, None)
+            if buffer is not None and getattr(buffer, "data", None) is not None:
+                yield buffer.data
+
+
+def _ddp_buffers(chunk, field: str):
+    for kind in ("buffers", "expert_parallel_buffers"):
+        found = getattr(chunk, kind, None)
+        if isinstance(found, (list, tuple)):  # DDP's lists; on FSDP wrappers `buffers` is Module.buffers
+            yield from (getattr(b, field) for b in found if getattr(b, field, None) is not None)
+
+
+def _owners(model, optimizer):
+    """(component, tensor) in claiming order."""
+    for chunk in model:
+        # Megatron-FSDP's parameters are DTensors over its fp32 main weights even in an fp32 run, beside its model
+        # weight buffer: the model weights are the parameters, the main weights the optimizer's copy
+        yield from (("parameters", t) for t in _buffers(chunk, ("model_weight_buffer", "transpose_weight_buffer",
+                                                                "hsdp_wbuf")))
+        yield from (("optimizer", t) for t in _buffers(chunk, ("main_weight_buffer",)))
+        yield from (("parameters", t) for t in _ddp_buffers(chunk, "param_data"))
+        # a Megatron-FSDP parameter outside its buffers is an all-gathered (unsharded) weight it keeps
+        # (with no_shard it has no weight buffer: its parameters are the weights)
+        sharded = any(True for _ in _buffers(chunk, ("model_weight_buffer",)))
+        gathered = "gathered" if sharded else "parameters"
+        for p in chunk.parameters():
+            yield gathered, p
+    for chunk in model:
+        for p in chunk.parameters():
+            for attr in ("main_grad", "grad"):
+                if getattr(p, attr, None) is not None:
+                    yield "gradients", getattr(p, attr)
+        yield from (("gradients", t) for t in _ddp_buffers(chunk, "grad_data"))
+        yield from (("gradients", t) for t in _buffers(chunk, ("main_grad_buffer", "hsdp_gbuf")))
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = getattr(inner, "optimizer", None)
+        if torch_optimizer is None:
+            continue
+        for group in torch_optimizer.param_groups:
+            yield from (("optimizer", p) for p in group["params"])
+        for state in torch_optimizer.state.values():
+            yield from (("optimizer", v) for v in state.values() if torch.is_tensor(v))
+
+
+def state_bytes(model, optimizer) -> dict[str, int]:
+    """Bytes per component (COMPONENTS) this rank holds, each storage counted once."""
+    seen, total = set(), dict.fromkeys(COMPONENTS, 0)
+    for component, tensor in _owners(model, optimizer):
+        storage = _local(tensor).untyped_storage()
+        key = (str(tensor.device), storage.data_ptr())
+        if storage.nbytes() and key not in seen:
+            seen.add(key)
+            total[component] += storage.nbytes()
+    return total
