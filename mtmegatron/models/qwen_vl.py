@@ -3,16 +3,18 @@ vision encoder of models/qwen_vision.py on the first pipeline stage, megatron-co
 (``position_embedding_type='mrope'``, ``mrope_section``) as the language model.
 
 ``NativeResolutionVLM.forward(input_ids, position_ids, attention_mask, labels=None, pixel_values=None,
-image_grid_thw=None, ...)``: the inputs HF's processor and ``get_rope_index`` give (``pixel_values``
-``[patches, C*T*P*P]``, ``image_grid_thw`` ``[images, 3]``, ``position_ids`` ``[3, b, s]``; a 2-D ``[b, s]`` is
-text-only positions, the same on the three axes). The merged image embeddings replace the token embeddings at the
-``image_token_id`` positions in batch-major order (as HF's ``masked_scatter``); the rest is ``GPTModel``'s forward
-(logits, or the per-token loss with ``labels``).
-The vision fields come from the preset (``vision_*`` dests, ``patch_dim``, ``image_token_id``): the encoder
-layers are ``layer_spec.build_layer_spec``'s with the vision shape (LayerNorm + QuickGELU, or RMSNorm + SwiGLU
-with biases) and mtmegatron's SDPA core attention whatever the language model runs (it takes packed sequences).
-Not yet: sequence parallelism and context parallelism (the merge runs on the whole, unsplit sequence), videos'
-temporal M-RoPE positions are the caller's (``position_ids``), FP8.
+image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None, ...)``: the inputs HF's processors and
+``get_rope_index`` give (``pixel_values`` ``[patches, C*T*P*P]``, ``image_grid_thw`` ``[images, 3]``, the same for
+videos, ``position_ids`` ``[3, b, s]``; a 2-D ``[b, s]`` is text-only positions, the same on the three axes). The
+merged image (video) embeddings replace the token embeddings at the ``image_token_id`` (``video_token_id``)
+positions in batch-major order (as HF's ``masked_scatter``); the rest is ``GPTModel``'s forward (logits, or the
+per-token loss with ``labels``).
+The vision fields come from the preset (``vision_*`` dests, ``patch_dim``, ``image_token_id``, ``video_token_id``):
+the encoder layers are ``layer_spec.build_layer_spec``'s with the vision shape (LayerNorm + QuickGELU, or RMSNorm +
+SwiGLU with biases) and mtmegatron's SDPA core attention whatever the language model runs (it takes packed
+sequences).
+Not yet: sequence parallelism and context parallelism (the merge runs on the whole, unsplit sequence), FP8.
+The M-RoPE positions (videos' temporal ones included) are the caller's (``position_ids``).
 May assume: validated flags with the vision fields of a ``vision_encoder == "packed"`` family preset, parallel state
 initialised, backend bridge active.
 """
@@ -86,10 +88,10 @@ class NativeResolutionVLM(MegatronModule):
     """The packed vision encoder (first stage only) feeding a GPTModel with M-RoPE (module docstring)."""
 
     def __init__(self, config: TransformerConfig, language_model: GPTModel, vision_model: PackedVisionEncoder | None,
-                 image_token_id: int):
+                 image_token_id: int, video_token_id: int):
         super().__init__(config=config)
         self.language_model, self.vision_model = language_model, vision_model
-        self.image_token_id = image_token_id
+        self.image_token_id, self.video_token_id = image_token_id, video_token_id
         self.pre_process, self.post_process = language_model.pre_process, language_model.post_process
         self.add_encoder = vision_model is not None
         self.share_embeddings_and_output_weights = language_model.share_embeddings_and_output_weights
@@ -100,24 +102,35 @@ class NativeResolutionVLM(MegatronModule):
     def set_input_tensor(self, input_tensor) -> None:
         self.language_model.set_input_tensor(input_tensor)
 
-    def embed(self, input_ids: torch.Tensor, pixel_values, image_grid_thw) -> torch.Tensor:
-        """[s, b, h] token embeddings with the merged image embeddings at the image token positions."""
+    def embed(self, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
+              video_grid_thw=None) -> torch.Tensor:
+        """[s, b, h] token embeddings with the merged image (video) embeddings at the image (video) token
+        positions. Images and videos go through the encoder as one packed sequence (each slab attends to itself)."""
         embeddings = self.language_model.embedding(input_ids=input_ids, position_ids=None)
-        if pixel_values is None:
+        parts = [(p, g, t) for p, g, t in ((pixel_values, image_grid_thw, self.image_token_id),
+                                           (pixel_values_videos, video_grid_thw, self.video_token_id)) if p is not None]
+        if not parts:
             return embeddings
-        images = self.vision_model(pixel_values, image_grid_thw)
-        where = input_ids == self.image_token_id
-        if int(where.sum()) != images.shape[0]:
-            raise ValueError(f"{int(where.sum())} image tokens in input_ids but the images give {images.shape[0]} "
-                             f"embeddings (grid_thw {image_grid_thw.tolist()})")
-        batch_major = embeddings.transpose(0, 1).masked_scatter(where.unsqueeze(-1), images.to(embeddings.dtype))
+        merged = self.vision_model(torch.cat([p for p, _, _ in parts]), torch.cat([g for _, g, _ in parts]))
+        counts = [int(g.prod(-1).sum()) // self.vision_model.merge ** 2 for _, g, _ in parts]
+        batch_major = embeddings.transpose(0, 1)
+        for (_, grid_thw, token), vision in zip(parts, merged.split(counts)):
+            where = input_ids == token
+            if int(where.sum()) != vision.shape[0]:
+                raise ValueError(f"{int(where.sum())} tokens {token} in input_ids but the pixels give "
+                                 f"{vision.shape[0]} embeddings (grid_thw {grid_thw.tolist()})")
+            batch_major = batch_major.masked_scatter(where.unsqueeze(-1), vision.to(embeddings.dtype))
         return batch_major.transpose(0, 1).contiguous()
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, labels=None,
-                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None, **kwargs):
+                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                pixel_values_videos: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
+                **kwargs):
         if position_ids.dim() == 2:  # text only: one position per token, the same on the three M-RoPE axes
             position_ids = position_ids.unsqueeze(0).expand(3, -1, -1)
-        decoder_input = self.embed(input_ids, pixel_values, image_grid_thw) if self.pre_process else None
+        decoder_input = None
+        if self.pre_process:
+            decoder_input = self.embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
         return self.language_model(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
                                    labels=labels, **kwargs)
 
@@ -143,7 +156,7 @@ def build_qwen_vl_chunks(args: argparse.Namespace, config: TransformerConfig) ->
                             **language_model_kwargs(args), vp_stage=vp)
         install_vocab_padding(language, args.vocab_size)
         vision = build_vision_encoder(args, config) if first else None
-        model = NativeResolutionVLM(lm_config, language, vision, args.image_token_id)
+        model = NativeResolutionVLM(lm_config, language, vision, args.image_token_id, args.video_token_id)
         model.model_type = ModelType.encoder_or_decoder  # the schedules read it
         if getattr(args, "freeze_LM", False):
             language.requires_grad_(False)

@@ -6,10 +6,11 @@ init, every tensor then perturbed so that no norm is the identity and no bias ze
 family's ``hf_map`` from the tensors ``save_pretrained`` wrote (the converter's one table: every mcore tensor
 written, every HF tensor read), and runs one batch through both:
 * two samples, three images of three sizes (grid_thw 1x4x6, 1x8x4 and 1x6x6 patches) made by HF's
-  ``Qwen2VLImageProcessorPil`` from PIL images; sample 0 holds two images, sample 1 one; the 3-D position ids from
-  HF's ``get_rope_index`` are the input of both models;
-* logits at every position within 1e-5 (measured: Qwen2-VL 3.0e-6, Qwen2.5-VL 2.8e-6, on logits up to
-  2.6 / 2.9; float summation order only);
+  ``Qwen2VLImageProcessorPil`` from PIL images and one video (2 temporal patches of 4x4: its slabs attend each to
+  itself); sample 0 holds two images, sample 1 an image and the video; the 3-D position ids from HF's
+  ``get_rope_index`` are the input of both models;
+* logits at every position within 1e-5 (measured: Qwen2-VL 3.1e-6, Qwen2.5-VL 2.7e-6, on logits up to
+  2.6 / 2.8; TP2 4.0e-6 / 3.2e-6; float summation order only);
 * the images matter: the same batch with blank images moves our logits by far more than the tolerance;
 * text only (2-D positions): the same logits as HF's text path;
 * Qwen2.5-VL: its tiny ViT attends in windows of 2x2 merge blocks in layer 0 (full attention in layer 1), so the
@@ -49,19 +50,29 @@ def _images_and_grids(args):
     return out["pixel_values"].float(), out["image_grid_thw"]
 
 
-def _tokens(args, grid_thw, gen):
+def _video(args, gen):
+    """pixel_values_videos, video_grid_thw of one 4-frame 56x56 video (2 temporal patches of 4x4), built directly
+    in the processor's layout (rows: temporal slab, then merge block, then patch; C*T*P*P values each)."""
+    grid = torch.tensor([[2, 4, 4]])
+    width = 3 * args.vision_temporal_patch_size * args.patch_dim ** 2
+    return torch.randn(int(grid.prod()), width, generator=gen), grid
+
+
+def _tokens(args, grid_thw, video_grid_thw, gen):
     """Two samples of equal length: [text, <start>, image 0, <end>, text, <start>, image 1, <end>, text] and
-    [text, <start>, image 2, <end>, text]; text ids are random below the special ids."""
-    merged = (grid_thw.prod(-1) // args.vision_spatial_merge_size ** 2).tolist()
+    [text, <start>, image 2, <end>, text, <start>, video, <end>, text]; text ids are random below the special ids."""
+    unit = args.vision_spatial_merge_size ** 2
+    merged = (grid_thw.prod(-1) // unit).tolist()
 
     def text(n):
         return torch.randint(0, args.vision_start_token_id, (n,), generator=gen).tolist()
 
-    def image(i):
-        return [args.vision_start_token_id] + [args.image_token_id] * merged[i] + [args.vision_end_token_id]
+    def span(token, n):
+        return [args.vision_start_token_id] + [token] * n + [args.vision_end_token_id]
 
-    first = text(5) + image(0) + text(3) + image(1) + text(4)
-    second = text(7) + image(2)
+    first = text(5) + span(args.image_token_id, merged[0]) + text(3) + span(args.image_token_id, merged[1]) + text(9)
+    second = text(7) + span(args.image_token_id, merged[2]) + text(2)
+    second += span(args.video_token_id, int(video_grid_thw.prod()) // unit)
     second += text(len(first) - len(second))
     return torch.tensor([first, second])
 
@@ -101,24 +112,27 @@ def _worker(family_name: str, architecture: str, root: str):
 
     pixel_values, grid_thw = _images_and_grids(args)
     gen = torch.Generator().manual_seed(1)
-    input_ids = _tokens(args, grid_thw, gen)
-    token_type = (input_ids == args.image_token_id).int()
-    position_ids, _ = hf.model.get_rope_index(input_ids, token_type, image_grid_thw=grid_thw)
+    video, video_grid_thw = _video(args, gen)
+    input_ids = _tokens(args, grid_thw, video_grid_thw, gen)
+    token_type = (input_ids == args.image_token_id).int() + 2 * (input_ids == args.video_token_id).int()
+    position_ids, _ = hf.model.get_rope_index(input_ids, token_type, image_grid_thw=grid_thw,
+                                              video_grid_thw=video_grid_thw)
+    pixels = dict(pixel_values=pixel_values, image_grid_thw=grid_thw, pixel_values_videos=video,
+                  video_grid_thw=video_grid_thw)  # the same keyword names in HF's forward and ours
     text_ids = torch.randint(0, args.vision_start_token_id, (2, 24), generator=gen)
     with torch.no_grad():
-        hf_logits = hf(input_ids=input_ids, pixel_values=pixel_values, image_grid_thw=grid_thw,
-                       position_ids=position_ids, mm_token_type_ids=token_type).logits
-        logits = model(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
-        blank = model(input_ids, position_ids, None, pixel_values=torch.zeros_like(pixel_values),
-                      image_grid_thw=grid_thw)
+        hf_logits = hf(input_ids=input_ids, position_ids=position_ids, mm_token_type_ids=token_type, **pixels).logits
+        logits = model(input_ids, position_ids, None, **pixels)
+        blank = model(input_ids, position_ids, None, **{**pixels, "pixel_values": torch.zeros_like(pixel_values)})
         hf_text = hf(input_ids=text_ids).logits
         text = model(text_ids, torch.arange(24).expand(2, -1), None)
         windows, model.vision_model.window = model.vision_model.window, None
-        no_windows = model(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
-    converted = _through_the_converter(root, family, (input_ids, position_ids, pixel_values, grid_thw))
+        no_windows = model(input_ids, position_ids, None, **pixels)
+    converted = _through_the_converter(root, family, (input_ids, position_ids, pixels))
     vocab = args.vocab_size
     return {"missing": sorted(params - written), "unread": sorted(set(hf_state) - read),
-            "grid_thw": grid_thw, "position_ids": position_ids, "image_tokens": int(token_type.sum()),
+            "grid_thw": grid_thw, "position_ids": position_ids, "image_tokens": int((token_type == 1).sum()),
+            "video_tokens": int((token_type == 2).sum()),
             "diff": (logits[..., :vocab] - hf_logits).abs().max().item(),
             "blank_moves": (blank - logits).abs().max().item(),
             "text_diff": (text[..., :vocab] - hf_text).abs().max().item(), "windows": windows,
@@ -126,7 +140,7 @@ def _worker(family_name: str, architecture: str, root: str):
             "scale": hf_logits.abs().max().item(),
             "converted_diff": (converted["logits"][..., :vocab] - hf_logits).abs().max().item(),
             "flags": converted["flags"], "round_trip_differs": converted["round_trip_differs"],
-            "batch": (input_ids, position_ids, pixel_values, grid_thw), "hf_logits": hf_logits}
+            "batch": (input_ids, position_ids, pixels), "hf_logits": hf_logits}
 
 
 def _through_the_converter(root, family, batch):
@@ -138,13 +152,13 @@ def _through_the_converter(root, family, batch):
     from mtmegatron.convert.commands import hf_to_mcore, mcore_to_hf
     from mtmegatron.convert.model import build_model, load_model, parse_flags
 
-    input_ids, position_ids, pixel_values, grid_thw = batch
+    input_ids, position_ids, pixels = batch
     parallel_state.destroy_model_parallel()  # each converter call sets up its own one-rank parallel state
     flags = hf_to_mcore(f"{root}/hf", f"{root}/mcore", family.name)
     model = build_model(parse_flags(flags + FLAGS))
     load_model(model, f"{root}/mcore")
     with torch.no_grad():
-        logits = model.eval()(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
+        logits = model.eval()(input_ids, position_ids, None, **pixels)
     parallel_state.destroy_model_parallel()
     mcore_to_hf(f"{root}/mcore", f"{root}/back")
     before, after = load_file(f"{root}/hf/model.safetensors"), load_file(f"{root}/back/model.safetensors")
@@ -177,9 +191,9 @@ def _tp_logits_worker(rank, world_size, backend_name, flags, checkpoint, batch):
     from helpers.hf_parity import converted_model
 
     args, model = converted_model(world_size, backend_name, flags, checkpoint)
-    input_ids, position_ids, pixel_values, grid_thw = (torch.as_tensor(t) for t in batch)
+    input_ids, position_ids, pixels = batch
     with torch.no_grad():
-        logits = model(input_ids, position_ids, None, pixel_values=pixel_values, image_grid_thw=grid_thw)
+        logits = model(input_ids, position_ids, None, **pixels)
         logits = gather_from_tensor_model_parallel_region(logits)[..., : args.vocab_size]
     return logits if rank == 0 else None
 
@@ -190,10 +204,10 @@ def test_map_covers_both_models(result):
     assert r["unread"] == [], "HF tensors the map does not read"
 
 
-def test_images_of_three_sizes_give_hf_logits(result):
+def test_images_of_three_sizes_and_a_video_give_hf_logits(result):
     name, r, _ = result
     assert r["grid_thw"].tolist() == [[1, 4, 6], [1, 8, 4], [1, 6, 6]]
-    assert r["image_tokens"] == (24 + 32 + 36) // 4
+    assert r["image_tokens"] == (24 + 32 + 36) // 4 and r["video_tokens"] == 2 * 16 // 4
     positions = r["position_ids"]
     assert not torch.equal(positions[1], positions[2]), "the batch must exercise 2-D image positions"
     assert r["diff"] < MAX_ABS, r["diff"]

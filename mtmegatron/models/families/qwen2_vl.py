@@ -198,7 +198,8 @@ def vision_map(args, mlp_entries, norm_kinds: tuple) -> list[Entry]:
 
 
 def _plain_mlp(m: str, h: str) -> list[Entry]:
-    return [gpt.same(f"{m}mlp.linear_fc{i}.{kind}", f"{h}mlp.fc{i}.{kind}") for i in (1, 2) for kind in ("weight", "bias")]
+    return [gpt.same(f"{m}mlp.linear_fc{i}.{kind}", f"{h}mlp.fc{i}.{kind}")
+            for i in (1, 2) for kind in ("weight", "bias")]
 
 
 def hf_map(args, **_) -> list[Entry]:
