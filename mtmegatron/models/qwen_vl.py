@@ -38,7 +38,7 @@ from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
 
 from mtmegatron.models.layer_spec import build_layer_spec
-from mtmegatron.models.llava import _encoder_side, language_config, quick_gelu
+from mtmegatron.models.llava import _encoder_side, quick_gelu
 from mtmegatron.models.qwen_vision import PackedVisionEncoder
 from mtmegatron.models.vocab import install_vocab_padding
 
@@ -142,8 +142,9 @@ def language_model_kwargs(args: argparse.Namespace) -> dict:
 
 def build_qwen_vl_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[NativeResolutionVLM]:
     """One model per virtual pipeline stage held by this rank; the vision encoder only in the first chunk of the
-    first stage (``--decoder-first-pipeline-num-layers`` gives that stage fewer language layers)."""
-    lm_config = dataclasses.replace(language_config(args, config), mrope_section=list(args.mrope_section))
+    first stage (``--decoder-first/last-pipeline-num-layers`` give that stage fewer language layers: the flags'
+    config carries the split)."""
+    lm_config = dataclasses.replace(config, mrope_section=list(args.mrope_section))
     lm_spec = build_layer_spec(args, "dense")
     chunks = []
     for vp_stage in range(args.virtual_pipeline_model_parallel_size or 1):
