@@ -117,8 +117,9 @@ def _check_activation_offloading(args: argparse.Namespace) -> None:
                                        "memory activations would go to): off"
         return
     why = backend.transformer_engine_missing()
-    if why:
-        raise ConfigError(f"{flag}: megatron-core runs activation offloading in TransformerEngine's cpu_offload: {why}")
+    if why and layers:  # fine-grained offloading runs without TE (patches/activation_offload_without_te.py)
+        raise ConfigError(f"{flag}: megatron-core runs this activation offloading in TransformerEngine's cpu_offload: "
+                          f"{why} (--fine-grained-activation-offloading does not need TE)")
     args.cpu_offloading = bool(layers)
     args.activation_offload_note = f"{flag}: saved activations of " + (
         f"{', '.join(args.offload_modules)} (tensors of at least {args.min_offloaded_tensor_size} elements)" if fine

@@ -226,22 +226,25 @@ def test_activation_offloading_on_the_host_is_off_with_a_startup_line():
 
 
 @pytest.mark.parametrize("te_missing", [None, "TransformerEngine is not installed"])
-def test_activation_offloading_on_a_device_needs_transformer_engine(monkeypatch, te_missing):
-    """On a device backend megatron-core offloads in TE's cpu_offload: refused without TE, a start-up line with."""
+def test_activation_offloading_on_a_device(monkeypatch, te_missing):
+    """On a device backend: fine-grained offloading with or without TE (megatron-core's manager needs only a flag
+    of TE's, patches/activation_offload_without_te.py; run on the simulated device in tests/musa_sim/test_lane.py),
+    a start-up line saying what moves; --cpu-offloading-num-layers runs in TE's cpu_offload: refused without TE."""
     from mtmegatron.training import memory_flags
 
     device = types.SimpleNamespace(name="musa", device_is_host=False, transformer_engine_missing=lambda: te_missing)
     monkeypatch.setattr(memory_flags, "select_backend", lambda name, warn: device)
-    if te_missing:
-        with pytest.raises(ConfigError) as e:
-            parse_args(BASE + OFFLOAD, world_size=1)
-        assert str(e.value) == ("--fine-grained-activation-offloading: megatron-core runs activation offloading in "
-                                "TransformerEngine's cpu_offload: TransformerEngine is not installed")
-        return
     args = parse_args(BASE + OFFLOAD, world_size=1)
     assert args.fine_grained_activation_offloading and args.activation_offload_note == (
         "--fine-grained-activation-offloading: saved activations of core_attn, attn_norm (tensors of at least "
         "1048576 elements) go to host memory in forward and return in backward (megatron-core; the device peak "
         "shows with --log-memory-interval)")
+    if te_missing:
+        with pytest.raises(ConfigError) as e:
+            parse_args(BASE + ["--cpu-offloading-num-layers", "1"], world_size=1)
+        assert str(e.value) == ("--cpu-offloading-num-layers: megatron-core runs this activation offloading in "
+                                "TransformerEngine's cpu_offload: TransformerEngine is not installed "
+                                "(--fine-grained-activation-offloading does not need TE)")
+        return
     args = parse_args(BASE + ["--cpu-offloading-num-layers", "1"], world_size=1)
     assert args.cpu_offloading and "1 of the 2 layers go to host memory" in args.activation_offload_note

@@ -35,31 +35,19 @@ class ExternalStream(Stream):
         return super().__new__(cls, stream_id=int(stream_ptr), device_index=index, device_type=_device_type())
 
 
-class Event:
-    """``torch.musa.Event``: wraps a ``torch.Event`` on musa; records a host timestamp, times in milliseconds."""
+class Event(torch.Event):
+    """``torch.musa.Event``: a ``torch.Event`` on musa (as torch_musa's is, so ``Stream.wait_event`` and
+    ``record_event`` take it); records a host timestamp, times in milliseconds."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self._event = torch.Event(device="musa", enable_timing=enable_timing, blocking=blocking,
-                                  interprocess=interprocess)
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(cls, device="musa", enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
 
     def record(self, stream=None):
-        self._event.record(current_stream() if stream is None else stream)
+        super().record(current_stream() if stream is None else stream)
 
     def wait(self, stream=None):
-        self._event.wait(current_stream() if stream is None else stream)
-
-    def query(self) -> bool:
-        return self._event.query()
-
-    def synchronize(self) -> None:
-        self._event.synchronize()
-
-    def elapsed_time(self, end: "Event") -> float:
-        return self._event.elapsed_time(end._event)
-
-    @property
-    def device(self):
-        return self._event.device
+        super().wait(current_stream() if stream is None else stream)
 
 
 def _device_type() -> int:
