@@ -49,9 +49,10 @@ def _torch_fsdp2_refusal(args: argparse.Namespace) -> str | None:
 
 # Measured on the tiny Mixtral (4 experts, top-2) at EP2 x DP2 against DDP + the distributed optimizer; the
 # optim strategy equals it (tests/parallel/test_fsdp.py).
-_SHARDED_GRADS_UNDER_EP = ("megatron-core 0.16.1's Megatron-FSDP with sharded gradients gives another gradient norm "
-                           "than DDP under expert parallelism (measured at EP2: 1.182 vs 1.154 at the first step, "
-                           "losses off by 1e-3 after 5 iterations; the cause is not found yet); use "
+_SHARDED_GRADS_UNDER_EP = ("megatron-core 0.16.1's Megatron-FSDP adds the reduce-scattered gradient to a buffer that "
+                           "already holds it when the expert data-parallel group has one rank (reworked upstream "
+                           "after 0.16.1): the expert gradients come out doubled (measured at EP2 x DP2: gradient "
+                           "norm 1.182 vs DDP's 1.154 at the first step, losses off by 1e-3 after 5 iterations); use "
                            "--data-parallel-sharding-strategy optim")
 _EP_REFUSALS = {
     "no_shard": "megatron-core reduces the gradient norm of Megatron-FSDP's one optimizer over one group, which "
