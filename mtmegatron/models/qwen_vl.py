@@ -110,7 +110,7 @@ class NativeResolutionVLM(MegatronModule):
         parts = [(p, g, t) for p, g, t in ((pixel_values, image_grid_thw, self.image_token_id),
                                            (pixel_values_videos, video_grid_thw, self.video_token_id)) if p is not None]
         if not parts:
-            return embeddings
+            return embeddings + self._zero_from_encoder()
         merged = self.vision_model(torch.cat([p for p, _, _ in parts]), torch.cat([g for _, g, _ in parts]))
         counts = [int(g.prod(-1).sum()) // self.vision_model.merge ** 2 for _, g, _ in parts]
         batch_major = embeddings.transpose(0, 1)
@@ -121,6 +121,14 @@ class NativeResolutionVLM(MegatronModule):
                                  f"{vision.shape[0]} embeddings (grid_thw {grid_thw.tolist()})")
             batch_major = batch_major.masked_scatter(where.unsqueeze(-1), vision.to(embeddings.dtype))
         return batch_major.transpose(0, 1).contiguous()
+
+    def _zero_from_encoder(self):
+        """0, through every encoder parameter: a micro-batch without pixels still gives them a (zero) gradient, so
+        megatron-core's DDP sees every gradient it waits for (``--overlap-grad-reduce`` asserts otherwise)."""
+        if self.vision_model is None or not torch.is_grad_enabled():
+            return 0.0
+        used = [p.reshape(-1)[:1] for p in self.vision_model.parameters() if p.requires_grad]
+        return 0.0 * torch.cat(used).sum() if used else 0.0
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, labels=None,
                 pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,

@@ -12,7 +12,7 @@ written, every HF tensor read), and runs one batch through both:
 * logits at every position within 1e-5 (measured: Qwen2-VL 3.1e-6, Qwen2.5-VL 2.7e-6, on logits up to
   2.6 / 2.8; TP2 4.0e-6 / 3.2e-6; float summation order only);
 * the images matter: the same batch with blank images moves our logits by far more than the tolerance;
-* text only (2-D positions): the same logits as HF's text path;
+* text only (2-D positions): the same logits as HF's text path, and a zero gradient for every encoder parameter;
 * backward: the gradient of one random projection of the logits, every HF parameter's mapped like its weight,
   within 1e-5 of the gradient's scale for every parameter of both towers (measured: 2.5e-6 relative at worst);
 * Qwen2.5-VL: its tiny ViT attends in windows of 2x2 merge blocks in layer 0 (full attention in layer 1), so the
@@ -136,6 +136,10 @@ def _worker(family_name: str, architecture: str, root: str):
         labels = torch.roll(input_ids, -1, dims=1)
         token_losses = model(input_ids, position_ids, None, labels=labels, **pixels)
     grad_diffs = _gradient_diffs(model, hf, family, args, (input_ids, position_ids, pixels, token_type))
+    model.zero_grad(set_to_none=True)  # a text-only micro-batch: the encoder's parameters get zero gradients
+    model(text_ids, torch.arange(24).expand(2, -1), None).sum().backward()
+    text_only_encoder_grads = [None if p.grad is None else p.grad.abs().max().item()
+                               for p in model.vision_model.parameters()]
     converted = _through_the_converter(root, family, (input_ids, position_ids, pixels))
     vocab = args.vocab_size
     return {"missing": sorted(params - written), "unread": sorted(set(hf_state) - read),
@@ -149,7 +153,7 @@ def _worker(family_name: str, architecture: str, root: str):
             "converted_diff": (converted["logits"][..., :vocab] - hf_logits).abs().max().item(),
             "flags": converted["flags"], "round_trip_differs": converted["round_trip_differs"],
             "batch": (input_ids, position_ids, pixels), "hf_logits": hf_logits, "grad_diffs": grad_diffs,
-            "labels": labels, "token_losses": token_losses}
+            "labels": labels, "token_losses": token_losses, "text_only_encoder_grads": text_only_encoder_grads}
 
 
 def _memory_name(disk_name: str) -> str:
@@ -327,6 +331,8 @@ def test_pp2_vision_on_the_first_stage_gives_the_same_losses(result, run_ranks):
 def test_text_only_gives_hf_logits(result):
     _, r, _ = result
     assert r["text_diff"] < MAX_ABS, r["text_diff"]
+    # and every encoder parameter a zero gradient (megatron-core's DDP waits for each one with overlapped reduce)
+    assert r["text_only_encoder_grads"] and set(r["text_only_encoder_grads"]) == {0.0}
 
 
 @pytest.mark.parametrize("flags, message", [
