@@ -3,8 +3,8 @@ Qwen2.5-VL; models/qwen_vl.py), one ``error`` each before any process group exis
 
 M-RoPE (``--position-embedding-type mrope``) belongs to these models only (their positions are ``[3, b, s]``);
 their ``--mrope-section`` must cover half the head dim; the vision tower comes from the preset (``vision_*``
-dests) and its heads split over TP. Refused until built: sequence and context parallelism (the image embeddings
-are merged into the whole, unsplit sequence), FP8, MoE / MLA language models.
+dests) and its heads split over TP. Refused until built: context parallelism (the image embeddings must be merged
+before the sequence is split), FP8, MoE / MLA language models.
 May assume: the preset is applied and ``kv_channels`` resolved (models/family_args.check_family_args).
 """
 
@@ -38,10 +38,9 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
     tp = args.tensor_model_parallel_size
     if args.vision_num_attention_heads % tp:
         raise error(f"the vision tower's {args.vision_num_attention_heads} heads must be divisible by TP {tp}")
-    not_yet = {"--sequence-parallel": args.sequence_parallel, "--context-parallel-size > 1":
-               args.context_parallel_size > 1, "--fp8-format": args.fp8_format, "--num-experts": args.num_experts,
-               "--multi-latent-attention": args.multi_latent_attention}
+    not_yet = {"--context-parallel-size > 1": args.context_parallel_size > 1, "--fp8-format": args.fp8_format,
+               "--num-experts": args.num_experts, "--multi-latent-attention": args.multi_latent_attention}
     named = [flag for flag, on in not_yet.items() if on]
     if named:
-        raise error(f"{', '.join(named)} with --model {model.name}: not supported yet (the image embeddings are "
+        raise error(f"{', '.join(named)} with --model {model.name}: not supported yet (vision embeddings are "
                     f"merged into the whole sequence; dense language models only)")

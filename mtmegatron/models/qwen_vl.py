@@ -13,7 +13,9 @@ The vision fields come from the preset (``vision_*`` dests, ``patch_dim``, ``ima
 the encoder layers are ``layer_spec.build_layer_spec``'s with the vision shape (LayerNorm + QuickGELU, or RMSNorm +
 SwiGLU with biases) and mtmegatron's SDPA core attention whatever the language model runs (it takes packed
 sequences).
-Not yet: sequence parallelism and context parallelism (the merge runs on the whole, unsplit sequence), FP8.
+Sequence parallelism: the embeddings are merged on the whole sequence, then split over TP (megatron-core's
+LLaVA does the same); the encoder itself runs unsplit (no SP, as megatron's LLaVA recipe).
+Not yet: context parallelism (vision embeddings must be merged before the sequence is split), FP8.
 The M-RoPE positions (videos' temporal ones included) are the caller's (``position_ids``).
 May assume: validated flags with the vision fields of a ``vision_encoder == "packed"`` family preset, parallel state
 initialised, backend bridge active.
@@ -27,7 +29,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from megatron.core import parallel_state
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.enums import ModelType
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt import GPTModel
@@ -139,6 +141,8 @@ class NativeResolutionVLM(MegatronModule):
         decoder_input = None
         if self.pre_process:
             decoder_input = self.embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+            if self.config.sequence_parallel:  # merged on the whole sequence, then split (as megatron's LLaVA)
+                decoder_input = tensor_parallel.scatter_to_sequence_parallel_region(decoder_input)
         return self.language_model(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
                                    labels=labels, **kwargs)
 
@@ -162,7 +166,7 @@ def build_qwen_vl_chunks(args: argparse.Namespace, config: TransformerConfig) ->
         language = GPTModel(config=lm_config, transformer_layer_spec=lm_spec, vocab_size=args.padded_vocab_size,
                             max_sequence_length=args.max_position_embeddings, pre_process=first, post_process=last,
                             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                            **language_model_kwargs(args), vp_stage=vp)
+                            scatter_embedding_sequence_parallel=False, **language_model_kwargs(args), vp_stage=vp)
         install_vocab_padding(language, args.vocab_size)
         vision = build_vision_encoder(args, config) if first else None
         model = NativeResolutionVLM(lm_config, language, vision, args.image_token_id, args.video_token_id)

@@ -9,17 +9,17 @@ written, every HF tensor read), and runs one batch through both:
   ``Qwen2VLImageProcessorPil`` from PIL images and one video (2 temporal patches of 4x4: its slabs attend each to
   itself); sample 0 holds two images, sample 1 an image and the video; the 3-D position ids from HF's
   ``get_rope_index`` are the input of both models;
-* logits at every position within 1e-5 (measured: Qwen2-VL 3.1e-6, Qwen2.5-VL 2.7e-6, on logits up to
-  2.6 / 2.8; TP2 4.0e-6 / 3.2e-6; float summation order only);
+* logits at every position within 1e-5 (measured: Qwen2-VL 3.1e-6, Qwen2.5-VL 3.0e-6, on logits up to
+  2.8; TP2 and TP2+SP 3.1e-6 for both; float summation order only);
 * the images matter: the same batch with blank images moves our logits by far more than the tolerance;
 * text only (2-D positions): the same logits as HF's text path, and a zero gradient for every encoder parameter;
 * backward: the gradient of one random projection of the logits, every HF parameter's mapped like its weight,
-  within 1e-5 of the gradient's scale for every parameter of both towers (measured: 2.5e-6 relative at worst);
+  within 1e-5 of the gradient's scale for every parameter of both towers (measured: 2.1e-6 relative at worst);
 * Qwen2.5-VL: its tiny ViT attends in windows of 2x2 merge blocks in layer 0 (full attention in layer 1), so the
   three images make 2, 2 and 4 windows (some cut at the edge); the same model without windows gives other logits;
 * the converter: HF ``save_pretrained`` -> ``hf_to_mcore`` (flags from config.json) -> our model loaded from the
-  checkpoint gives HF's logits, at one rank and under TP2 (2 spawned ranks); ``mcore_to_hf`` writes the same
-  tensors back bit-exactly;
+  checkpoint gives HF's logits, at one rank and under TP2 with and without sequence parallelism (2 spawned
+  ranks); ``mcore_to_hf`` writes the same tensors back bit-exactly;
 * pipeline: PP2 with the vision encoder and 1 language layer on stage 0, 3 layers on stage 1, through
   megatron-core's schedule: the one-rank per-token losses (measured 1.9e-6 on losses of ~7).
 """
@@ -74,7 +74,7 @@ def _tokens(args, grid_thw, video_grid_thw, gen):
     def span(token, n):
         return [args.vision_start_token_id] + [token] * n + [args.vision_end_token_id]
 
-    first = text(5) + span(args.image_token_id, merged[0]) + text(3) + span(args.image_token_id, merged[1]) + text(9)
+    first = text(5) + span(args.image_token_id, merged[0]) + text(3) + span(args.image_token_id, merged[1]) + text(10)
     second = text(7) + span(args.image_token_id, merged[2]) + text(2)
     second += span(args.video_token_id, int(video_grid_thw.prod()) // unit)
     second += text(len(first) - len(second))
@@ -271,14 +271,15 @@ def test_converter_round_trip(result):
     assert r["round_trip_differs"] == []
 
 
-def test_tp2_gives_hf_logits(result, run_ranks):
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+def test_tp2_gives_hf_logits(result, run_ranks, sp):
     """The converted checkpoint loaded under TP2 (both towers split: vision heads 4 -> 2 per rank, the merger's
-    MLP column/row parallel)."""
+    MLP column/row parallel), and with sequence parallelism (the merged sequence split over the 2 ranks)."""
     name, r, root = result
-    flags = r["flags"] + FLAGS + ["--tensor-model-parallel-size", "2"]
+    flags = r["flags"] + FLAGS + ["--tensor-model-parallel-size", "2"] + (["--sequence-parallel"] if sp else [])
     logits = run_ranks(_tp_logits_worker, 2, "cpu", flags, str(root / "mcore"), r["batch"], timeout=240)[0]
     diff = (torch.as_tensor(logits) - r["hf_logits"]).abs().max().item()
-    print(f"{name} tp2: max |logit diff| vs HF {diff:.2e}")
+    print(f"{name} tp2{' sp' if sp else ''}: max |logit diff| vs HF {diff:.2e}")
     assert diff < MAX_ABS, diff
 
 
@@ -339,15 +340,15 @@ def test_text_only_gives_hf_logits(result):
     (["--model", "llama3", "--position-embedding-type", "mrope"], "--position-embedding-type mrope: only the"),
     (["--model", "qwen2-vl", "--mrope-section", "2", "2", "2"], "--mrope-section 2 2 2: three sections"),
     (["--model", "qwen2-vl", "--position-embedding-type", "rope"], "--model qwen2-vl uses M-RoPE"),
-    (["--model", "qwen2.5-vl", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
-     "--sequence-parallel with --model qwen2.5-vl: not supported yet"),
-], ids=["mrope-on-text-model", "sections", "rope", "sequence-parallel"])
+    (["--model", "qwen2.5-vl", "--context-parallel-size", "2"],
+     "--context-parallel-size > 1 with --model qwen2.5-vl: not supported yet"),
+], ids=["mrope-on-text-model", "sections", "rope", "context-parallel"])
 def test_flag_refusals(flags, message):
     from mtmegatron.convert.model import parse_flags
     from mtmegatron.utils.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
-        parse_flags(flags + FLAGS, world_size=2 if "--sequence-parallel" in flags else 1)
+        parse_flags(flags + FLAGS, world_size=2 if "--context-parallel-size" in flags else 1)
 
 
 def test_conversion_refuses_a_tower_no_preset_has():
