@@ -152,6 +152,18 @@ def language_model_kwargs(args: argparse.Namespace) -> dict:
                 seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor)
 
 
+def freeze(model: NativeResolutionVLM, args: argparse.Namespace) -> None:
+    """LLaVA's flags: ``--freeze-LM`` the language model, ``--freeze-ViT`` the patch embedding and the encoder
+    layers, ``--freeze-projection`` the merger (its norm and MLP: the projector into the language model)."""
+    frozen = [model.language_model] if args.freeze_LM else []
+    if model.vision_model is not None:
+        vision = model.vision_model
+        frozen += [vision.patch_embed, vision.decoder] if args.freeze_ViT else []
+        frozen += [vision.merger_norm, vision.merger] if args.freeze_projection else []
+    for module in frozen:
+        module.requires_grad_(False)
+
+
 def build_qwen_vl_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[NativeResolutionVLM]:
     """One model per virtual pipeline stage held by this rank; the vision encoder only in the first chunk of the
     first stage (``--decoder-first/last-pipeline-num-layers`` give that stage fewer language layers: the flags'
@@ -171,9 +183,6 @@ def build_qwen_vl_chunks(args: argparse.Namespace, config: TransformerConfig) ->
         vision = build_vision_encoder(args, config) if first else None
         model = NativeResolutionVLM(lm_config, language, vision, args.image_token_id, args.video_token_id)
         model.model_type = ModelType.encoder_or_decoder  # the schedules read it
-        if getattr(args, "freeze_LM", False):
-            language.requires_grad_(False)
-        if vision is not None and getattr(args, "freeze_ViT", False):
-            vision.requires_grad_(False)
+        freeze(model, args)
         chunks.append(model)
     return chunks

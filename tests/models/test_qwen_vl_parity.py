@@ -20,6 +20,7 @@ written, every HF tensor read), and runs one batch through both:
 * the converter: HF ``save_pretrained`` -> ``hf_to_mcore`` (flags from config.json) -> our model loaded from the
   checkpoint gives HF's logits, at one rank and under TP2 with and without sequence parallelism (2 spawned
   ranks); ``mcore_to_hf`` writes the same tensors back bit-exactly;
+* ``--freeze-LM`` / ``--freeze-ViT`` / ``--freeze-projection`` leave the rest trainable;
 * pipeline: PP2 with the vision encoder and 1 language layer on stage 0, 3 layers on stage 1, through
   megatron-core's schedule: the one-rank per-token losses (measured 1.9e-6 on losses of ~7).
 """
@@ -92,6 +93,10 @@ def _worker(family_name: str, architecture: str, root: str):
     init_single_rank(args)
     model = build_model(args).eval()
     family = families.get(family_name)
+    trainable = {}  # LLaVA's freeze flags on this model: the names of what still trains
+    for freeze in (["--freeze-ViT", "--freeze-projection"], ["--freeze-LM", "--freeze-ViT"]):
+        frozen = build_model(parse_flags(["--model", family_name, "--model-size", "tiny", *FLAGS, *freeze]))
+        trainable[" ".join(freeze)] = sorted({n.split(".")[1] for n, p in frozen.named_parameters() if p.requires_grad})
 
     config = transformers.AutoConfig.for_model(**family.hf_config(args))
     torch.manual_seed(0)
@@ -153,7 +158,7 @@ def _worker(family_name: str, architecture: str, root: str):
             "converted_diff": (converted["logits"][..., :vocab] - hf_logits).abs().max().item(),
             "flags": converted["flags"], "round_trip_differs": converted["round_trip_differs"],
             "batch": (input_ids, position_ids, pixels), "hf_logits": hf_logits, "grad_diffs": grad_diffs,
-            "labels": labels, "token_losses": token_losses, "text_only_encoder_grads": text_only_encoder_grads}
+            "labels": labels, "token_losses": token_losses, "trainable": trainable, "text_only_encoder_grads": text_only_encoder_grads}
 
 
 def _memory_name(disk_name: str) -> str:
@@ -327,6 +332,13 @@ def test_pp2_vision_on_the_first_stage_gives_the_same_losses(result, run_ranks):
     diff = (torch.as_tensor(last[0]) - r["token_losses"]).abs().max().item()
     print(f"{name} pp2: max |per-token loss diff| vs one rank {diff:.2e}")
     assert diff < MAX_ABS, diff
+
+
+def test_freeze_flags(result):
+    """LLaVA's flags: --freeze-ViT the patch embedding and encoder layers, --freeze-projection the merger."""
+    _, r, _ = result
+    assert r["trainable"] == {"--freeze-ViT --freeze-projection": ["decoder", "embedding", "output_layer"],
+                              "--freeze-LM --freeze-ViT": ["merger", "merger_norm"]}
 
 
 def test_text_only_gives_hf_logits(result):
