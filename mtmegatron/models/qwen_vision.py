@@ -47,6 +47,9 @@ class PackedVisionEncoder(MegatronModule):
         self.merge, self.window, self.full_attention_layers = merge, window, frozenset(full_attention_layers)
         self.head_dim = config.kv_channels
         self.patch_embed = torch.nn.Linear(patch_input_size, config.hidden_size, bias=False)
+        if config.perform_initialization:  # megatron's init, as every other weight (not torch's kaiming default)
+            with torch.no_grad():
+                config.init_method(self.patch_embed.weight)
         self.decoder = TransformerBlock(config=config, spec=layer_spec, post_layer_norm=False, pre_process=True,
                                         post_process=False)
         self.merger_norm = build_module(norm, config=config, hidden_size=config.hidden_size,
