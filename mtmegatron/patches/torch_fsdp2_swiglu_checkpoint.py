@@ -8,8 +8,9 @@ wrongly: FSDP2 resumed from its own checkpoints, but a DDP run loading one (or F
 fc1 rows permuted (measured: weights off by 0.13, the resumed loss off by 0.17 at DP2). At TP1 the local slice
 is already in the checkpoint's global order, so the ShardedTensor megatron-core made for it (its offset the
 FSDP2 slice's, megatron.core.utils' make_tp_sharded_tensor_for_checkpoint) is kept as it is. Only a fc1 that is
-sharded along its rows with TP1 (FSDP2's case; DDP's is one fragment) takes this path; FSDP2 with TP>1 and a
-gated MLP is refused for checkpoints (training/fsdp_flags.py).
+sharded along its rows with TP1 and expert-TP1 (FSDP2's case; DDP's is one fragment, an expert's under expert
+TP is split by it) takes this path; FSDP2 with (expert) TP>1 and a gated MLP is refused for checkpoints
+(training/fsdp_flags.py).
 Versions: megatron-core 0.16.x. Backends: all.
 """
 
@@ -26,6 +27,7 @@ def apply():
 
         row_axis = len(sharded_offsets)
         if (not singleton_local_shards and parallel_state.get_tensor_model_parallel_world_size() == 1
+                and parallel_state.get_expert_tensor_parallel_world_size() == 1
                 and original_sh_ten.axis_fragmentations[row_axis] > 1):
             return original_sh_ten  # FSDP2's row slice of [gate; up]: already the global order
         return original(original_sh_ten, sharded_offsets, singleton_local_shards)

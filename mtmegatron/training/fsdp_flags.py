@@ -117,8 +117,8 @@ def _checkpoint_refusal(args: argparse.Namespace) -> str | None:
                 "fsdp_dtensor (Megatron-LM 0.16.1 requires it with Megatron-FSDP; its torch_dist sharded state "
                 "raises NotImplementedError), which mtmegatron does not write yet; use --use-torch-fsdp2 or "
                 "--use-distributed-optimizer without --use-megatron-fsdp to checkpoint")
-    if args.tensor_model_parallel_size > 1 and args.swiglu:
-        return ("with --tensor-model-parallel-size > 1 and --swiglu, megatron-core 0.16.1's SwiGLU checkpoint "
-                "factory takes each rank's fc1 rows for one TP rank's [gate; up], which FSDP2's dim-0 slice of them "
-                "is not (the checkpoint would hold them out of order); checkpoint at TP1")
+    if (args.tensor_model_parallel_size > 1 or (args.expert_tensor_parallel_size or 1) > 1) and args.swiglu:
+        return ("with --tensor-model-parallel-size (or --expert-tensor-parallel-size) > 1 and --swiglu, megatron-core "
+                "0.16.1's SwiGLU checkpoint factory takes each rank's fc1 rows for one TP rank's [gate; up], which "
+                "FSDP2's dim-0 slice of them is not (the checkpoint would hold them out of order); checkpoint at TP1")
     return None

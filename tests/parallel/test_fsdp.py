@@ -2,12 +2,13 @@
 FSDP2 (resharding after forward on and off) train the tiny llama3 exactly as DDP + the distributed optimizer does.
 
 DP2, fp32, dropout 0, 10 iterations, every run from the same seed (each rank initialises the same full weights on
-the host; the FSDP engines then shard them): the per-iteration losses equal the baseline's within ATOL (measured:
-at most 2.4e-7, float summation order of the gradient norm under clipping). One ``torchrun -m mtmegatron.pretrain`` per configuration, the
-baseline shared. TP2 x DP2 (4 ranks, 5 iterations): Megatron-FSDP (optim, optim_grads_params) equals DDP + the
-distributed optimizer at the same layout within ATOL (measured <= 3.6e-7; ~80 s). The tiny Mixtral at EP2 x DP2 (2
-ranks, 5 iterations): Megatron-FSDP optim equals it (measured: identical; ~25 s). The combinations megatron-core
-does not support, or that do not train alike on this backend (or that would do nothing), are one line each.
+the host; the FSDP engines then shard them): the per-iteration losses equal the baseline's within ATOL (measured: at
+most 2.4e-7, float summation order of the gradient norm under clipping). One ``torchrun -m mtmegatron.pretrain`` per
+configuration, the baseline shared. TP2 x DP2 (4 ranks, 5 iterations): Megatron-FSDP (optim, optim_grads_params)
+equals DDP + the distributed optimizer at the same layout within ATOL (measured <= 3.6e-7; ~80 s). The tiny Mixtral
+at EP2 x DP2 (2 ranks, 5 iterations): Megatron-FSDP optim equals it (measured: identical; ~25 s). The combinations
+megatron-core does not support, or that do not train alike on this backend (or that would do nothing), are one line
+each.
 """
 
 from __future__ import annotations

@@ -107,7 +107,9 @@ MFSDP = ["--use-megatron-fsdp", "--use-distributed-optimizer"]
     (MFSDP + ["--data-parallel-sharding-strategy", "optim_grads_params", "--load", "ckpt"],
      "--use-megatron-fsdp with --save/--load: megatron-core 0.16.1's distributed optimizer saves"),
     (["--use-torch-fsdp2", "--tensor-model-parallel-size", "2", "--save", "ckpt"],
-     "--use-torch-fsdp2 with --save/--load: with --tensor-model-parallel-size > 1 and --swiglu"),
+     "--use-torch-fsdp2 with --save/--load: with --tensor-model-parallel-size (or --expert-tensor-parallel-size) > 1"),
+    (["--use-torch-fsdp2", "--num-experts", "4", "--expert-tensor-parallel-size", "2", "--load", "ckpt"],
+     "--use-torch-fsdp2 with --save/--load: with --tensor-model-parallel-size (or --expert-tensor-parallel-size) > 1"),
 ])
 def test_refused_checkpoint_is_one_line(extra, says, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
