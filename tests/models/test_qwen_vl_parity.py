@@ -378,5 +378,24 @@ def test_conversion_refuses_a_tower_no_preset_has():
     assert flags[flags.index("--num-layers") + 1] == "2"
 
 
+PRESETS = [("qwen2-vl", size) for size in ("tiny", "2b", "7b")] + [("qwen2.5-vl", size) for size in ("tiny", "3b", "7b")]
+
+
+@pytest.mark.parametrize("family_name, size", PRESETS, ids=[f"{f}-{s}" for f, s in PRESETS])
+def test_every_preset_survives_its_hf_config(family_name, size):
+    """preset -> hf_config -> flags_from_hf -> the same model flags (and the same preset named)."""
+    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.models.families import get
+    from mtmegatron.models.fingerprint import fingerprint
+
+    family = get(family_name)
+    args = parse_flags(["--model", family_name, "--model-size", size, *FLAGS])
+    flags = family.flags_from_hf(family.hf_config(args))
+    back = parse_flags(flags + FLAGS)
+    assert flags[3] == size
+    assert fingerprint(back) == fingerprint(args)
+    assert {k: getattr(back, k) for k in family.presets[size]} == {k: getattr(args, k) for k in family.presets[size]}
+
+
 if __name__ == "__main__":
     torch.save(_worker(*sys.argv[2:5]), sys.argv[1])

@@ -54,7 +54,7 @@ def flags_from_hf(config: dict, **_) -> list[str]:
     if vision["out_hidden_size"] != hidden:
         qwen2_vl.fail(f"vision_config.out_hidden_size {vision['out_hidden_size']} != the language model's "
                       f"hidden_size {hidden}; not converted")
-    return ["--model", FAMILY.name, "--model-size", qwen2_vl.preset_for(FAMILY, config, fields), *flags]
+    return ["--model", FAMILY.name, "--model-size", qwen2_vl.preset_for(FAMILY, config, fields, hidden), *flags]
 
 
 def hf_config(args, **_) -> dict:

@@ -87,18 +87,19 @@ def text_flags(config: dict) -> list[str]:
             "--mrope-section", *map(str, sections)]
 
 
-def preset_for(family: Family, config: dict, vision_fields: dict) -> str:
-    """The preset whose vision tower and special tokens are the config's (``vision_fields``: dest -> value)."""
+def preset_for(family: Family, config: dict, vision_fields: dict, hidden_size: int) -> str:
+    """The preset whose vision tower and special tokens are the config's (``vision_fields``: dest -> value), the
+    one of the same language width first (the released sizes share their tower)."""
     wanted = {**vision_fields, **{f: config.get(f, TOKEN_DEFAULTS[f]) for f in TOKEN_FIELDS}}
-    mismatches = []
+    mismatches, fitting = [], []
     for size, preset in family.presets.items():
         differing = [f"{dest} {value!r} (preset {size}: {preset.get(dest)!r})" for dest, value in wanted.items()
                      if preset.get(dest) != value]
-        if not differing:
-            return size
-        mismatches.append(differing[0])
-    fail(f"the vision tower / special tokens of this config match no {family.name} preset "
-         f"({'; '.join(mismatches)}): the vision shape has no flags yet; not converted")
+        (mismatches.append(differing[0]) if differing else fitting.append(size))
+    if not fitting:
+        fail(f"the vision tower / special tokens of this config match no {family.name} preset "
+             f"({'; '.join(mismatches)}): the vision shape has no flags yet; not converted")
+    return next((size for size in fitting if family.presets[size]["hidden_size"] == hidden_size), fitting[0])
 
 
 def flags_from_hf(config: dict, **_) -> list[str]:
@@ -115,7 +116,7 @@ def flags_from_hf(config: dict, **_) -> list[str]:
     if vision["hidden_size"] != hidden:
         fail(f"vision_config.hidden_size {vision['hidden_size']} (the merger's output) != the language model's "
              f"hidden_size {hidden}; not converted")
-    return ["--model", FAMILY.name, "--model-size", preset_for(FAMILY, config, fields), *flags]
+    return ["--model", FAMILY.name, "--model-size", preset_for(FAMILY, config, fields, hidden), *flags]
 
 
 # ---- flags -> HF config.json ----------------------------------------------------------------------------------
