@@ -68,7 +68,8 @@ def fill_llava_fields(args: argparse.Namespace, given: dict, error: type[Excepti
     family = families.of(args)
     if not family.is_multimodal:
         shared = ("freeze_LM", "freeze_ViT", "freeze_projection") if family.vision_encoder else ()  # models/qwen_vl.py
-        named = [given[f] for f in (*LLAVA_FIELDS, *_LLAVA_ONLY_BOOLS, "image_folder") if f in given and f not in shared]
+        named = [given[f] for f in (*LLAVA_FIELDS, *_LLAVA_ONLY_BOOLS, "image_folder")
+                 if f in given and f not in shared]
         if named:
             raise error(f"{', '.join(named)}: LLaVA flags, only valid with --model llava (this run is --model "
                         f"{args.model})")

@@ -158,7 +158,8 @@ def _worker(family_name: str, architecture: str, root: str):
             "converted_diff": (converted["logits"][..., :vocab] - hf_logits).abs().max().item(),
             "flags": converted["flags"], "round_trip_differs": converted["round_trip_differs"],
             "batch": (input_ids, position_ids, pixels), "hf_logits": hf_logits, "grad_diffs": grad_diffs,
-            "labels": labels, "token_losses": token_losses, "trainable": trainable, "text_only_encoder_grads": text_only_encoder_grads}
+            "labels": labels, "token_losses": token_losses, "trainable": trainable,
+            "text_only_encoder_grads": text_only_encoder_grads}
 
 
 def _memory_name(disk_name: str) -> str:
@@ -378,7 +379,7 @@ def test_conversion_refuses_a_tower_no_preset_has():
     assert flags[flags.index("--num-layers") + 1] == "2"
 
 
-PRESETS = [("qwen2-vl", size) for size in ("tiny", "2b", "7b")] + [("qwen2.5-vl", size) for size in ("tiny", "3b", "7b")]
+PRESETS = [("qwen2-vl", s) for s in ("tiny", "2b", "7b")] + [("qwen2.5-vl", s) for s in ("tiny", "3b", "7b")]
 
 
 @pytest.mark.parametrize("family_name, size", PRESETS, ids=[f"{f}-{s}" for f, s in PRESETS])
