@@ -1,4 +1,4 @@
-"""torch FSDP2's optimizer state finds its model parameter in a torch_dist checkpoint (torch >= 2.12).
+"""torch FSDP2's optimizer state finds its model parameter in a torch_dist checkpoint (seen with torch 2.13).
 
 Target: megatron.core.dist_checkpointing.optimizer:to_local_if_dtensor
 Reason: the optimizer's ``sharded_state_dict`` pairs each optimizer state with the model's ShardedTensor of the
