@@ -56,7 +56,14 @@ def prepare(argv):
             raise ConfigError(str(e)) from None
     progress = int(os.environ.get("RANK", "0")) == 0
     data = None
-    if families.of(args).is_multimodal:  # images + conversations (training/multimodal_data.py)
+    from mtmegatron.training.packed_vision_data import reads_vision_data
+
+    if reads_vision_data(args):  # native-resolution images/videos + conversations (training/packed_vision_data.py)
+        from mtmegatron.training.packed_vision_data import prepare as prepare_vision
+
+        data = prepare_vision(args, progress=progress)
+        tokenizer = data.tokenizer
+    elif families.of(args).is_multimodal:  # images + conversations (training/multimodal_data.py)
         from mtmegatron.training.multimodal_data import prepare as prepare_multimodal
 
         data = prepare_multimodal(args, progress=progress)
@@ -136,7 +143,7 @@ def run(args, backend, tokenizer=None, data=None) -> int:
         dataset = data
         print_rank0(rank, f"mtmegatron: {data.summary}")
         held_out_accuracy(model, data, args, "before", sft_results)
-    elif data is not None:  # --model llava
+    elif data is not None:  # --model llava, or a packed-vision family on conversations
         from mtmegatron.training.multimodal_data import Split
 
         dataset = Split(data.train, data.collate, shuffle=True)
@@ -166,7 +173,7 @@ def run(args, backend, tokenizer=None, data=None) -> int:
             held_out_accuracy(model, data, args, "after", sft_results)
     elif state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
         write_outputs(model, None if state.terminated or data is not None else tokenizer, args)
-        if data is not None:
+        if data is not None and families.of(args).is_multimodal:
             from mtmegatron.training.multimodal_finish import write_multimodal_outputs
 
             write_multimodal_outputs(model, data, args, sample=not state.terminated)

@@ -147,7 +147,9 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
         from mtmegatron.sft.dataset import micro_batches as sft_micro_batches
 
         return sft_micro_batches(dataset.data, args, dp_rank, plan, dataset.pad_id)
-    if families.of(args).is_multimodal:  # image + conversation batches (training/multimodal_data.py)
+    from mtmegatron.training.packed_vision_data import reads_vision_data
+
+    if families.of(args).is_multimodal or reads_vision_data(args):  # image + conversation batches
         from mtmegatron.training import multimodal_data
 
         return multimodal_data.micro_batches(dataset, args, dp_rank, plan)

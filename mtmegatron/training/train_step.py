@@ -19,6 +19,7 @@ from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
 from mtmegatron.training import rerun, robustness
 from mtmegatron.backends.device import compute_device, to_compute_device
 from mtmegatron.training.step_timers import timed
+from mtmegatron.training.packed_vision_data import reads_vision_data
 from mtmegatron.models.aux_losses import aux_loss_stats
 from mtmegatron.models import families
 
@@ -69,6 +70,8 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
     seq_length, micro_batch_size = args.seq_length, args.micro_batch_size
     if families.of(args).is_multimodal:
         from mtmegatron.training.multimodal_step import forward_step as step
+    elif reads_vision_data(args):  # native-resolution vision conversations (training/packed_vision_step.py)
+        from mtmegatron.training.packed_vision_step import forward_step as step
     elif args.calculate_per_token_loss:  # SFT hook: packed THD batches, per-token loss (mtmegatron/training/sft_step.py)
         from mtmegatron.training.sft_step import forward_step as step
         from mtmegatron.training.sft_step import schedule_shape

@@ -82,15 +82,17 @@ def _loads(line: str):
         return None
 
 
-def _bpe_for(paths: list[str], vocab_size: int):
+def _bpe_for(paths: list[str], vocab_size: int, special_tokens: tuple[str, ...] = MULTIMODAL_SPECIAL_TOKENS):
+    """A byte-level BPE trained on the conversations' text (``special_tokens`` whole), cached by the files."""
     from mtmegatron.data.embedded import cache_root
 
-    key = json.dumps([(os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in paths])
+    key = json.dumps([(os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in paths]
+                     + ([list(special_tokens)] if special_tokens != MULTIMODAL_SPECIAL_TOKENS else []))
     directory = os.path.join(cache_root(), "multimodal-bpe",
                              hashlib.sha256(key.encode()).hexdigest()[:16] + f"-bpe{vocab_size}")
     if os.path.isfile(os.path.join(directory, "tokenizer.json")):
         return load_tokenizer(directory)
-    return train_bpe(_text_of(paths), vocab_size, directory, MULTIMODAL_SPECIAL_TOKENS)
+    return train_bpe(_text_of(paths), vocab_size, directory, special_tokens)
 
 
 def _held_out(dataset, split: str, seed: int):
