@@ -1,7 +1,8 @@
 """``pretrain --model qwen2-vl|qwen2.5-vl --data-path conversations.jsonl`` trains with images end to end
 (training/packed_vision_data.py, training/packed_vision_step.py), on a dataset generated here: 32 pictures of four
 sizes (56x56 to 112x84 pixels: 4 to 12 merged image tokens each) with a coloured rectangle at a random place, the
-question "What colour is the rectangle?" and the colour as the answer.
+question "What colour is the rectangle?" and the colour as the answer (the images in their own folder:
+``--image-folder``).
 
 Checked (tiny presets, 6 steps of 4 samples, loss on the answer tokens only): the loss falls at one rank for both
 families; TP2 with sequence parallelism gives the one-rank losses; PP2 with the vision encoder and one language
@@ -30,7 +31,9 @@ COMMON = ["--backend", "cpu", "--model-size", "tiny", "--train-iters", "6", "--g
 
 
 def write_rectangles(root, count: int = 32) -> str:
-    """``count`` pictures with one rectangle of a random colour and place, and the JSONL asking its colour."""
+    """``count`` pictures (in ``root/images``) with one rectangle of a random colour and place, and the JSONL
+    (in ``root``) asking its colour."""
+    (root / "images").mkdir()
     rng = np.random.default_rng(0)
     names, records = list(COLOURS), []
     for i in range(count):
@@ -39,7 +42,7 @@ def write_rectangles(root, count: int = 32) -> str:
         pixels = np.full((height, width, 3), 245, np.uint8)
         x, y = rng.integers(0, width // 3), rng.integers(0, height // 3)
         pixels[y:y + height // 2, x:x + width // 2] = COLOURS[colour]
-        Image.fromarray(pixels).save(root / f"img{i}.png")
+        Image.fromarray(pixels).save(root / "images" / f"img{i}.png")
         records.append({"id": f"s{i}", "image": f"img{i}.png", "conversations": [
             {"from": "human", "value": "<image>\nWhat colour is the rectangle?"},
             {"from": "gpt", "value": f"It is {colour}."}]})
@@ -51,7 +54,7 @@ def write_rectangles(root, count: int = 32) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen_vl_training")
-    data = ["--data-path", write_rectangles(root)]
+    data = ["--data-path", write_rectangles(root), "--image-folder", str(root / "images")]
     layouts = {
         "qwen2-vl": (1, ["--model", "qwen2-vl"]),
         "qwen2.5-vl": (1, ["--model", "qwen2.5-vl"]),
