@@ -371,12 +371,15 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     starts_over = args.finetune or saved["model_only"]
     load_optim = not (starts_over or args.no_load_optim) and saved["has_optim"]
     load_rng = not (starts_over or args.no_load_rng) and saved["has_rng"]
-    if load_optim and saved["distributed_optimizer"] != bool(args.use_distributed_optimizer):
+    if (load_optim and saved["distributed_optimizer"] != bool(args.use_distributed_optimizer)
+            and not (fsdp_checkpoint.loads_in_place(args) and fsdp_checkpoint.takes_distributed_state(saved))):
         distopt = saved["distributed_optimizer"]
-        if distopt and fsdp_checkpoint.loads_in_place(args):
-            raise CheckpointError(f"checkpoint {directory} holds distributed-optimizer state, which does not load "
-                                  f"into torch FSDP2's optimizer (megatron-core's distributed optimizer does not "
-                                  f"run on FSDP2): pass --no-load-optim to load the weights only")
+        if distopt and fsdp_checkpoint.loads_in_place(args):  # a distributed-optimizer format FSDP2 cannot take
+            sharding = saved["content"].get("distrib_optim_sharding_type")
+            raise CheckpointError(f"checkpoint {directory} holds distributed-optimizer state in the '{sharding}' "
+                                  f"format, which torch FSDP2's optimizer does not load (a fully reshardable one: "
+                                  f"Megatron-LM's --dist-ckpt-optim-fully-reshardable, always so in mtmegatron); "
+                                  f"pass --no-load-optim to load the weights only")
         raise CheckpointError(f"checkpoint {directory} holds {'distributed' if distopt else 'plain'}-optimizer "
                               f"state; run with{'' if distopt else 'out'} --use-distributed-optimizer, or "
                               f"pass --no-load-optim to load the weights only")

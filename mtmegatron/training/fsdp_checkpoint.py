@@ -8,6 +8,10 @@ place (as Megatron-LM, which skips ``load_state_dict`` for FSDP2 + torch_dist). 
 the loaded local shards to the model's ``load_state_dict`` (they are already in its DTensors), and give the
 optimizer's ``load_state_dict`` its DTensors back in place of the loaded local shards (torch's Adam cannot mix a
 DTensor parameter with a plain state tensor), so the step count and the param groups are restored as well.
+A checkpoint of DDP + the distributed optimizer in the fully reshardable format (mtmegatron's only one) keeps Adam's
+moments per parameter under the plain optimizer's keys: FSDP2 loads them, its step and param groups converted
+(``takes_distributed_state``, ``_from_distributed``). The way back is refused by checkpointing.py: the distributed
+optimizer's request holds fp32 main parameters that a plain optimizer never wrote.
 May assume: a torch FSDP2 run (megatron-core's TorchFullyShardedDataParallel); the optimizer is megatron-core's
 (chained) FP32/mixed-precision optimizer over the DTensor parameters.
 """
@@ -45,5 +49,33 @@ def optimizer_state_to_load(loaded: dict, optimizer) -> dict:
     optimizer's ``{0: .., 1: ..}`` or the one optimizer's own dict, each with its DTensors."""
     inner = list(getattr(optimizer, "chained_optimizers", [optimizer]))
     if len(inner) == 1:
+        if "param_state_sharding_type" in loaded:  # written by the distributed optimizer
+            loaded = _from_distributed(loaded, inner[0])
         return _as_dtensors(loaded, inner[0])
     return {i: _as_dtensors(loaded[i], opt) for i, opt in enumerate(inner)}
+
+
+def takes_distributed_state(saved: dict) -> bool:
+    """A distributed-optimizer checkpoint in the fully reshardable format keeps Adam's moments per parameter under
+    the plain optimizer's keys (``optimizer.state.exp_avg.<param>``): FSDP2's optimizer loads them."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    sharding = saved["content"].get("distrib_optim_sharding_type")
+    return saved["distributed_optimizer"] and sharding in DistributedOptimizer.checkpoint_fully_reshardable_formats
+
+
+_GROUP_IDENTITY = ("wd_mult", "lr_mult", "is_expert_parallel", "is_decoupled_lr")
+
+
+def _from_distributed(saved: dict, inner) -> dict:
+    """A distributed optimizer's loaded state (its param groups, with the step, under 'optimizer'; the moments
+    this run asked for under 'state') as the plain optimizer's state dict."""
+    groups = saved["optimizer"]["param_groups"]
+    by_identity = {tuple(g.get(k) for k in _GROUP_IDENTITY): g for g in groups}
+    ours = inner.optimizer.state_dict()["param_groups"]
+    param_groups = [{**{k: v for k, v in by_identity[tuple(g.get(k) for k in _GROUP_IDENTITY)].items() if k != "step"},
+                     "params": g["params"]} for g in ours]
+    state = {k: v for k, v in saved.get("state", {}).items() if isinstance(k, int)}
+    step = groups[0].get("step")
+    return {"state": {**state, "common_step": torch.tensor(float(step))} if step is not None else state,
+            "param_groups": param_groups}

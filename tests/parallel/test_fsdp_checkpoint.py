@@ -3,10 +3,12 @@ between FSDP2 and DDP; what cannot move (or be written) is one line.
 
 DP2, tiny llama3 (SwiGLU), fp32, 8 iterations, a checkpoint at iteration 4 (model, optimizer, schedule, RNG, data
 position). A run resumed from it continues the uninterrupted run: FSDP2 from FSDP2 exactly (measured 0), DDP
-from FSDP2 and FSDP2 from DDP (plain optimizer: the same global ShardedTensors) within ATOL (measured <= 1.2e-7).
-A distributed-optimizer run takes an FSDP2 checkpoint's weights (``--no-load-optim``; its first loss equals the
-FSDP2 run's at that iteration) and refuses its optimizer state in one line (exit 2). Megatron-FSDP checkpoints are
-refused at parse time: megatron-core 0.16.1 writes them only as fsdp_dtensor. Seven torchrun jobs, ~80 s on 2 cores.
+from FSDP2, FSDP2 from DDP (plain optimizer: the same global ShardedTensors) and FSDP2 from DDP + the distributed
+optimizer (its fully reshardable state: the same per-parameter moments, its step and param groups converted) within
+ATOL (measured <= 1.2e-7). A distributed-optimizer run takes an FSDP2 checkpoint's weights (``--no-load-optim``; its
+first loss equals the FSDP2 run's at that iteration) and refuses its optimizer state in one line (exit 2): its
+request holds fp32 main parameters that a plain optimizer never wrote. Megatron-FSDP checkpoints are refused at parse
+time: megatron-core 0.16.1 writes them only as fsdp_dtensor. Nine torchrun jobs, ~120 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -75,9 +77,10 @@ def test_fsdp2_resumes_exactly(runs):
     assert _max_diff(resumed, full[SAVED_AT:]) <= 1e-7, (resumed, full)
 
 
-@pytest.mark.parametrize("engine, saved_by", [("ddp", "fsdp2"), ("fsdp2", "ddp")])
+@pytest.mark.parametrize("engine, saved_by", [("ddp", "fsdp2"), ("fsdp2", "ddp"), ("fsdp2", "distopt")])
 def test_checkpoint_moves_between_fsdp2_and_ddp(runs, engine, saved_by):
-    """Model, optimizer (exp_avg, exp_avg_sq, step) and schedule: the resumed run continues the one that saved."""
+    """Model, optimizer (exp_avg, exp_avg_sq, step) and schedule: the resumed run continues the one that saved
+    (a distributed optimizer's fully reshardable state keeps the moments per parameter, as the plain one)."""
     assert _max_diff(runs.full("ddp"), runs.full("fsdp2")) <= ATOL  # the two engines train alike
     resumed = runs.resumed(engine, saved_by)
     diff = _max_diff(resumed, runs.full(saved_by)[SAVED_AT:])
