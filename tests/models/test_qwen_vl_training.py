@@ -9,8 +9,9 @@ families; TP2 with sequence parallelism gives the one-rank losses; PP2 with the 
 layer on stage 0 (``--decoder-first-pipeline-num-layers 1``) trains too (its initial weights differ from one
 rank's, as for text-only runs of this model, so only its own fall is checked); with the language model frozen the
 loss still falls (only the vision encoder and merger learn: the gradient reaches them through the images); a
-record whose image is missing stops the run with exit 2 and one line naming file:line and the record's id.
-Cost: about 50 s on 2 CPU cores (five short runs, two of them on two ranks).
+record whose image is missing stops the run with exit 2 and one line naming file:line and the record's id; so does
+a ``--tokenizer-model`` whose image token id is not the preset's.
+Cost: about 70 s on 2 CPU cores (five short training runs, two of them on two ranks, and two refused starts).
 """
 
 from __future__ import annotations
@@ -99,3 +100,19 @@ def test_a_missing_image_is_one_line_naming_file_and_record(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
     assert f"{path}:2" in lines[0] and "'lost'" in lines[0] and "gone.png" in lines[0]
+
+
+def test_a_tokenizer_whose_image_id_the_model_does_not_read_is_refused(tmp_path):
+    from mtmegatron.data.multimodal.vision_chat import SPECIAL_TOKENS
+    from mtmegatron.data.tokenizer import train_bpe
+
+    Image.new("RGB", (56, 56), COLOURS["red"]).save(tmp_path / "here.png")
+    turns = [{"from": "human", "value": "<image>\nWhat colour is it?"}, {"from": "gpt", "value": "red"}]
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"id": "ok", "image": "here.png", "conversations": turns}) + "\n")
+    tokenizer = train_bpe(["What colour is it? red"], 300, str(tmp_path / "tok"), SPECIAL_TOKENS)
+    image_id = tokenizer.tokenizer.token_to_id("<|image_pad|>")
+    proc, _ = run_pretrain(1, COMMON + ["--model", "qwen2-vl", "--data-path", str(path), "--tokenizer-model",
+                                        str(tmp_path / "tok")], tmp_path / "run", expect_ok=False)
+    assert proc.returncode == 2
+    assert f"<|image_pad|> is id {image_id} but --model qwen2-vl --model-size tiny reads id 1020" in proc.stderr
