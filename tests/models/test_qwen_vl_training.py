@@ -10,8 +10,10 @@ layer on stage 0 (``--decoder-first-pipeline-num-layers 1``) trains too (its ini
 rank's, as for text-only runs of this model, so only its own fall is checked); with the language model frozen the
 loss still falls (only the vision encoder and merger learn: the gradient reaches them through the images); a
 record whose image is missing stops the run with exit 2 and one line naming file:line and the record's id; so does
-a ``--tokenizer-model`` whose image token id is not the preset's.
-Cost: about 70 s on 2 CPU cores (five short training runs, two of them on two ranks, and two refused starts).
+a ``--tokenizer-model`` whose image token id is not the preset's. Mixed media (two images in a turn, a video given
+as a frame folder, text-only records; qwen2.5-vl, one sample per micro-batch) trains, and DP2 with the distributed
+optimizer and ``--overlap-grad-reduce`` gives the one-rank losses.
+Cost: about 90 s on 2 CPU cores (seven short training runs, three of them on two ranks, and two refused starts).
 """
 
 from __future__ import annotations
@@ -116,3 +118,39 @@ def test_a_tokenizer_whose_image_id_the_model_does_not_read_is_refused(tmp_path)
                                         str(tmp_path / "tok")], tmp_path / "run", expect_ok=False)
     assert proc.returncode == 2
     assert f"<|image_pad|> is id {image_id} but --model qwen2-vl --model-size tiny reads id 1020" in proc.stderr
+
+
+def write_mixed_media(root) -> str:
+    """16 records: two images in one turn, a video (a folder of 4 frames), text only, one image — in turn."""
+    rng = np.random.default_rng(1)
+    (root / "frames").mkdir()
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 255, (48 + 8 * i, 64, 3), dtype=np.uint8)).save(root / f"i{i}.png")
+        Image.fromarray(rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)).save(root / "frames" / f"f{i}.png")
+    kinds = [{"image": ["i0.png", "i1.png"], "q": "<image>\n<image>\nCompare.", "a": "They differ."},
+             {"video": "frames", "q": "<video>\nWhat happens?", "a": "Noise moves."},
+             {"q": "Say hi.", "a": "hi"}]
+    records = []
+    for k in range(16):
+        kind = dict(kinds[k % 4]) if k % 4 < 3 else {"image": f"i{k % 4}.png", "q": "<image>\nWhat?", "a": "noise"}
+        turns = [{"from": "human", "value": kind.pop("q")}, {"from": "gpt", "value": kind.pop("a")}]
+        records.append({"id": str(k), **kind, "conversations": turns})
+    path = root / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_images_videos_and_text_only_micro_batches_train_alike_under_dp2(tmp_path):
+    """One sample per micro-batch, so some micro-batches hold no pixels (the encoder's zero gradient keeps
+    megatron-core's --overlap-grad-reduce bucket count whole); DP2 with the distributed optimizer = one rank."""
+    flags = ["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--data-path",
+             write_mixed_media(tmp_path), "--seq-length", "512", "--max-position-embeddings", "512",
+             "--train-iters", "4", "--global-batch-size", "4", "--micro-batch-size", "1", "--lr", "1e-3",
+             "--lr-decay-style", "constant", "--hidden-dropout", "0", "--attention-dropout", "0", "--eval-iters", "0",
+             "--log-interval", "100"]
+    _, one = run_pretrain(1, flags, tmp_path / "one", timeout=600)
+    _, dp2 = run_pretrain(2, flags + ["--use-distributed-optimizer", "--overlap-grad-reduce"], tmp_path / "dp2",
+                          timeout=600)
+    losses = [row["loss"] for row in one]
+    assert len(losses) == 4 and losses[-1] < 0.85 * losses[0], losses
+    assert [row["loss"] for row in dp2] == pytest.approx(losses, rel=1e-5)
