@@ -13,7 +13,8 @@ record whose image is missing stops the run with exit 2 and one line naming file
 a ``--tokenizer-model`` whose image token id is not the preset's. Mixed media (two images in a turn, a video given
 as a frame folder, text-only records; qwen2.5-vl, one sample per micro-batch) trains, and DP2 with the distributed
 optimizer and ``--overlap-grad-reduce`` gives the one-rank losses.
-Cost: about 90 s on 2 CPU cores (seven short training runs, three of them on two ranks, and two refused starts).
+Cost: 90-180 s on 2 CPU cores (seven short training runs, three of them on two ranks, and two refused starts;
+the upper figure measured with the cores shared by other jobs).
 """
 
 from __future__ import annotations
