@@ -55,7 +55,22 @@ def parse_record(record, path: str, number, image_folder: str) -> tuple[object, 
         images = [images]
     if not isinstance(images, list) or not all(isinstance(i, str) and i for i in images):
         raise bad("'image' must be a file name or a list of file names")
-    conversations = record.get("conversations")
+    turns = parse_turns(record.get("conversations"), bad)
+    num_tags = sum(t.content.count(IMAGE_TAG) for t in turns)
+    if any(IMAGE_TAG in t.content for t in turns if t.role != "user"):
+        raise bad(f"an {IMAGE_TAG} tag outside a user turn")
+    if images and num_tags == 0:
+        first = next(k for k, t in enumerate(turns) if t.role == "user")
+        turns[first] = Turn("user", (IMAGE_TAG + "\n") * len(images) + turns[first].content)
+        num_tags = len(images)
+    if num_tags != len(images):
+        raise bad(f"{num_tags} {IMAGE_TAG} tag(s) but {len(images)} image(s)")
+    return sample_id, turns, [os.path.join(image_folder, i) for i in images]
+
+
+def parse_turns(conversations, bad) -> list[Turn]:
+    """The turns of a record's 'conversations' list: an optional system turn, then user/assistant alternating from
+    the user, at least one answer; ``bad(reason)`` makes the error to raise."""
     if not isinstance(conversations, list) or not conversations:
         raise bad("no 'conversations' list")
     turns = []
@@ -68,16 +83,7 @@ def parse_record(record, path: str, number, image_folder: str) -> tuple[object, 
                       f"{', '.join(ROLES)})")
         turns.append(Turn(role, message["value"]))
     _check_roles(turns, bad)
-    num_tags = sum(t.content.count(IMAGE_TAG) for t in turns)
-    if any(IMAGE_TAG in t.content for t in turns if t.role != "user"):
-        raise bad(f"an {IMAGE_TAG} tag outside a user turn")
-    if images and num_tags == 0:
-        first = next(k for k, t in enumerate(turns) if t.role == "user")
-        turns[first] = Turn("user", (IMAGE_TAG + "\n") * len(images) + turns[first].content)
-        num_tags = len(images)
-    if num_tags != len(images):
-        raise bad(f"{num_tags} {IMAGE_TAG} tag(s) but {len(images)} image(s)")
-    return sample_id, turns, [os.path.join(image_folder, i) for i in images]
+    return turns
 
 
 def _check_roles(turns: list[Turn], bad) -> None:

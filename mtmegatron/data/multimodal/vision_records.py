@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 
 from mtmegatron.data.multimodal.dynamic_resolution import FRAME_SUFFIXES
-from mtmegatron.data.multimodal.records import ROLES, BadSample
+from mtmegatron.data.multimodal.records import BadSample, parse_turns
 from mtmegatron.data.multimodal.template import IMAGE_TAG, Turn
 
 VIDEO_TAG = "<video>"
@@ -52,7 +52,7 @@ def parse_vision_line(line: str, path: str, number, media_folder: str, default_f
     images = _names(record.get("image"), "image", bad)
     videos = _videos(record.get("video"), bad)
     fps = _fps(record.get("fps", default_fps), len(videos), bad)
-    turns = _turns(record.get("conversations"), bad)
+    turns = parse_turns(record.get("conversations"), bad)
     turns = _placed_tags(turns, len(images), len(videos), bad)
 
     def absolute(name: str) -> str:
@@ -96,26 +96,6 @@ def _fps(value, num_videos: int, bad) -> list[float]:
     if len(values) != num_videos or not all(isinstance(v, (int, float)) and v > 0 for v in values):
         raise bad(f"'fps' must be a positive number or one per video ({num_videos})")
     return [float(v) for v in values]
-
-
-def _turns(conversations, bad) -> list[Turn]:
-    if not isinstance(conversations, list) or not conversations:
-        raise bad("no 'conversations' list")
-    turns = []
-    for k, message in enumerate(conversations):
-        if not isinstance(message, dict) or not isinstance(message.get("value"), str):
-            raise bad(f"conversation turn {k} is not an object with a string 'value'")
-        role = ROLES.get(message.get("from"))
-        if role is None:
-            raise bad(f"conversation turn {k} has role {message.get('from')!r} (expected one of {', '.join(ROLES)})")
-        turns.append(Turn(role, message["value"]))
-    rest = turns[1:] if turns[0].role == "system" else turns
-    for k, turn in enumerate(rest):
-        if turn.role != ("user" if k % 2 == 0 else "assistant"):
-            raise bad(f"turns must alternate user/assistant starting with the user (turn {k} is {turn.role})")
-    if len(rest) < 2:
-        raise bad("no assistant answer")
-    return turns
 
 
 def _placed_tags(turns: list[Turn], num_images: int, num_videos: int, bad) -> list[Turn]:
