@@ -7,6 +7,8 @@ stream/event hazards cannot show here.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ._utils import _get_musa_device_index
@@ -37,17 +39,28 @@ class ExternalStream(Stream):
 
 class Event(torch.Event):
     """``torch.musa.Event``: a ``torch.Event`` on musa (as torch_musa's is, so ``Stream.wait_event`` and
-    ``record_event`` take it); records a host timestamp, times in milliseconds."""
+    ``record_event`` take it); records a host timestamp, times in milliseconds (``torch.Event.elapsed_time`` takes
+    only a plain ``torch.Event`` as its argument, so the timing is kept here)."""
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device="musa", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+        event = super().__new__(cls, device="musa", enable_timing=enable_timing, blocking=blocking,
+                                interprocess=interprocess)
+        event._timing, event._recorded_at = enable_timing, None
+        return event
 
     def record(self, stream=None):
         super().record(current_stream() if stream is None else stream)
+        self._recorded_at = time.perf_counter()
 
     def wait(self, stream=None):
         super().wait(current_stream() if stream is None else stream)
+
+    def elapsed_time(self, end: "Event") -> float:
+        if not (self._timing and end._timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'")
+        if self._recorded_at is None or end._recorded_at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time")
+        return (end._recorded_at - self._recorded_at) * 1000.0
 
 
 def _device_type() -> int:
