@@ -107,7 +107,7 @@ MFSDP = ["--use-megatron-fsdp", "--use-distributed-optimizer"]
 @pytest.mark.parametrize("extra, says", [
     (MFSDP + ["--save", "ckpt"], "--use-megatron-fsdp with --save/--load: megatron-core 0.16.1's distributed "
                                  "optimizer saves Megatron-FSDP state only in --ckpt-format fsdp_dtensor"),
-    (MFSDP + ["--data-parallel-sharding-strategy", "optim_grads_params", "--load", "ckpt"],
+    (MFSDP + ["--data-parallel-sharding-strategy", "optim_grads", "--load", "ckpt"],
      "--use-megatron-fsdp with --save/--load: megatron-core 0.16.1's distributed optimizer saves"),
     (["--use-torch-fsdp2", "--tensor-model-parallel-size", "2", "--save", "ckpt"],
      "--use-torch-fsdp2 with --save/--load: with --tensor-model-parallel-size (or --expert-tensor-parallel-size) > 1"),
