@@ -154,12 +154,18 @@ def test_user_mistakes_exit_2(capsys):
     assert dc.main(["--cpu-dry-run", "--backend", "cuda", "--print-plan"]) == 2
 
 
-def test_a_failing_or_hanging_section_hides_none_of_the_others(tmp_path):
+def _plan_in(tmp_path):
+    """A quick cpu plan whose wheel folder, work and site folders are under ``tmp_path`` (its sections replaced)."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "megatron_core-0.16.1-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
     plan = dc.make_plan("quick", "cpu", None, "test", tmp_path / "out", sys.executable, 1)
     plan.wheels, plan.work, plan.site = str(wheels), str(tmp_path / "work"), str(tmp_path / "site")
+    return plan
+
+
+def test_a_failing_or_hanging_section_hides_none_of_the_others(tmp_path):
+    plan = _plan_in(tmp_path)
     py = sys.executable
     plan.sections = [
         dc.Section("install", 2, [[py, "-c", "print('megatron.core 0.16.1 from /x/megatron/core/__init__.py')"]]),
@@ -258,11 +264,7 @@ def test_step_rows_put_the_comparisons_first():
 
 
 def test_a_failed_kernel_build_falls_back_to_one_without_kernels(tmp_path):
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    (wheels / "megatron_core-0.16.1-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
-    plan = dc.make_plan("quick", "cpu", None, "test", tmp_path / "out", sys.executable, 1)
-    plan.wheels, plan.work, plan.site = str(wheels), str(tmp_path / "work"), str(tmp_path / "site")
+    plan = _plan_in(tmp_path)
     py = sys.executable
     fails_with_kernels = "import os, sys; sys.exit(int(os.environ['MTMEGATRON_BUILD_CUDA']))"
     plan.sections = [
