@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from mtmegatron.training.placement import ddp_buffers
+
 COMPONENTS = ("parameters", "gathered", "gradients", "optimizer")
 
 
@@ -36,10 +38,7 @@ def _buffers(chunk, names: tuple[str, ...]):
 
 
 def _ddp_buffers(chunk, field: str):
-    for kind in ("buffers", "expert_parallel_buffers"):
-        found = getattr(chunk, kind, None)
-        if isinstance(found, (list, tuple)):  # DDP's lists; on FSDP wrappers `buffers` is Module.buffers
-            yield from (getattr(b, field) for b in found if getattr(b, field, None) is not None)
+    return (getattr(b, field) for _, _, b in ddp_buffers(chunk) if getattr(b, field, None) is not None)
 
 
 def _owners(model, optimizer):

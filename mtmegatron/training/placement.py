@@ -24,15 +24,20 @@ def _chunk_tensors(index: int, chunk):
             yield f"model[{index}].{name}.main_grad", main_grad
     for name, buffer in chunk.named_buffers():
         yield f"model[{index}].{name} (buffer)", buffer
+    for kind, b, grad_buffer in ddp_buffers(chunk):
+        for field in ("grad_data", "param_data"):
+            data = getattr(grad_buffer, field, None)
+            if data is not None:
+                yield f"model[{index}].{kind}[{b}].{field}", data
+
+
+def ddp_buffers(chunk):
+    """(kind, index, buffer) of megatron-core DDP's parameter-and-gradient buffers of a model chunk (none for an
+    FSDP wrapper, whose ``buffers`` is ``Module.buffers``)."""
     for kind in ("buffers", "expert_parallel_buffers"):
-        grad_buffers = getattr(chunk, kind, None)  # DDP's lists (on FSDP wrappers `buffers` is Module.buffers)
-        if not isinstance(grad_buffers, (list, tuple)):
-            continue
-        for b, grad_buffer in enumerate(grad_buffers):
-            for field in ("grad_data", "param_data"):
-                data = getattr(grad_buffer, field, None)
-                if data is not None:
-                    yield f"model[{index}].{kind}[{b}].{field}", data
+        found = getattr(chunk, kind, None)
+        if isinstance(found, (list, tuple)):
+            yield from ((kind, b, buffer) for b, buffer in enumerate(found))
 
 
 def _offloaded_ids(torch_optimizer) -> set[int]:
