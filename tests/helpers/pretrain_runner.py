@@ -13,6 +13,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -57,12 +58,37 @@ def _ranks_and_tree(proc: subprocess.Popen):
         return [], []
 
 
+def _signal_quietly(p: psutil.Process, action: str) -> None:
+    try:
+        getattr(p, action)()
+    except psutil.Error:
+        pass
+
+
+def _wait_gone(p: psutil.Process, timeout: float) -> None:
+    """Until ``p`` has ended (gone or a zombie), at most ``timeout`` s; never reaps it (its parent does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.02)
+
+
 def stop_with_stacks(proc: subprocess.Popen, grace: float = 20.0) -> tuple[str, str]:
     """A job past its time: SIGABRT to each rank (faulthandler writes its stacks to stderr and the rank ends),
     then every process of the job still there is killed. Returns the job's (stdout, stderr), text pipes."""
     ranks, tree = _ranks_and_tree(proc)
+    # one rank at a time: ranks share the job's stderr, and stacks written at once interleave byte by byte. The
+    # others stay frozen meanwhile, so a launcher's SIGTERM to them (its rank 0 died) waits behind our SIGABRT.
+    for p in ranks:
+        _signal_quietly(p, "suspend")
     for p in ranks:
         abort_without_core(p.pid)
+        _signal_quietly(p, "resume")
+        _wait_gone(p, timeout=5.0)
     try:
         out, err = proc.communicate(timeout=grace)
     except subprocess.TimeoutExpired:  # a rank's children can hold the pipes open
