@@ -9,7 +9,7 @@ import dataclasses
 
 from mtmegatron.attention.spec import core_attention_choice
 from mtmegatron.backends.active import active_backend
-from mtmegatron.models import fusions, initialization
+from mtmegatron.models import families, fusions, initialization, vision_stage_balance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,8 @@ def startup_lines(args) -> list[str]:
         lines = [f"mtmegatron: no model flags: the demo (--model {args.model} --model-size {args.model_size})"]
     if args.megatron_differences:
         lines.append("mtmegatron: differs from Megatron-LM's defaults: " + ", ".join(args.megatron_differences))
-    lines += [f"mtmegatron: {note}" for note in (args.impl_note, getattr(args, "activation_offload_note", None)) if note]
+    lines += [f"mtmegatron: {note}" for note in (args.impl_note, getattr(args, "activation_offload_note", None),
+                                                      getattr(args, "fsdp_offload_note", None)) if note]
     if args.sequence_parallel_at_tp1:
         lines.append("mtmegatron: --sequence-parallel has no effect at TP 1 (sequence parallelism splits the "
                      "tensor-parallel group's activations): off, as Megatron-LM turns it off")
@@ -43,6 +44,9 @@ def startup_lines(args) -> list[str]:
     if args.overlap_p2p_comm and not p2p_overlap_runs(args):
         lines.append("mtmegatron: p2p overlap of the interleaved schedule (Megatron-LM's default) is off over gloo: "
                      "it corrupts the gradients there; --no-overlap-p2p-communication is implied")
+    split = vision_stage_balance.describe(args) if families.of(args).vision_encoder == "packed" else None
+    if split:
+        lines.append(f"mtmegatron: {split}")
     return lines + [fusions.describe(args), initialization.describe(args)]
 
 
