@@ -91,6 +91,7 @@ def test_unavailable_third_party_backend_is_skipped_by_auto_detect(entry_points)
 def test_auto_detect_order_is_musa_then_cuda_then_cpu(entry_points, monkeypatch):
     fake_cuda, fake_musa = _fake("cuda"), _fake("musa")
     monkeypatch.setattr(registry, "CUDA", fake_cuda)
+    monkeypatch.setattr(registry, "MUSA", _fake("musa", reason="no"))  # a MUSA device here (the simulator) aside
     assert registry.select_backend(None, environ={}) is fake_cuda
     monkeypatch.setattr(registry, "MUSA", fake_musa)
     assert registry.select_backend(None, environ={}) is fake_musa

@@ -20,6 +20,11 @@ import mtmegatron
 # Names megatron-core mentions that are not device-module calls, with the reason they are exempt.
 _NOT_CALLS = {
     "memory.MemPool": "appears only inside an error-message string (inference/unified_memory.py)",
+    # features mtmegatron refuses, so these names are never reached (a run that wanted them exits 2 first)
+    **dict.fromkeys(("CUDAGraph", "graph", "graph_pool_handle"),
+                    "CUDA graphs: --enable-cuda-graph/--cuda-graph-* are refused (training/megatron_flags.py)"),
+    **dict.fromkeys(("temperature", "power_draw", "utilization", "clock_rate"),
+                    "only megatron-core's StragglerDetector reads them: --log-straggler is refused"),
 }
 
 
@@ -306,7 +311,8 @@ def test_activate_is_idempotent_and_deactivate_restores(backend):
     assert _mode_depth() == before["depth"]
     assert mcore_random._lazy_call is before["lazy_call"] and mcore_random._lazy_init is before["lazy_init"]
     assert patches.applied() == []
-    if not before["cuda"].is_available():
+    # on musa, torchada's translation of device="cuda" is process-wide from its import and has no undo: it stays
+    if not before["cuda"].is_available() and backend.name != "musa":
         with pytest.raises((AssertionError, RuntimeError)):  # 'cuda' means CUDA again, which is absent here
             torch.empty(1, device="cuda")
     mtmegatron.deactivate()  # a second deactivate is a no-op
