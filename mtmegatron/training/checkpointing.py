@@ -44,7 +44,7 @@ from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mism
 from mtmegatron.utils.checkpoint_dirs import (TRACKER, CheckpointError, check_load, checkpoint_dir, complete_iterations,
                                              latest_complete_iteration)
 from mtmegatron.training import megatron_lm_checkpoint as mlm
-from mtmegatron.training import fsdp_checkpoint, non_persistent, rerun
+from mtmegatron.training import fsdp_checkpoint, non_persistent, plain_to_distributed_optimizer, rerun
 from mtmegatron.backends.device import compute_device, on_host
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
@@ -372,7 +372,8 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     load_optim = not (starts_over or args.no_load_optim) and saved["has_optim"]
     load_rng = not (starts_over or args.no_load_rng) and saved["has_rng"]
     if (load_optim and saved["distributed_optimizer"] != bool(args.use_distributed_optimizer)
-            and not (fsdp_checkpoint.loads_in_place(args) and fsdp_checkpoint.takes_distributed_state(saved))):
+            and not (fsdp_checkpoint.loads_in_place(args) and fsdp_checkpoint.takes_distributed_state(saved))
+            and not plain_to_distributed_optimizer.applies(saved, args)):
         distopt = saved["distributed_optimizer"]
         if distopt and fsdp_checkpoint.loads_in_place(args):  # a distributed-optimizer format FSDP2 cannot take
             sharding = saved["content"].get("distrib_optim_sharding_type")
@@ -386,7 +387,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     _check_experts_optimizer_state(saved, args, load_optim, directory)
     content = saved["content"]
     sharding = content.get("distrib_optim_sharding_type")
-    if (load_optim and args.use_distributed_optimizer and saved["layout"] != _layout()
+    if (load_optim and args.use_distributed_optimizer and saved["distributed_optimizer"] and saved["layout"] != _layout()
             and sharding not in DistributedOptimizer.checkpoint_fully_reshardable_formats):
         raise CheckpointError(f"checkpoint {directory}: its distributed-optimizer state ('{sharding}', Megatron-LM's "
                               f"default) loads only under its own TP/PP layout {saved['layout']}, not {_layout()} "
@@ -408,7 +409,11 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     state = _model_state(model, metadata)
     if load_optim:
         _materialize_optimizer_state(optimizer)
-        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=metadata)
+        if plain_to_distributed_optimizer.applies(saved, args):  # a plain optimizer's state, converted
+            state["optimizer"] = plain_to_distributed_optimizer.request(optimizer, state, _sharded_metadata(
+                plain_to_distributed_optimizer.request_metadata(content)), directory)
+        else:
+            state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=metadata)
     if load_rng:
         state["rng_state"] = mlm.rng_state_object() if saved["megatron_lm_layout"] else _legacy_rng_state()
     rerun_template = rerun.load_template(args, common, saved["layout"] == _layout() and getattr(
@@ -435,6 +440,8 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         optimizer_state = _regroup_optimizers(loaded["optimizer"], optimizer)
         if in_place:
             optimizer_state = fsdp_checkpoint.optimizer_state_to_load(optimizer_state, optimizer)
+        elif plain_to_distributed_optimizer.applies(saved, args):
+            optimizer_state = plain_to_distributed_optimizer.optimizer_state_to_load(optimizer_state, optimizer)
         optimizer.load_state_dict(optimizer_state)
         scheduler.load_state_dict(loadable_state(saved["scheduler"], scheduler))
     elif optimizer is not None:  # the optimizer's fp32 main copies must follow the freshly loaded weights

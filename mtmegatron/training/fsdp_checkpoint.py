@@ -10,8 +10,8 @@ optimizer's ``load_state_dict`` its DTensors back in place of the loaded local s
 DTensor parameter with a plain state tensor), so the step count and the param groups are restored as well.
 A checkpoint of DDP + the distributed optimizer in the fully reshardable format (mtmegatron's only one) keeps Adam's
 moments per parameter under the plain optimizer's keys: FSDP2 loads them, its step and param groups converted
-(``takes_distributed_state``, ``_from_distributed``). The way back is refused by checkpointing.py: the distributed
-optimizer's request holds fp32 main parameters that a plain optimizer never wrote.
+(``takes_distributed_state``, ``_from_distributed``). The way back (FSDP2's plain-optimizer state into the
+distributed optimizer, at any layout) is training/plain_to_distributed_optimizer.py.
 May assume: a torch FSDP2 run (megatron-core's TorchFullyShardedDataParallel); the optimizer is megatron-core's
 (chained) FP32/mixed-precision optimizer over the DTensor parameters.
 """

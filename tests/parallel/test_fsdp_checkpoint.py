@@ -1,34 +1,44 @@
 """torch_dist checkpoints under torch FSDP2 on the cpu backend (gloo): resume exactness, and checkpoints that move
-between FSDP2 and DDP; what cannot move (or be written) is one line.
+between FSDP2 and DDP across layouts; what cannot move (or be written) is one line.
 
-DP2, tiny llama3 (SwiGLU), fp32, 8 iterations, a checkpoint at iteration 4 (model, optimizer, schedule, RNG, data
-position). A run resumed from it continues the uninterrupted run: FSDP2 from FSDP2 exactly (measured 0), DDP
-from FSDP2, FSDP2 from DDP (plain optimizer: the same global ShardedTensors) and FSDP2 from DDP + the distributed
-optimizer (its fully reshardable state: the same per-parameter moments, its step and param groups converted) within
-ATOL (measured <= 1.2e-7). A distributed-optimizer run takes an FSDP2 checkpoint's weights (``--no-load-optim``; its
-first loss equals the FSDP2 run's at that iteration) and refuses its optimizer state in one line (exit 2): its
-request holds fp32 main parameters that a plain optimizer never wrote. Megatron-FSDP checkpoints are refused at parse
-time: megatron-core 0.16.1 writes them only as fsdp_dtensor. Nine torchrun jobs, ~120 s on 2 cores.
+Tiny llama3 (SwiGLU), fp32, 8 iterations, a checkpoint at iteration 4 (model, optimizer, schedule, RNG, data
+position) by each engine at DP2. A run resumed from it continues the run that saved: FSDP2 from FSDP2 exactly
+(measured 0), DDP from FSDP2, FSDP2 from DDP (plain optimizer: the same global ShardedTensors) and FSDP2 from DDP +
+the distributed optimizer (its fully reshardable state: the same per-parameter moments, its step and param groups
+converted) within ATOL (measured <= 1.2e-7). Across layouts (the losses of one global batch under another TP/DP
+split differ by float rounding only, so the run that saved, continued, is the reference): DDP + the distributed
+optimizer takes FSDP2's DP2 checkpoint at DP1 and at TP2 (DP1) (training/plain_to_distributed_optimizer.py; measured
+<= 1.2e-7), and FSDP2 at DP2 takes that TP2 run's own checkpoint of iteration 6 (measured 1.2e-7). ``mcore-to-hf``
+reads FSDP2's checkpoint (each tensor stored in per-rank row blocks): its HF weights equal megatron-core's own load
+of that checkpoint into a one-rank model exactly, and those exported from DDP's checkpoint of iteration 4 within
+1e-5 (the two runs' weights differ by rounding: measured 6.7e-7). Megatron-FSDP checkpoints are refused at parse
+time: megatron-core 0.16.1 writes them only as fsdp_dtensor. Ten torchrun jobs and two conversions, ~150 s on 2 cores.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
+import torch
 
+from helpers.cli_subprocess import ENV, run_cli
 from helpers.pretrain_runner import TINY, run_pretrain
 from mtmegatron.training.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
-ITERS, SAVED_AT = 8, 4
+ITERS, SAVED_AT, RESAVED_AT = 8, 4, 6
 ATOL = 1e-6
 ENGINES = {"fsdp2": ["--use-torch-fsdp2"], "ddp": [], "distopt": ["--use-distributed-optimizer"]}
+LAYOUTS = {"dp2": (2, []), "dp1": (1, []), "tp2": (2, ["--tensor-model-parallel-size", "2"])}
 
 
 class Runs:
-    """Each (name, command) run once per module; ``checkpoint(engine)`` is that engine's directory holding only
-    iteration SAVED_AT (copied out of its full run, which also saved at ITERS)."""
+    """Each (name, command) run once per module. ``checkpoint(run, at)`` is a directory holding only iteration
+    ``at`` of that run's saves (a full run saves at SAVED_AT and ITERS; a resumed run asked to save, at
+    RESAVED_AT and ITERS)."""
 
     def __init__(self, root):
         self.root, self.losses = root, {}
@@ -36,28 +46,34 @@ class Runs:
     def full(self, engine: str) -> list[float]:
         if engine not in self.losses:
             args = ENGINES[engine] + ["--save", str(self.root / f"save_{engine}"), "--save-interval", str(SAVED_AT)]
-            self.losses[engine] = self._losses(engine, args)
+            self.losses[engine] = self._losses(engine, 2, args)
             assert len(self.losses[engine]) == ITERS
         return self.losses[engine]
 
-    def checkpoint(self, engine: str):
-        self.full(engine)
-        target = self.root / f"at{SAVED_AT}_{engine}"
+    def checkpoint(self, run: str, at: int = SAVED_AT):
+        if run in ENGINES:
+            self.full(run)
+        assert run in self.losses, f"{run} has not run"
+        target = self.root / f"at{at}_{run}"
         if not target.exists():
-            name = f"iter_{SAVED_AT:07d}"
-            shutil.copytree(self.root / f"save_{engine}" / name, target / name)
-            (target / "latest_checkpointed_iteration.txt").write_text(str(SAVED_AT))
+            name = f"iter_{at:07d}"
+            shutil.copytree(self.root / f"save_{run}" / name, target / name)
+            (target / "latest_checkpointed_iteration.txt").write_text(str(at))
         return target
 
-    def resumed(self, engine: str, saved_by: str, *extra: str) -> list[float]:
-        name = f"{engine}_from_{saved_by}{''.join(extra)}"
+    def resumed(self, engine: str, saved_by: str, *extra: str, layout: str = "dp2", saves: bool = False,
+                at: int = SAVED_AT) -> list[float]:
+        name = f"{engine}_{layout}_from_{saved_by}{''.join(extra)}"
         if name not in self.losses:
-            args = ENGINES[engine] + ["--load", str(self.checkpoint(saved_by)), *extra]
-            self.losses[name] = self._losses(name, args)
+            nproc, layout_flags = LAYOUTS[layout]
+            args = ENGINES[engine] + layout_flags + ["--load", str(self.checkpoint(saved_by, at)), *extra]
+            if saves:
+                args += ["--save", str(self.root / f"save_{name}"), "--save-interval", str(RESAVED_AT - at)]
+            self.losses[name] = self._losses(name, nproc, args)
         return self.losses[name]
 
-    def _losses(self, name: str, args: list[str]) -> list[float]:
-        _, rows = run_pretrain(2, TINY + ["--train-iters", str(ITERS)] + args, self.root / name)
+    def _losses(self, name: str, nproc: int, args: list[str]) -> list[float]:
+        _, rows = run_pretrain(nproc, TINY + ["--train-iters", str(ITERS)] + args, self.root / name)
         return [r["loss"] for r in rows]
 
 
@@ -87,18 +103,62 @@ def test_checkpoint_moves_between_fsdp2_and_ddp(runs, engine, saved_by):
     assert diff <= ATOL, f"{engine} from {saved_by}'s checkpoint: max |loss - uninterrupted| = {diff:.3g}"
 
 
-def test_distributed_optimizer_takes_fsdp2_weights(runs):
-    """The first loss after the load depends on the weights only: it equals the FSDP2 run's at that iteration."""
-    resumed = runs.resumed("distopt", "fsdp2", "--no-load-optim")
-    assert abs(resumed[0] - runs.full("fsdp2")[SAVED_AT]) <= ATOL, (resumed, runs.full("fsdp2"))
+def _distopt_tp2_from_fsdp2(runs) -> list[float]:
+    return runs.resumed("distopt", "fsdp2", layout="tp2", saves=True)
 
 
-def test_distributed_optimizer_refuses_fsdp2_optimizer_state(runs):
-    proc, _ = run_pretrain(2, TINY + ["--train-iters", str(ITERS), "--use-distributed-optimizer", "--load",
-                                      str(runs.checkpoint("fsdp2"))], runs.root / "distopt_refused", expect_ok=False)
-    lines = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert "holds plain-optimizer state; run without --use-distributed-optimizer" in lines[0], lines[0]
+@pytest.mark.parametrize("layout", ["dp1", "tp2"])
+def test_distributed_optimizer_resumes_fsdp2_checkpoint_at_another_layout(runs, layout):
+    """FSDP2's DP2 checkpoint (plain optimizer state) into DDP + the distributed optimizer at DP1 / TP2: weights,
+    moments, step and schedule; the losses continue FSDP2's run (the first depends on the weights only, the next
+    ones on the moments and the step as well)."""
+    resumed = _distopt_tp2_from_fsdp2(runs) if layout == "tp2" else runs.resumed("distopt", "fsdp2", layout=layout)
+    diff = _max_diff(resumed, runs.full("fsdp2")[SAVED_AT:])
+    assert diff <= ATOL, f"distributed optimizer at {layout} from FSDP2's checkpoint: max |loss diff| = {diff:.3g}"
+
+
+def test_fsdp2_resumes_distributed_optimizer_checkpoint_of_another_layout(runs):
+    """The way back: the TP2 distributed-optimizer run's checkpoint of iteration RESAVED_AT into FSDP2 at DP2."""
+    source = _distopt_tp2_from_fsdp2(runs)
+    resumed = runs.resumed("fsdp2", "distopt_tp2_from_fsdp2", at=RESAVED_AT)
+    diff = _max_diff(resumed, source[RESAVED_AT - SAVED_AT:])
+    assert diff <= ATOL, f"FSDP2 at DP2 from the TP2 distributed optimizer's checkpoint: max |loss diff| = {diff:.3g}"
+
+
+# megatron-core's own resharding load of the checkpoint into a one-rank model, through the converter's mapping:
+# what mcore-to-hf must write (it streams the stored tensors instead)
+_REFERENCE_EXPORT = """
+import sys, torch
+from mtmegatron.convert.mapping import hf_groups
+from mtmegatron.convert.model import build_model, checkpoint_common, init_single_rank, load_model, parse_flags
+from mtmegatron.convert.recorded_flags import flags_from_fingerprint
+from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
+args = parse_flags(flags_from_fingerprint(recorded_fingerprint(checkpoint_common(sys.argv[1]))))
+init_single_rank(args)
+model = build_model(args)
+load_model(model, sys.argv[1])
+state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+torch.save({name: tensor.contiguous() for names, to_hf in hf_groups(args.model, args)
+            for name, tensor in to_hf(*(state[n] for n in names)).items()}, sys.argv[2])
+"""
+
+
+def test_hf_converter_reads_fsdp2_checkpoint(runs):
+    from mtmegatron.convert.hf_io import HFCheckpoint
+
+    exported = {}
+    for engine in ("fsdp2", "ddp"):
+        out = runs.root / f"hf_{engine}"
+        run_cli("convert", "mcore-to-hf", "--load", str(runs.checkpoint(engine)), "--out", str(out))
+        exported[engine] = HFCheckpoint(str(out), dtype=None)
+    proc = subprocess.run([sys.executable, "-c", _REFERENCE_EXPORT, str(runs.checkpoint("fsdp2")),
+                           str(runs.root / "reference.pt")], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference, fsdp2, ddp = torch.load(runs.root / "reference.pt"), exported["fsdp2"], exported["ddp"]
+    assert sorted(reference) == fsdp2.names == ddp.names
+    assert all(torch.equal(reference[n], fsdp2[n]) for n in fsdp2.names)
+    diff = max((fsdp2[n] - ddp[n]).abs().max().item() for n in fsdp2.names)
+    assert diff <= 1e-5, f"HF weights from FSDP2's and DDP's checkpoints of iteration {SAVED_AT}: max diff {diff:.3g}"
 
 
 MFSDP = ["--use-megatron-fsdp", "--use-distributed-optimizer"]
