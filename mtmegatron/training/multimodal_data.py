@@ -60,6 +60,38 @@ def sample_tiles(dataset, index: int) -> list[int]:
     return list(dataset.entries[index][3])
 
 
+def sample_load(dataset, index: int) -> int:
+    """Text tokens + vision patches of sample ``index`` from the loader's index (no image is read)."""
+    if isinstance(dataset, torch.utils.data.Subset):
+        return sample_load(dataset.dataset, dataset.indices[index])
+    return dataset.loads[index]
+
+
+def balance_summary(dataset, args: argparse.Namespace, plan, batches: int = 50) -> str:
+    """The start-up line of ``--balance-micro-batches``: max/mean load per micro-batch and per DP rank over the
+    first ``batches`` global batches of ``plan``, contiguous slices vs balanced."""
+    from mtmegatron.data.multimodal.micro_batch_balance import balance, contiguous, peak_to_mean
+
+    reader = MicroBatches(dataset.dataset, dataset.collate, args, 0, plan, shuffle=dataset.shuffle)
+    dp, mbs, before, after, seen = args.data_parallel_size, args.micro_batch_size, [], [], 0
+    for batch in plan:
+        if seen == batches:
+            break
+        if batch.skipped:
+            continue
+        loads = [sample_load(reader.dataset, reader.sample_index(p)) for p in range(batch.first, batch.first + batch.size)]
+        before.append(peak_to_mean(loads, contiguous(len(loads), dp, mbs)))
+        after.append(peak_to_mean(loads, balance(loads, dp, mbs)))
+        seen += 1
+
+    def mean(pairs, k):
+        return sum(p[k] for p in pairs) / len(pairs) if pairs else 1.0
+
+    return (f"micro-batches balanced by load (text tokens + vision patches), mean over the first {seen} global "
+            f"batches of max/mean: per micro-batch {mean(before, 0):.2f} -> {mean(after, 0):.2f}, per DP rank "
+            f"{mean(before, 1):.2f} -> {mean(after, 1):.2f}")
+
+
 class MicroBatches:
     """This DP rank's collated micro-batches for iterations ``start+1, start+2, ...`` (an iterator).
 
@@ -92,10 +124,25 @@ class MicroBatches:
         tiles = sum(sum(sample_tiles(self.dataset, self.sample_index(p))) for p in range(first, first + size))
         return tiles * self.collate.img_seq_len
 
-    def _generate(self):
+    def _positions(self):
+        """This rank's micro-batches as run positions: its contiguous slice of each global batch, or with
+        ``--balance-micro-batches`` its share of the balanced assignment (data/multimodal/micro_batch_balance.py)."""
+        from mtmegatron.data.multimodal.micro_batch_balance import balance
         from mtmegatron.data.position import rank_micro_batches
 
-        for _, positions in rank_micro_batches(self.plan, self.args, self.dp_rank):
+        if not getattr(self.args, "balance_micro_batches", False):
+            yield from (positions for _, positions in rank_micro_batches(self.plan, self.args, self.dp_rank))
+            return
+        for batch in self.plan:
+            if batch.skipped:
+                continue
+            positions = list(range(batch.first, batch.first + batch.size))
+            loads = [sample_load(self.dataset, self.sample_index(p)) for p in positions]
+            for micro in balance(loads, self.args.data_parallel_size, self.args.micro_batch_size)[self.dp_rank]:
+                yield [positions[i] for i in micro]
+
+    def _generate(self):
+        for positions in self._positions():
             samples = [self.dataset[self.sample_index(p)] for p in positions]
             batch = self.collate(samples)
             if self.blank_images:

@@ -59,14 +59,16 @@ class VisionConversationDataset(torch.utils.data.Dataset):
         self.media_folder = os.path.abspath(media_folder or os.path.dirname(self.paths[0]))
         self.tokenizer, self.config = tokenizer, config
         self.entries, self.bad_samples = [], []  # entries: (file index, byte offset, line)
+        self.loads = []  # per entry: text tokens + vision patches (data/multimodal/micro_batch_balance.py)
         for file_index, path in enumerate(self.paths):
             with open(path, "rb") as f:
                 offset = 0
                 for number, raw in enumerate(f, 1):
                     if raw.strip():
                         try:
-                            self._build(raw.decode("utf-8"), path, number, with_pixels=False)
+                            sample = self._build(raw.decode("utf-8"), path, number, with_pixels=False)
                             self.entries.append((file_index, offset, number))
+                            self.loads.append(sample_load(sample))
                         except BadSample as e:
                             if not config.skip_bad_samples:
                                 raise
@@ -94,6 +96,12 @@ class VisionConversationDataset(torch.utils.data.Dataset):
 
         images, videos = _load_media(record, bad)
         return build_sample(record, images, videos, self.tokenizer, self.config, bad, with_pixels)
+
+
+def sample_load(sample: dict) -> int:
+    """Text tokens plus vision patches of a sample (with or without its pixels)."""
+    patches = sum(int(grid.prod(-1).sum()) for grid in (sample["image_grid_thw"], sample["video_grid_thw"]))
+    return int(sample["tokens"].numel()) + patches
 
 
 def _load_media(record: VisionRecord, bad):
