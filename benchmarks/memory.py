@@ -4,17 +4,21 @@ One run trains the same model once per row with ``torchrun`` on ``--nproc`` rank
 small Llama-3 on the CPU backend, DP2, fp32). ``--group features`` (default; with the distributed optimizer):
 plain; optimizer CPU offload at fraction 0 / 0.5 / 1.0; overlapped grad reduce + param gather off/on; recompute
 none / selective / full. ``--group sharding``: DDP without and with the distributed optimizer, Megatron-FSDP with
-each ``--data-parallel-sharding-strategy``, torch FSDP2 with and without resharding after forward. It prints:
-* step time: mean over the steps after ``--warmup``, and its ratio to the plain row;
-* peak device memory: the backend's allocator peak (``max_memory_allocated``) on cuda/musa; the CPU backend has no
-  device allocator statistics, so the column says ``n/a (cpu)`` there;
+each ``--data-parallel-sharding-strategy``, torch FSDP2 with and without resharding after forward, FSDP2 with CPU
+offload (``--torch-fsdp2-cpu-offload``), the distributed optimizer with ``--optimizer-cpu-offload``, and on a model
+whose activations dominate (``long seq:`` rows: sequence 1024, hidden 64) DDP without and with fine-grained
+activation offloading. It prints, each with its ratio to the reference row (the first row; a ``prefix: ...`` row's
+is the first row of its prefix):
+* step time: mean over the steps after ``--warmup``;
+* peak device memory: the backend's allocator peak (``max_memory_allocated``) over the steps after ``--warmup`` on
+  cuda/musa; the CPU backend has no device allocator statistics, so the column says ``n/a (cpu)`` there;
 * activations saved for backward: peak bytes alive in autograd's saved tensors during a step (parameters
   excluded), counted with ``torch.autograd.graph.saved_tensors_hooks`` on every backend; this is what recompute
-  trades for time;
-* optimizer state on device / on host, and bytes copied per step (D2H + H2D) from
-  ``mtmegatron.training.offload_stats`` (the offloaded optimizer's own counters);
-* parameters, gradients and optimizer state this rank holds between steps (benchmarks/state_bytes.py), and each
-  as a fraction of the first row's (``--group sharding``: plain DDP, the 1/DP reference).
+  trades for time (activation offloading moves them to the host without changing this count);
+* parameters, gathered weights, gradients and optimizer state this rank holds on the device when its optimizer
+  steps (a step pre-hook: gradients reduced, before the update; benchmarks/state_bytes.py), and the bytes of those
+  components on the host ("host MiB": what an offload moved there; n/a on the cpu backend, whose device is the host);
+* bytes the offloaded optimizer copied per step (D2H + H2D; ``mtmegatron.training.offload_stats``).
 Every number is rank 0's. May assume: run from the repository (or with mtmegatron installed).
 """
 
@@ -39,6 +43,13 @@ MODEL = ["--model", "llama3", "--num-layers", "4", "--hidden-size", "128", "--nu
 DISTOPT = ["--use-distributed-optimizer"]
 MFSDP = ["--use-megatron-fsdp", "--use-distributed-optimizer", "--data-parallel-sharding-strategy"]
 OFFLOAD = ["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--optimizer-offload-fraction"]
+FSDP2 = ["--use-torch-fsdp2"]
+# a model whose activations dominate (long sequence, small hidden size) for activation offloading; later flags win
+LONG_SEQ = ["--seq-length", "1024", "--max-position-embeddings", "1024", "--hidden-size", "64",
+            "--num-attention-heads", "4", "--num-query-groups", "2", "--ffn-hidden-size", "192",
+            "--micro-batch-size", "1"]
+ACTIVATION_OFFLOAD = ["--fine-grained-activation-offloading", "--offload-modules", "attn_norm", "qkv_linear",
+                      "core_attn", "attn_proj", "mlp_norm", "--min-offloaded-tensor-size", "1024"]
 GROUPS = {
     "features": [
         ("plain", DISTOPT),
@@ -57,8 +68,12 @@ GROUPS = {
         ("DDP", []),
         ("DDP + distributed optimizer", DISTOPT),
         *((f"Megatron-FSDP {s}", MFSDP + [s]) for s in ("no_shard", "optim", "optim_grads", "optim_grads_params")),
-        ("torch FSDP2", ["--use-torch-fsdp2"]),
-        ("torch FSDP2, no reshard after forward", ["--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward"]),
+        ("torch FSDP2", FSDP2),
+        ("torch FSDP2, no reshard after forward", FSDP2 + ["--torch-fsdp2-no-reshard-after-forward"]),
+        ("torch FSDP2 + CPU offload", FSDP2 + ["--torch-fsdp2-cpu-offload"]),
+        ("DDP + distributed optimizer + CPU offload", DISTOPT + OFFLOAD + ["1.0"]),
+        ("long seq: DDP", LONG_SEQ),  # ratios of a "long seq:" row are to this row
+        ("long seq: DDP + activation offloading", LONG_SEQ + ACTIVATION_OFFLOAD),
     ],
 }
 
@@ -100,7 +115,7 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
     from mtmegatron.backends import select_backend
     from mtmegatron.training.arguments import parse_args
     from mtmegatron.training.data import build_mock_dataset, micro_batches
-    from mtmegatron.training.offload_stats import offload_stats
+    from mtmegatron.training.offload_stats import inner_optimizers, offload_stats
     from mtmegatron.training.overlap import ParamGather
     from mtmegatron.training.setup import build, init_distributed
     from megatron.core import parallel_state
@@ -117,6 +132,17 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
     params = ParamGather(model, args)
     params.start()
     saved = SavedActivations()
+    # what the rank holds when its optimizer steps (gradients reduced, before the update; FSDP2 frees its
+    # gradients after the step), on the device and on the host
+    at_step = {}
+
+    def count_at_step(*_):
+        at_step["device"] = state_bytes(model, optimizer, None if device_module is None else backend.device_type)
+        at_step["host"] = None if device_module is None else state_bytes(model, optimizer, "cpu")
+
+    for inner in inner_optimizers(optimizer):
+        inner.register_step_pre_hook(count_at_step)
+    losses = []
     times, copied = [], []
     for iteration in range(1, iters + 1):
         before = offload_stats(optimizer)
@@ -130,13 +156,13 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
             device_module.synchronize()
         elapsed = time.perf_counter() - t0
         params.after_step(not stats["skipped"])
+        losses.append(stats["loss"])
         after = offload_stats(optimizer)
         if iteration > warmup:
             times.append(elapsed)
             copied.append(after["d2h_bytes"] + after["h2d_bytes"] - before["d2h_bytes"] - before["h2d_bytes"])
     params.finish()
     final = offload_stats(optimizer)
-    components = state_bytes(model, optimizer)
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as f:
             json.dump({
@@ -147,7 +173,9 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
                 "host_state_bytes": final["host_state_bytes"],
                 "copied_bytes_per_step": sum(copied) / len(copied),
                 "loss": stats["loss"],
-                **{f"{c}_bytes": components[c] for c in COMPONENTS},
+                "losses": losses,
+                **{f"{c}_bytes": at_step["device"][c] for c in COMPONENTS},
+                "host_bytes": None if at_step["host"] is None else sum(at_step["host"].values()),
             }, f)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -157,6 +185,12 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def reference(name: str, names: list[str]) -> str:
+    """The row ``name``'s ratios are to: the first row with its ``prefix:`` (e.g. "long seq: DDP"), else the first."""
+    prefix = name.split(": ", 1)[0] + ": " if ": " in name else None
+    return next((n for n in names if prefix and n.startswith(prefix)), names[0])
 
 
 def _mib(n) -> str:
@@ -206,22 +240,23 @@ def main(argv=None) -> int:
     if not results:
         print("every row failed", file=sys.stderr)
         return 1
-    first = next(iter(results.values()))
-    ratio = lambda v, ref: f"{v / ref:.2f}" if ref else "-"  # noqa: E731
-    plain = first["step_s"]
-    header = ("row", "step ms", "x first", "peak device MiB", "saved act. MiB", "opt. state device MiB",
-              "opt. state host MiB", "copied MiB/step", *(f"{c} MiB (x first)" for c in COMPONENTS), "last loss")
+    ratio = lambda v, ref: "" if v is None else f" ({v / ref:.2f})" if ref else " (-)"  # noqa: E731
+    header = ("row", "step ms (x ref)", "peak device MiB (x ref)", "saved act. MiB (x ref)",
+              *(f"{c} MiB (x ref)" for c in COMPONENTS), "host MiB", "copied MiB/step", "last loss")
     table = [header]
     for name, r in results.items():
-        table.append((name, f"{r['step_s'] * 1000:.0f}", f"{r['step_s'] / plain:.2f}",
-                      _mib(r["peak_device_bytes"]), _mib(r["saved_activation_bytes"]),
-                      _mib(r["device_state_bytes"]), _mib(r["host_state_bytes"]),
-                      _mib(r["copied_bytes_per_step"]),
-                      *(f"{_mib(r[f'{c}_bytes'])} ({ratio(r[f'{c}_bytes'], first[f'{c}_bytes'])})"
-                        for c in COMPONENTS), f"{r['loss']:.4f}"))
+        ref = results[reference(name, list(results))]
+        table.append((name, f"{r['step_s'] * 1000:.0f}{ratio(r['step_s'], ref['step_s'])}",
+                      f"{_mib(r['peak_device_bytes'])}{ratio(r['peak_device_bytes'], ref['peak_device_bytes'])}",
+                      f"{_mib(r['saved_activation_bytes'])}"
+                      f"{ratio(r['saved_activation_bytes'], ref['saved_activation_bytes'])}",
+                      *(f"{_mib(r[f'{c}_bytes'])}{ratio(r[f'{c}_bytes'], ref[f'{c}_bytes'])}"
+                        for c in COMPONENTS), _mib(r["host_bytes"]), _mib(r["copied_bytes_per_step"]),
+                      f"{r['loss']:.4f}"))
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
-    print(f"\nbackend {args.backend}, {args.nproc} ranks, {args.iters} steps per row ({args.warmup} warm-up), rank 0, "
-          f"x first = ratio to the row '{next(iter(results))}':")
+    print(f"\nbackend {args.backend}, {args.nproc} ranks, {args.iters} steps per row ({args.warmup} warm-up), rank 0; "
+          f"state by component on the device at the last optimizer step; x ref = ratio to the row "
+          f"'{next(iter(results))}' (a 'prefix: ...' row: to the first row of that prefix):")
     for j, row in enumerate(table):
         print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")
         if j == 0:
@@ -229,8 +264,8 @@ def main(argv=None) -> int:
     for name, why in failed.items():
         print(f"{name}: failed ({why})")
     if args.backend == "cpu":
-        print("peak device memory: not measurable on the cpu backend (no device allocator); on cpu the 'device' and "
-              "'host' optimizer state are both host memory, counted by the optimizer that owns them")
+        print("peak device memory: not measurable on the cpu backend (no device allocator); there the device is the "
+              "host: every component counts as on the device and 'host MiB' is n/a")
     return 1 if failed else 0
 
 

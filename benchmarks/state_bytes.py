@@ -10,7 +10,10 @@ parameters and state. Each storage counts once, for the first component that rea
 Megatron-FSDP's weight buffers, DDP's parameter buffers, parameters, gradients, optimizer (a gradient that is a
 view into DDP's buffer is that buffer's bytes). "gathered": Megatron-FSDP's parameters whose storage is none of its
 buffers, i.e. the all-gathered full weights it keeps between steps (its gather buffers). torch FSDP2 frees gradients after the
-step (``zero_grad`` sets them to None), so its gradients between steps are 0: its peak shows them.
+step (``zero_grad`` sets them to None), so its gradients between steps are 0: count at the optimizer step
+(benchmarks/memory.py does, in a step pre-hook) to see them. ``device_type`` splits the count by where the storages
+live: an offload (``--optimizer-cpu-offload``'s host copies, FSDP2's ``--torch-fsdp2-cpu-offload``) moves bytes from
+the device's count to ``"cpu"``'s.
 May assume: megatron-core 0.16 model chunks (DDP, Megatron-FSDP or torch FSDP2 wrapped) and optimizer.
 """
 
@@ -67,18 +70,24 @@ def _owners(model, optimizer):
         torch_optimizer = getattr(inner, "optimizer", None)
         if torch_optimizer is None:
             continue
-        for group in torch_optimizer.param_groups:
-            yield from (("optimizer", p) for p in group["params"])
-        for state in torch_optimizer.state.values():
-            yield from (("optimizer", v) for v in state.values() if torch.is_tensor(v))
+        # megatron-core's HybridDeviceOptimizer (--optimizer-cpu-offload): its sub-optimizers hold the host copies
+        for torch_opt in (torch_optimizer, *getattr(torch_optimizer, "sub_optimizers", ())):
+            for group in torch_opt.param_groups:
+                yield from (("optimizer", p) for p in group["params"])
+            for state in torch_opt.state.values():
+                yield from (("optimizer", v) for v in state.values() if torch.is_tensor(v))
 
 
-def state_bytes(model, optimizer) -> dict[str, int]:
-    """Bytes per component (COMPONENTS) this rank holds, each storage counted once."""
+def state_bytes(model, optimizer, device_type: str | None = None) -> dict[str, int]:
+    """Bytes per component (COMPONENTS) this rank holds, each storage counted once; with ``device_type`` only the
+    storages on devices of that type (``"cpu"``: what an offload keeps on the host)."""
     seen, total = set(), dict.fromkeys(COMPONENTS, 0)
     for component, tensor in _owners(model, optimizer):
-        storage = _local(tensor).untyped_storage()
-        key = (str(tensor.device), storage.data_ptr())
+        local = _local(tensor)
+        if device_type is not None and local.device.type != device_type:
+            continue
+        storage = local.untyped_storage()
+        key = (str(local.device), storage.data_ptr())
         if storage.nbytes() and key not in seen:
             seen.add(key)
             total[component] += storage.nbytes()

@@ -24,7 +24,7 @@ from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.models.transformer_impl import resolve_transformer_impl
 from mtmegatron.data.flags import add_data_args, check_data_args
 from mtmegatron.training.memory_flags import add_memory_args, check_memory_args
-from mtmegatron.training.fsdp_flags import check_fsdp_args
+from mtmegatron.training.fsdp_flags import add_fsdp_args, check_fsdp_args
 from mtmegatron.training.run_control import add_run_control_args, check_run_control_args
 from mtmegatron.training.schedule_flags import add_schedule_args, check_schedule_args
 from mtmegatron.training.observability_flags import add_observability_args, check_observability_args
@@ -216,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_io(p)
     _add_fp8(p)
     add_memory_args(p)
+    add_fsdp_args(p)
     add_grouped_experts_args(p)
     add_schedule_args(p)
     add_run_control_args(p)

@@ -21,6 +21,15 @@ from mtmegatron.models import fusions
 from mtmegatron.utils.errors import ConfigError
 
 
+def add_fsdp_args(p: argparse.ArgumentParser) -> None:
+    """mtmegatron's own FSDP flags (Megatron-LM's come from its table: training/megatron_flags.py)."""
+    g = p.add_argument_group("fully sharded data parallelism (see docs/memory.md)")
+    g.add_argument("--torch-fsdp2-cpu-offload", action="store_true",
+                   help="mtmegatron's flag, not Megatron-LM's: with --use-torch-fsdp2, torch's CPUOffloadPolicy "
+                        "(pinned where the device has pinned memory) keeps parameter shards, gradients and optimizer "
+                        "state on the host, and the optimizer steps there")
+
+
 def engine(args: argparse.Namespace) -> str:
     """'megatron_fsdp', 'torch_fsdp2' or 'ddp': what wraps the model chunks (training/setup.py)."""
     return "megatron_fsdp" if args.use_megatron_fsdp else "torch_fsdp2" if args.use_torch_fsdp2 else "ddp"
@@ -68,6 +77,11 @@ def _megatron_fsdp_refusal(args: argparse.Namespace) -> str | None:
     if not args.use_distributed_optimizer:
         return "needs --use-distributed-optimizer (megatron-core's optimizer over Megatron-FSDP's buffers; " \
                "Megatron-LM's Megatron-FSDP guide requires both)"
+    if args.optimizer_cpu_offload:
+        return "--optimizer-cpu-offload: megatron-core 0.16.1's HybridDeviceOptimizer makes plain host copies of the " \
+               "optimizer's parameters, which under Megatron-FSDP are DTensors (it fails while it is built: 'got " \
+               "mixed torch.Tensor and DTensor'), and Megatron-FSDP has no CPU offload of its own; use " \
+               "--use-torch-fsdp2 --torch-fsdp2-cpu-offload, or DDP with --optimizer-cpu-offload"
     if args.data_parallel_sharding_strategy == "optim_grads_params" \
             and args.check_weight_hash_across_dp_replicas_interval is not None:
         return "--check-weight-hash-across-dp-replicas-interval: parameters are sharded with optim_grads_params " \
@@ -103,6 +117,7 @@ def check_fsdp_args(args: argparse.Namespace) -> None:
                           "--use-megatron-fsdp (megatron-core's DistributedDataParallel does not read it)")
     if not args.torch_fsdp2_reshard_after_forward and not args.use_torch_fsdp2:
         raise ConfigError("--torch-fsdp2-no-reshard-after-forward needs --use-torch-fsdp2")
+    _check_torch_fsdp2_cpu_offload(args)
     if engine(args) == "ddp":
         return
     flag = "--use-torch-fsdp2" if args.use_torch_fsdp2 else "--use-megatron-fsdp"
@@ -112,6 +127,29 @@ def check_fsdp_args(args: argparse.Namespace) -> None:
     why = _checkpoint_refusal(args) if args.save or args.load else None
     if why:
         raise ConfigError(f"{flag} with --save/--load: {why}")
+
+
+def _check_torch_fsdp2_cpu_offload(args: argparse.Namespace) -> None:
+    """--torch-fsdp2-cpu-offload: refused without FSDP2; on a backend whose device is the host, a start-up line
+    (``args.fsdp_offload_note``) says it has nothing to move."""
+    args.fsdp_offload_note = None
+    if not args.torch_fsdp2_cpu_offload:
+        return
+    if not args.use_torch_fsdp2:
+        raise ConfigError("--torch-fsdp2-cpu-offload needs --use-torch-fsdp2 (it is torch FSDP2's CPUOffloadPolicy; "
+                          "Megatron-FSDP has no CPU offload in megatron-core 0.16.1; DDP + the distributed optimizer "
+                          "offloads with --optimizer-cpu-offload)")
+    try:
+        backend = select_backend(args.backend, warn=False)
+    except BackendUnavailableError:
+        return  # pretrain reports it with its own message right after parsing
+    args.fsdp_offload_note = (
+        f"--torch-fsdp2-cpu-offload: nothing to move on the {backend.name} backend (its device is the host memory "
+        "the shards would go to); torch's CPUOffloadPolicy still runs, host to host"
+        if backend.device_is_host else
+        "--torch-fsdp2-cpu-offload: parameter shards, gradients and optimizer state live in pinned host memory "
+        "(torch's CPUOffloadPolicy); each layer's shard is copied to the device for its all-gather and the optimizer "
+        "steps on the host")
 
 
 def _checkpoint_refusal(args: argparse.Namespace) -> str | None:

@@ -5,7 +5,8 @@ by name; ``check`` raises one error naming them. The training loop checks once a
 (when the optimizer state exists). Host scalars that torch keeps on the host by design (Adam's ``step``) are
 not training state on the device and are allowed. With ``--optimizer-cpu-offload`` the host-side optimizers of
 megatron-core's HybridDeviceOptimizer keep their parameter copies and state on the host by design: those must be
-on ``cpu`` instead (and are not counted among the tensors reported on the device).
+on ``cpu`` instead (and are not counted among the tensors reported on the device); so must the parameter shards
+and optimizer state of torch FSDP2 chunks built with a CPU offload policy (``--torch-fsdp2-cpu-offload``).
 May assume: DDP- or FSDP-wrapped megatron-core model chunks and a megatron-core optimizer (possibly chained).
 """
 
@@ -71,9 +72,12 @@ def misplaced(model, optimizer, device: torch.device) -> tuple[int, list[str]]:
     """(number of tensors checked on ``device``, names of those not where they belong: ``device``, or ``cpu``
     for offloaded optimizer state)."""
     checked, wrong = 0, []
-    tensors = [(*t, False) for i, chunk in enumerate(model) for t in _chunk_tensors(i, chunk)]
+    # FSDP2's CPUOffloadPolicy keeps every parameter shard and so every optimizer tensor on the host
+    fsdp2_host = any(getattr(getattr(chunk, "ddp_config", None), "offload_policy", None) is not None for chunk in model)
+    tensors = [(*t, fsdp2_host and not t[0].endswith("(buffer)"))
+               for i, chunk in enumerate(model) for t in _chunk_tensors(i, chunk)]
     if optimizer is not None:
-        tensors += list(_optimizer_tensors(optimizer))
+        tensors += [(name, t, offloaded or fsdp2_host) for name, t, offloaded in _optimizer_tensors(optimizer)]
     host = torch.device("cpu")
     for name, tensor, offloaded in tensors:
         checked += not offloaded

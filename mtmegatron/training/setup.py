@@ -19,11 +19,12 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, TorchFullyShardedDataParallel, finalize_model_grads
 from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
 from megatron.core.transformer.module import Float16Module
+from torch.distributed.fsdp import CPUOffloadPolicy
 
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
 from mtmegatron.training import fsdp_flags, overlap, training_flags
-from mtmegatron.backends.device import compute_device, move_module
+from mtmegatron.backends.device import compute_device, move_module, on_host
 from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
 
@@ -87,6 +88,8 @@ def build(args):
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = overlap.ddp_config(args)
+    if args.torch_fsdp2_cpu_offload:  # fully_shard receives it (patches/torch_fsdp2_cpu_offload.py)
+        ddp_config.offload_policy = CPUOffloadPolicy(pin_memory=not on_host(device))
     if args.ddp_num_buckets is not None:  # Megatron-LM: this rank's parameters // N
         ddp_config.bucket_size = training_flags.ddp_bucket_size(args, chunks)
     wrapper = {"ddp": DistributedDataParallel, "megatron_fsdp": partial(FullyShardedDataParallel, device=device),

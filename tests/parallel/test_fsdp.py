@@ -27,6 +27,8 @@ ENGINES = {
     **{f"megatron_fsdp_{s}": MEGATRON_FSDP + [s] for s in ("no_shard", "optim", "optim_grads")},
     "torch_fsdp2": ["--use-torch-fsdp2"],
     "torch_fsdp2_no_reshard": ["--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward"],
+    # torch's CPUOffloadPolicy, host to host here (the simulated device: tests/memory/test_fsdp_offload.py)
+    "torch_fsdp2_cpu_offload": ["--use-torch-fsdp2", "--torch-fsdp2-cpu-offload"],
 }
 
 
