@@ -177,6 +177,10 @@ def run(args, backend, tokenizer=None, data=None) -> int:
             from mtmegatron.training.multimodal_finish import write_multimodal_outputs
 
             write_multimodal_outputs(model, data, args, sample=not state.terminated)
+        elif data is not None and not state.terminated:  # a packed-vision family on conversations
+            from mtmegatron.training.vision_answer_eval import write_answer_eval
+
+            write_answer_eval(model, data, args)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return state.status

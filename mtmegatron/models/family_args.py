@@ -22,10 +22,11 @@ from __future__ import annotations
 import argparse
 
 from mtmegatron.models.families.gpt import LLAMA3_SCALING_DEFAULTS  # noqa: F401 (training/megatron_lm_checkpoint.py)
-from mtmegatron.models.packed_vision_args import check_packed_vision_args
+from mtmegatron.models.packed_vision_args import add_packed_vision_args, check_packed_vision_args
 
 
 def add_family_args(p: argparse.ArgumentParser) -> None:
+    add_packed_vision_args(p)
     g = p.add_argument_group("Llama-3.x RoPE scaling, Qwen qkv bias and head dim")
     g.add_argument("--use-rope-scaling", action="store_true", default=False,
                    help="apply Llama-3.x RoPE frequency scaling (low/high frequency factors 1/4, original "

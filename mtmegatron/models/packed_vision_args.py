@@ -4,7 +4,9 @@ Qwen2.5-VL; models/qwen_vl.py), one ``error`` each before any process group exis
 M-RoPE (``--position-embedding-type mrope``) belongs to these models only (their positions are ``[3, b, s]``);
 their ``--mrope-section`` must cover half the head dim; the vision tower comes from the preset (``vision_*``
 dests) and its heads split over TP. Refused until built: context parallelism (the image embeddings must be merged
-before the sequence is split), FP8, MoE / MLA language models.
+before the sequence is split), FP8, MoE / MLA language models. ``--min-pixels`` / ``--max-pixels`` (HF's image
+processor fields; default its 3136 / 1003520) bound each image's area (training/packed_vision_data.py), at least
+one merge window each; other models refuse them.
 May assume: the preset is applied and ``kv_channels`` resolved (models/family_args.check_family_args).
 """
 
@@ -19,9 +21,23 @@ def packed_vision_families() -> list[str]:
     return [name for name, f in families.FAMILIES.items() if f.vision_encoder == "packed"]
 
 
+def add_packed_vision_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Qwen2-VL / Qwen2.5-VL image resolution (HF's image processor min/max pixels)")
+    g.add_argument("--min-pixels", type=int, default=None,
+                   help="smallest image area in pixels: smaller images are scaled up to it (default 3136, 56x56)")
+    g.add_argument("--max-pixels", type=int, default=None,
+                   help="largest image area in pixels: larger images are scaled down to it (default 1003520, "
+                        "1280 image tokens); e.g. 3136 trains every image at 56x56 or less")
+
+
 def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -> None:
     model = families.of(args)
+    pixels = {"--min-pixels": args.min_pixels, "--max-pixels": args.max_pixels}
     if model.vision_encoder != "packed":
+        named = [flag for flag, value in pixels.items() if value is not None]
+        if named:
+            raise error(f"{', '.join(named)}: only the native-resolution vision-language models take it (--model "
+                        f"{' or '.join(packed_vision_families())})")
         if args.position_embedding_type == "mrope":
             raise error(f"--position-embedding-type mrope: only the vision-language models with 3-D positions "
                         f"take it (--model {' or '.join(packed_vision_families())})")
@@ -35,6 +51,12 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
                     f"summing to half the head dim {args.kv_channels}")
     if getattr(args, "vision_num_layers", None) is None or getattr(args, "vision_spatial_merge_size", None) is None:
         raise error(f"--model {model.name}: the vision tower comes from a preset (--model-size)")
+    factor = args.patch_dim * args.vision_spatial_merge_size
+    for flag, value in pixels.items():
+        if value is not None and value < factor * factor:
+            raise error(f"{flag} {value}: at least one {factor}x{factor} merge window ({factor * factor} pixels)")
+    if None not in pixels.values() and args.min_pixels > args.max_pixels:
+        raise error(f"--min-pixels {args.min_pixels} is more than --max-pixels {args.max_pixels}")
     tp = args.tensor_model_parallel_size
     if args.vision_num_attention_heads % tp:
         raise error(f"the vision tower's {args.vision_num_attention_heads} heads must be divisible by TP {tp}")

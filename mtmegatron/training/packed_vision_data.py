@@ -3,16 +3,19 @@ models/qwen_vl.py): ``--data-path conversations.jsonl [--image-folder DIR]`` (LL
 several images and videos per record: data/multimodal/vision_records.py) -> the samples of
 data/multimodal/vision_samples.py, read as LLaVA's are (``training/multimodal_data.py``'s ``Split`` and
 ``MicroBatches``: a seeded permutation per epoch, each DP rank its contiguous slice) and collated padded to
-``--seq-length`` (the pipeline schedule's fixed activation shape).
+``--seq-length`` (the pipeline schedule's fixed activation shape). Images are resized within ``--min-pixels`` ..
+``--max-pixels`` (HF's image processor bounds; default its own).
 
-``reads_vision_data``: a packed-vision family whose ``--data-path`` names JSONL/JSON conversation files (not
-``--mock-data``, not ``--sft``); other data (mock, Megatron indexed text) trains the language model alone, as before.
+``reads_vision_data``: a packed-vision family whose ``--data-path`` (or ``--train-data-path``) names JSONL/JSON
+conversation files (not ``--mock-data``, not ``--sft``); other data (mock, Megatron indexed text) trains the language
+model alone, as before.
 ``prepare`` builds the train and held-out datasets before any process group starts. The tokenizer:
 ``--tokenizer-model DIR`` (its special-token ids must be the preset's ``image_token_id`` / ``video_token_id``), else
 a byte-level BPE of at most ``--vocab-size`` tokens trained on the conversations with the chat template's special
 tokens (cached); the model then reads its ids (the run's ``image_token_id`` etc. are set from it). Every user
 mistake (bad record, missing image, tokenizer too large) is one ``ConfigError`` line naming file:line (exit 2).
-Held out: ``--valid-data-path``, else ``--split``'s valid share of ``--data-path`` (seeded by ``--seed``).
+Held out: ``--valid-data-path`` (with ``--train-data-path``), else ``--split``'s valid share of ``--data-path``
+(seeded by ``--seed``).
 May assume: flags parsed and checked (the preset's ``vision_*``, ``patch_dim`` and token-id fields present); args
 still writable (called from ``pretrain.prepare`` before the run plan freezes them).
 """
@@ -31,9 +34,15 @@ TOKEN_FIELDS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pa
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
 
 
+def _train_paths(args: argparse.Namespace) -> list:
+    """``--data-path``, else ``--train-data-path`` (then ``--valid-data-path`` is the held-out set)."""
+    paths = args.data_path or getattr(args, "train_data_path", None)
+    return paths if isinstance(paths, list) else [paths] if paths else []
+
+
 def reads_vision_data(args: argparse.Namespace) -> bool:
     """Whether this run trains on image/video conversations (module docstring)."""
-    paths = args.data_path if isinstance(args.data_path, list) else [args.data_path] if args.data_path else []
+    paths = _train_paths(args)
     return (families.of(args).vision_encoder == "packed" and not args.mock_data and not args.sft and bool(paths)
             and all(str(p).endswith(CONVERSATION_SUFFIXES) for p in paths))
 
@@ -44,9 +53,12 @@ def data_config(args: argparse.Namespace):
 
     patches = dict(patch_size=args.patch_dim, temporal_patch_size=args.vision_temporal_patch_size,
                    merge_size=args.vision_spatial_merge_size)
+    image_area = {field: value for field in ("min_pixels", "max_pixels")  # --min-pixels / --max-pixels
+                  if (value := getattr(args, field, None)) is not None}
     # the second generation (windowed attention) places video frames by time: the released configs'
     # tokens_per_second = 2; the first steps one position per temporal patch (None)
-    return VisionDataConfig(seq_length=args.seq_length, image=dataclasses.replace(IMAGE_PIXELS, **patches),
+    return VisionDataConfig(seq_length=args.seq_length,
+                            image=dataclasses.replace(IMAGE_PIXELS, **patches, **image_area),
                             video=dataclasses.replace(VIDEO_PIXELS, **patches),
                             tokens_per_second=2 if args.vision_window_size else None,
                             skip_bad_samples=bool(getattr(args, "skip_bad_samples", False)))
@@ -81,7 +93,7 @@ def prepare(args: argparse.Namespace, progress: bool = True):
     from mtmegatron.data.tokenizer import TokenizerError
     from mtmegatron.training.multimodal_data import MultimodalData
 
-    paths = args.data_path if isinstance(args.data_path, list) else [args.data_path]
+    paths = _train_paths(args)
     valid_paths = getattr(args, "valid_data_path", None) or []
     valid_paths = [valid_paths] if isinstance(valid_paths, str) else list(valid_paths)
     image_folder = getattr(args, "image_folder", None)
@@ -101,7 +113,8 @@ def prepare(args: argparse.Namespace, progress: bool = True):
             "bad_samples": bad}
     skipped = f", skipped {bad} bad sample(s)" if bad else ""
     info["summary"] = (f"vision conversations: {info['train_samples']} train / {info['valid_samples']} valid "
-                       f"samples (native resolution, padded to {args.seq_length}){skipped}")
+                       f"samples (native resolution, {config.image.min_pixels}..{config.image.max_pixels} pixels "
+                       f"per image, padded to {args.seq_length}){skipped}")
     return MultimodalData(train, valid, tokenizer, info)
 
 

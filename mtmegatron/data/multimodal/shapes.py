@@ -15,12 +15,11 @@ question text alone does not predict it (only an image does). ``*_captions.jsonl
 Train and held-out (``valid``) splits come from different random streams of the same seed; a held-out image
 identical to a training image is redrawn. A byte-level BPE trained on the text (with the chat templates'
 special tokens as single tokens) is saved beside the data.
-May assume: numpy and Pillow; a POSIX file system (fcntl lock, as ``data/embedded.py``).
+May assume: numpy and Pillow; a POSIX file system (the cache's file lock: ``generated_cache.py``).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from mtmegatron.data.multimodal.generated_cache import generate_once, locked
 from mtmegatron.data.multimodal.template import MULTIMODAL_SPECIAL_TOKENS, VICUNA_SYSTEM
 
 SHAPES_VERSION = 1  # bump when the generated data changes
@@ -154,16 +154,8 @@ def prepare(seed: int = 1234, num_train: int = 4000, num_valid: int = 256, heigh
     name = f"shapes-v{SHAPES_VERSION}-s{seed}-n{num_train}-{num_valid}-{height}x{width}-q{questions_per_image}"
     directory = os.path.join(cache_root(), name)
     tokenizer_dir = os.path.join(directory, f"tokenizer-bpe{vocab_size}")
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not os.path.exists(os.path.join(directory, "complete")):
-                generate(directory, seed, num_train, num_valid, height, width, questions_per_image)
-                with open(os.path.join(directory, "complete"), "w") as f:
-                    f.write("ok\n")
-            if not os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
-                train_bpe(corpus_texts(directory), vocab_size, tokenizer_dir, MULTIMODAL_SPECIAL_TOKENS)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with locked(directory):
+        generate_once(directory, lambda d: generate(d, seed, num_train, num_valid, height, width, questions_per_image))
+        if not os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
+            train_bpe(corpus_texts(directory), vocab_size, tokenizer_dir, MULTIMODAL_SPECIAL_TOKENS)
     return directory, tokenizer_dir
