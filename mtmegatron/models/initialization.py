@@ -36,8 +36,11 @@ def add_initialization_args(parser: argparse.ArgumentParser) -> None:
 
 
 def host_initialization(args: argparse.Namespace) -> bool:
-    """megatron-core's ``use_cpu_initialization``: the flag, or a backend whose device is the host."""
-    return bool(args.use_cpu_initialization) or (active_backend() or CPU).device_is_host
+    """megatron-core's ``use_cpu_initialization``: the flag, a backend whose device is the host, or
+    ``--init-model-with-meta-device`` (megatron-core's local layers are born on the meta device only on the host
+    path; Megatron-FSDP then draws each module's weights as the host path does: training/meta_init.py)."""
+    return (bool(args.use_cpu_initialization) or (active_backend() or CPU).device_is_host
+            or bool(getattr(args, "init_model_with_meta_device", False)))
 
 
 def birth_device(args: argparse.Namespace):
@@ -78,6 +81,9 @@ def describe(args: argparse.Namespace) -> str:
 
     if skip_initialization(args):
         return "mtmegatron: init: skipped (every weight comes from the checkpoint in --load)"
+    if getattr(args, "init_model_with_meta_device", False):
+        return ("mtmegatron: init: on the meta device (--init-model-with-meta-device); Megatron-FSDP materialises one "
+                "module at a time on this rank's device, each weight drawn where the host init draws it")
     backend = active_backend() or CPU
     device_type = backend.device_type
     if backend.device_is_host:

@@ -114,6 +114,8 @@ READ_BY_CODE = frozenset({
     # training/fsdp_flags.py: the engine that wraps the model chunks, its sharding and the combinations refused
     "use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2", "torch_fsdp2_reshard_after_forward",
     "fsdp_double_buffer",
+    # meta-device init (training/meta_init.py) and HSDP (training/setup.py's groups; checks in fsdp_flags.py)
+    "init_model_with_meta_device", "num_distributed_optimizer_instances", "outer_dp_sharding_strategy",
     # training/memory_flags.py: activation offloading, checked against the backend (off with a line on the host)
     "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size", "cpu_offloading_num_layers",
 })
@@ -207,10 +209,9 @@ REFUSED = {
     "nccl_communicator_config_path": _NVIDIA_TOOLING + " (a YAML of NCCL communicator settings)",
     "high_priority_stream_groups": _NVIDIA_TOOLING + " (NCCL high-priority communicator streams)",
     "object_storage_cache_path": _SERVICES + " (Multi-Storage Client / S3 data loading)",
-    **dict.fromkeys(("enable_full_sharding_in_hsdp", "strict_fsdp_dtensor_load"), _FSDP),
-    **dict.fromkeys(("outer_dp_sharding_strategy", "num_distributed_optimizer_instances"),
-                    "several distributed-optimizer instances (HSDP, partial distributed optimizer): megatron-core's "
-                    "intra/inter-instance data-parallel groups are not built here"),
+    "strict_fsdp_dtensor_load": _FSDP,
+    "enable_full_sharding_in_hsdp": "Megatron-LM 0.16.1 declares it but neither it nor megatron-core 0.16.1 reads "
+                                    "it (it would do nothing); HSDP's outer sharding is --outer-dp-sharding-strategy",
     **dict.fromkeys(("replication", "replication_jump", "replication_factor"), _LOCAL_CKPT),
     "heterogeneous_layers_config_encoded_json": "heterogeneous (NAS) layer configs are not supported; "
                                                 "DeepSeek-style dense/MoE patterns use --moe-layer-freq",
@@ -235,9 +236,6 @@ REFUSED = {
     "ckpt_convert_update_legacy_dist_opt_format": "it rewrites the distrib_optim.pt of a legacy --ckpt-format "
                                                   "torch checkpoint saved before Feb 2024; mtmegatron reads no "
                                                   "--ckpt-format torch checkpoint (convert those with Megatron-LM)",
-    "init_model_with_meta_device": "not wired into mtmegatron yet: each rank builds the whole model, and "
-                                   "Megatron-FSDP's re-initialisation from the meta device gave other starting "
-                                   "weights than the host/device init (losses 7e-2 apart)",
     "enable_experimental": "megatron-core's experimental-feature switch: none of its experimental features is wired "
                            "into mtmegatron",
 }

@@ -23,7 +23,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy
 
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
-from mtmegatron.training import fsdp_flags, overlap, training_flags
+from mtmegatron.training import fsdp_flags, meta_init, overlap, training_flags
 from mtmegatron.backends.device import compute_device, move_module, on_host
 from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
@@ -46,6 +46,7 @@ def init_distributed(args, backend) -> None:
         expert_model_parallel_size=args.expert_model_parallel_size,
         distributed_timeout_minutes=args.distributed_timeout_minutes,
         order=training_flags.parallel_order(args),  # --use-tp-pp-dp-mapping
+        num_distributed_optimizer_instances=args.num_distributed_optimizer_instances,  # HSDP / partial dist. opt.
     )
     training_flags.apply_logging_level(args)  # --logging-level / MEGATRON_LOGGING_LEVEL
     seed_everything(initialization.rank_seed(args))  # Megatron-LM's: --seed + 100 * pipeline rank
@@ -81,9 +82,11 @@ def build(args):
     """Returns (model chunks wrapped in DDP, Megatron-FSDP or torch FSDP2 (training/fsdp_flags.py), optimizer,
     scheduler, transformer config)."""
     config = transformer_config(args)
-    chunks = build_model_chunks(args, config)  # on the device, or on the host (models/initialization.py)
+    with meta_init.birth(args):  # --init-model-with-meta-device: Megatron-FSDP materialises it (meta_init.py)
+        chunks = build_model_chunks(args, config)  # on the device, or on the host (models/initialization.py)
+    meta_init.check_materialisable(chunks)
     device = compute_device()
-    for chunk in chunks:
+    for chunk in chunks if not args.init_model_with_meta_device else ():
         move_module(chunk, device)  # host-initialised parameters (attributes kept) and buffers; else a no-op
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]

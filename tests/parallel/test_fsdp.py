@@ -125,11 +125,13 @@ MFSDP_EP2 = MFSDP + ["--num-experts", "4", "--expert-model-parallel-size", "2"]
     (FSDP2 + ["--fp16"], "--use-torch-fsdp2: --fp16 is not supported"),
     (FSDP2 + ["--overlap-grad-reduce"], "--use-torch-fsdp2: overlaps its reduce-scatter and all-gather itself"),
     (["--use-megatron-fsdp"], "--use-megatron-fsdp: needs --use-distributed-optimizer"),
-    (MFSDP + ["--init-model-with-meta-device"], "--init-model-with-meta-device: not wired into mtmegatron yet"),
+    (MFSDP + ["--init-model-with-meta-device"], "--init-model-with-meta-device with --data-parallel-sharding-strategy "
+                                                "no_shard: megatron-core refuses it"),
     (["--fsdp-double-buffer"], "--fsdp-double-buffer needs --use-megatron-fsdp"),
-    (MFSDP + ["--outer-dp-sharding-strategy", "optim"], "--outer-dp-sharding-strategy: several distributed-optimizer"),
-    (["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"],
-     "--num-distributed-optimizer-instances: several distributed-optimizer instances"),
+    (MFSDP + ["--outer-dp-sharding-strategy", "optim"], "--outer-dp-sharding-strategy optim needs --use-megatron-fsdp "
+                                                       "and --num-distributed-optimizer-instances > 1"),
+    (["--num-distributed-optimizer-instances", "2"],
+     "--num-distributed-optimizer-instances > 1 needs --use-distributed-optimizer"),
     (MFSDP_EP2, "--use-megatron-fsdp: --data-parallel-sharding-strategy no_shard with --expert-model-parallel-size"),
     (MFSDP_EP2 + ["--data-parallel-sharding-strategy", "optim_grads"],
      "--use-megatron-fsdp: --data-parallel-sharding-strategy optim_grads with --expert-model-parallel-size > 1"),
