@@ -56,8 +56,9 @@ def prepare(argv):
             raise ConfigError(str(e)) from None
     progress = int(os.environ.get("RANK", "0")) == 0
     data = None
-    from mtmegatron.training.packed_vision_data import reads_vision_data
+    from mtmegatron.training.packed_vision_data import check_balance, reads_vision_data
 
+    check_balance(args)
     if reads_vision_data(args):  # native-resolution images/videos + conversations (training/packed_vision_data.py)
         from mtmegatron.training.packed_vision_data import prepare as prepare_vision
 
@@ -149,6 +150,10 @@ def run(args, backend, tokenizer=None, data=None) -> int:
         dataset = Split(data.train, data.collate, shuffle=True)
         valid = Split(data.valid, data.collate, shuffle=False) if data.valid is not None else None
         print_rank0(rank, f"mtmegatron: {data.info['summary']} | tokenizer {tokenizer.source}")
+        if args.balance_micro_batches and rank == 0:
+            from mtmegatron.training.multimodal_data import balance_summary
+
+            print(f"mtmegatron: {balance_summary(dataset, args, plan)}", flush=True)
     elif args.mock_data:
         dataset = build_mock_dataset(args, num_samples)
         valid = build_mock_validation(args, args.eval_iters * gbs)

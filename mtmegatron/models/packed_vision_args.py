@@ -6,7 +6,8 @@ their ``--mrope-section`` must cover half the head dim; the vision tower comes f
 dests) and its heads split over TP. Refused until built: context parallelism (the image embeddings must be merged
 before the sequence is split), FP8, MoE / MLA language models. ``--min-pixels`` / ``--max-pixels`` (HF's image
 processor fields; default its 3136 / 1003520) bound each image's area (training/packed_vision_data.py), at least
-one merge window each; other models refuse them.
+one merge window each; other models refuse them, and ``--balance-micro-batches`` (training/packed_vision_data.py
+refuses it without image conversations to balance).
 May assume: the preset is applied and ``kv_channels`` resolved (models/family_args.check_family_args).
 """
 
@@ -28,6 +29,10 @@ def add_packed_vision_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-pixels", type=int, default=None,
                    help="largest image area in pixels: larger images are scaled down to it (default 1003520, "
                         "1280 image tokens); e.g. 3136 trains every image at 56x56 or less")
+    g.add_argument("--balance-micro-batches", action="store_true",
+                   help="mtmegatron's (not Megatron-LM's): deal each global batch's conversations over the DP ranks "
+                        "and micro-batches by load (text tokens + vision patches) instead of contiguous slices; the "
+                        "same samples per global batch (data/multimodal/micro_batch_balance.py)")
 
 
 def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -> None:
@@ -35,6 +40,7 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
     pixels = {"--min-pixels": args.min_pixels, "--max-pixels": args.max_pixels}
     if model.vision_encoder != "packed":
         named = [flag for flag, value in pixels.items() if value is not None]
+        named += ["--balance-micro-batches"] if args.balance_micro_batches else []
         if named:
             raise error(f"{', '.join(named)}: only the native-resolution vision-language models take it (--model "
                         f"{' or '.join(packed_vision_families())})")

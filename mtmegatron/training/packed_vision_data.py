@@ -47,6 +47,13 @@ def reads_vision_data(args: argparse.Namespace) -> bool:
             and all(str(p).endswith(CONVERSATION_SUFFIXES) for p in paths))
 
 
+def check_balance(args: argparse.Namespace) -> None:
+    """``--balance-micro-batches`` needs conversations to balance (one line otherwise)."""
+    if getattr(args, "balance_micro_batches", False) and not reads_vision_data(args):
+        raise ConfigError("--balance-micro-batches balances image/video conversations: give --data-path "
+                          "conversations.jsonl (not --mock-data, --sft or indexed text)")
+
+
 def data_config(args: argparse.Namespace):
     from mtmegatron.data.multimodal.dynamic_resolution import IMAGE_PIXELS, VIDEO_PIXELS
     from mtmegatron.data.multimodal.vision_samples import VisionDataConfig

@@ -85,3 +85,15 @@ def test_the_start_up_line_reports_before_and_after():
     per_micro = line.split("per micro-batch ")[1].split(",")[0]
     before, after = (float(x) for x in per_micro.split(" -> "))
     assert before == pytest.approx(8000 / (12250 / 4), abs=0.01) and after == pytest.approx(4050 / (12250 / 4), abs=0.01)
+
+
+def test_the_flag_is_refused_where_there_is_nothing_to_balance():
+    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.training.packed_vision_data import check_balance
+    from mtmegatron.utils.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--balance-micro-batches: only the native-resolution vision-language"):
+        parse_flags(["--model", "llama3", "--balance-micro-batches"])
+    args = parse_flags(["--model", "qwen2-vl", "--model-size", "tiny", "--balance-micro-batches"])  # mock data
+    with pytest.raises(ConfigError, match="balances image/video conversations: give --data-path"):
+        check_balance(args)
