@@ -14,7 +14,7 @@ is the first row of its prefix):
   cuda/musa; the CPU backend has no device allocator statistics, so the column says ``n/a (cpu)`` there;
 * activations saved for backward: peak bytes alive in autograd's saved tensors during a step (parameters
   excluded), counted with ``torch.autograd.graph.saved_tensors_hooks`` on every backend; this is what recompute
-  trades for time (activation offloading moves them to the host without changing this count);
+  trades for time (tensors that activation offloading saves through megatron-core's own hooks are not seen here);
 * parameters, gathered weights, gradients and optimizer state this rank holds on the device when its optimizer
   steps (a step pre-hook: gradients reduced, before the update; benchmarks/state_bytes.py), and the bytes of those
   components on the host ("host MiB": what an offload moved there; n/a on the cpu backend, whose device is the host);
