@@ -9,8 +9,8 @@ the distributed optimizer's fp32 copies do), ``main_grad``/``grad`` of each para
 parameters and state. Each storage counts once, for the first component that reaches it, in the order
 Megatron-FSDP's weight buffers, DDP's parameter buffers, parameters, gradients, optimizer (a gradient that is a
 view into DDP's buffer is that buffer's bytes). "gathered": Megatron-FSDP's parameters whose storage is none of its
-buffers, i.e. the all-gathered full weights it keeps between steps (its gather buffers). torch FSDP2 frees gradients after the
-step (``zero_grad`` sets them to None), so its gradients between steps are 0: count at the optimizer step
+buffers, i.e. the all-gathered full weights it keeps between steps (its gather buffers). torch FSDP2 frees gradients
+after the step (``zero_grad`` sets them to None), so its gradients between steps are 0: count at the optimizer step
 (benchmarks/memory.py does, in a step pre-hook) to see them. ``device_type`` splits the count by where the storages
 live: an offload (``--optimizer-cpu-offload``'s host copies, FSDP2's ``--torch-fsdp2-cpu-offload``) moves bytes from
 the device's count to ``"cpu"``'s.

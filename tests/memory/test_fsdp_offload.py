@@ -3,8 +3,9 @@ wrapper, patches/torch_fsdp2_cpu_offload.py; the clipping of host gradients, pat
 
 * cpu backend (host = device): the start-up line says there is nothing to move (the DP2 losses equal DDP + the
   distributed optimizer's within 1e-6 with the flag: tests/parallel/test_fsdp.py's ``torch_fsdp2_cpu_offload``);
-* simulated MUSA device, DP2, fp32, ITERS iterations (benchmarks/memory.py's worker, which counts what each rank holds on the device and on
-  the host at its optimizer step, benchmarks/state_bytes.py): the same losses as FSDP2 without the flag (ATOL);
+* simulated MUSA device, DP2, fp32, ITERS iterations (benchmarks/memory.py's worker, which counts what each rank
+  holds on the device and on the host at its optimizer step, benchmarks/state_bytes.py): the same losses as FSDP2
+  without the flag (ATOL);
   parameter shards, gradients and optimizer state leave the device (at most 10% of the non-offloaded run's bytes
   stay; measured: 0) and are on the host instead (the same bytes), and the device peak falls;
 * refused in one line: the flag without FSDP2; Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
