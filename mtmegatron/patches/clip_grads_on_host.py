@@ -3,8 +3,8 @@
 Target: megatron.core.optimizer.optimizer:get_grad_norm_fp32 and :clip_grad_by_total_norm_fp32 (the names
 megatron-core's optimizers call)
 Reason: with ``--torch-fsdp2-cpu-offload`` (patches/torch_fsdp2_cpu_offload.py) each parameter's gradient shard is
-a host tensor, by design: the optimizer steps on the host. megatron-core's clipping asserts
-``param.grad.type() == 'torch.cuda.FloatTensor'`` (AssertionError at the first step on musa) and both functions
+a host tensor, by design: the optimizer steps on the host. megatron-core's clipping asserts that each gradient's
+type string is the device's float tensor type (AssertionError at the first step on musa) and both functions
 hand the gradients to apex/TransformerEngine's multi-tensor kernels when those are installed, which take device
 tensors only. When any gradient is a host tensor on a device backend, the norm is taken with torch ops the way
 megatron-core's own fallback does (each tensor's 2-norm, then the norm of those; or the max for inf), moved to
@@ -93,7 +93,7 @@ def apply():
 PATCH = Patch(
     name="clip_grads_on_host",
     target=CLIP,
-    reason="megatron-core's gradient clipping asserts device (torch.cuda) gradients and its norm/scale kernels take "
+    reason="megatron-core's gradient clipping asserts device-typed gradients and its norm/scale kernels take "
     "device tensors: FSDP2's CPU-offloaded gradients are host tensors",
     versions=">=0.16,<0.17",
     apply=apply,
