@@ -51,6 +51,12 @@ def prepare(args):
     if tokenizer.vocab_size > model_args_.vocab_size:
         raise GenerateError(f"--tokenizer-model {args.tokenizer_model} has {tokenizer.vocab_size} tokens, the model "
                             f"only {model_args_.vocab_size}: not the tokenizer this model was trained with")
+    check_lengths(args, prompt_tokens, model_args_)
+    return sampling, prompts, prompt_tokens, tokenizer, model_args_, common
+
+
+def check_lengths(args, prompt_tokens: list[list[int]], model_args_) -> None:
+    """Every prompt has tokens, and with --max-new-tokens fits the model's positions (images' tokens included)."""
     limit = model_args_.max_position_embeddings
     for i, ids in enumerate(prompt_tokens):
         if not ids:
@@ -58,7 +64,6 @@ def prepare(args):
         if len(ids) + args.max_new_tokens > limit:
             raise GenerateError(f"prompt {i + 1} has {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
                                 f"that exceeds the model's {limit} positions (--max-position-embeddings)")
-    return sampling, prompts, prompt_tokens, tokenizer, model_args_, common
 
 
 def run(args) -> int:
@@ -66,6 +71,10 @@ def run(args) -> int:
 
     quiet_checkpoint_noise()
     sampling, prompts, prompt_tokens, tokenizer, margs, common = prepare(args)
+    from mtmegatron.generate.images import vision_prompts
+
+    prompt_tokens, visions = vision_prompts(args, prompts, prompt_tokens, tokenizer, margs)  # None: text model
+    check_lengths(args, prompt_tokens, margs)
     backend = select_backend(margs.backend)
     import torch
 
@@ -78,7 +87,12 @@ def run(args) -> int:
     init_distributed(margs, backend)
     try:
         model = build_and_load(margs, common["directory"])
-        if args.no_kv_cache:
+        if visions is not None:  # a vision-language model: M-RoPE positions, the prompts' images merged
+            from mtmegatron.generate.images import generate_for_vision_model
+
+            results, seconds = generate_for_vision_model(args, model, tokenizer, prompts, prompt_tokens, visions,
+                                                         Sampling(args.max_new_tokens, seed=args.seed, **sampling))
+        elif args.no_kv_cache:
             from mtmegatron.inference.recompute import generate_without_cache
 
             results, seconds = generate_without_cache(model, tokenizer, prompts, prompt_tokens, args.max_new_tokens)

@@ -25,6 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--prompts-file", default=None, help="a text file with one prompt per line (blank lines skipped)")
     p.add_argument("--chat", action="store_true",
                    help="wrap each prompt as a user turn with the tokenizer's chat_template (HF transformers)")
+    p.add_argument("--image", action="append", default=None, metavar="FILE",
+                   help="an image every prompt asks about (repeatable; a vision-language model with a packed vision "
+                        "encoder): rendered with the Qwen2-VL chat template as in training, an <image> tag in a "
+                        "prompt places the next image, else the images come before the text (generate/images.py)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens (1: greedy)")

@@ -67,8 +67,10 @@ def _sampling_params(sampling: Sampling):
                           num_tokens_to_generate=sampling.max_new_tokens)
 
 
-def build_engine(model, tokenizer, max_batch_size: int, max_sequence_length: int, seed: int):
-    """megatron-core's static engine around ``model`` (a GPTModel, or the Float16Module around one)."""
+def build_engine(model, tokenizer, max_batch_size: int, max_sequence_length: int, seed: int, wrapper_class=None,
+                 controller_class=None):
+    """megatron-core's static engine around ``model`` (a GPTModel, or the Float16Module around one); a model with
+    other inputs brings its own wrapper/controller subclasses (inference/vision_engine.py)."""
     from megatron.core.inference.contexts import StaticInferenceContext
     from megatron.core.inference.engines import StaticInferenceEngine
     from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import GPTInferenceWrapper
@@ -84,22 +86,25 @@ def build_engine(model, tokenizer, max_batch_size: int, max_sequence_length: int
         padded_vocab_size=_unwrap(model).vocab_size, inference_max_requests=max_batch_size,
         inference_max_seq_length=max_sequence_length, fp32_residual_connection=config.fp32_residual_connection)
     context = StaticInferenceContext(max_batch_size, max_sequence_length)
-    wrapped = GPTInferenceWrapper(model, wrapper_config, context)
-    controller = TextGenerationController(inference_wrapped_model=wrapped, tokenizer=tokenizer)
+    wrapped = (wrapper_class or GPTInferenceWrapper)(model, wrapper_config, context)
+    controller = (controller_class or TextGenerationController)(inference_wrapped_model=wrapped, tokenizer=tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the static engine will be deprecated": it is the one that runs here
         return StaticInferenceEngine(controller, max_batch_size=max_batch_size, random_seed=seed, legacy=True)
 
 
 def run_engine(engine, prompts: list[str], prompt_tokens: list[list[int]], sampling: Sampling,
-               tokenizer) -> tuple[list[Generation], float]:
+               tokenizer, request_extras: list[dict] | None = None) -> tuple[list[Generation], float]:
     """Generate for every prompt (one static batch per ``max_batch_size`` prompts); returns the generations in
-    prompt order and the seconds it took (synchronised with the other ranks)."""
+    prompt order and the seconds it took (synchronised with the other ranks). ``request_extras``: per prompt,
+    attributes set on its request for a controller subclass to read (e.g. its images)."""
     from megatron.core.inference.inference_request import InferenceRequest
 
     params = _sampling_params(sampling)
     requests = [InferenceRequest(request_id=engine.get_new_request_id(), prompt=prompt, prompt_tokens=list(ids),
                                  sampling_params=params) for prompt, ids in zip(prompts, prompt_tokens)]
+    for request, extra in zip(requests, request_extras or []):
+        vars(request).update(extra)
     model = _unwrap(engine.controller.inference_wrapped_model.model)
     sequence_parallel = model.config.sequence_parallel
     if sequence_parallel:
@@ -125,13 +130,15 @@ def run_engine(engine, prompts: list[str], prompt_tokens: list[list[int]], sampl
 
 
 def generate(model, tokenizer, prompts: list[str], prompt_tokens: list[list[int]], sampling: Sampling,
-             max_batch_size: int = 8) -> tuple[list[Generation], float]:
+             max_batch_size: int = 8, wrapper_class=None, controller_class=None,
+             request_extras: list[dict] | None = None) -> tuple[list[Generation], float]:
     """Build the engine for this batch and run it (the KV cache is sized for the longest prompt + new tokens)."""
     longest = max(len(ids) for ids in prompt_tokens) + sampling.max_new_tokens
     was_training = model.training
-    engine = build_engine(model, tokenizer, min(max_batch_size, len(prompts)), longest, sampling.seed)
+    engine = build_engine(model, tokenizer, min(max_batch_size, len(prompts)), longest, sampling.seed, wrapper_class,
+                          controller_class)
     try:
-        return run_engine(engine, prompts, prompt_tokens, sampling, tokenizer)
+        return run_engine(engine, prompts, prompt_tokens, sampling, tokenizer, request_extras)
     finally:
         engine.controller.inference_wrapped_model.inference_context.key_value_memory_dict.clear()
         model.train(was_training)

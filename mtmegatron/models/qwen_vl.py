@@ -95,8 +95,14 @@ class NativeResolutionVLM(MegatronModule):
         self.language_model, self.vision_model = language_model, vision_model
         self.image_token_id, self.video_token_id = image_token_id, video_token_id
         self.pre_process, self.post_process = language_model.pre_process, language_model.post_process
+        self.vocab_size = language_model.vocab_size  # the inference engine's logits width
         self.add_encoder = vision_model is not None
         self.share_embeddings_and_output_weights = language_model.share_embeddings_and_output_weights
+
+    @property
+    def decoder(self):
+        """The language model's decoder (megatron-core's inference engine looks for one on the model)."""
+        return self.language_model.decoder
 
     def shared_embedding_or_output_weight(self):
         return self.language_model.shared_embedding_or_output_weight()
@@ -138,8 +144,8 @@ class NativeResolutionVLM(MegatronModule):
                 **kwargs):
         if position_ids.dim() == 2:  # text only: one position per token, the same on the three M-RoPE axes
             position_ids = position_ids.unsqueeze(0).expand(3, -1, -1)
-        decoder_input = None
-        if self.pre_process:
+        decoder_input = kwargs.pop("decoder_input", None)  # given: embeddings already merged (inference/vision_*.py)
+        if self.pre_process and decoder_input is None:
             decoder_input = self.embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
             if self.config.sequence_parallel:  # merged on the whole sequence, then split (as megatron's LLaVA)
                 decoder_input = tensor_parallel.scatter_to_sequence_parallel_region(decoder_input)

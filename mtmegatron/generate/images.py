@@ -1,0 +1,131 @@
+"""``mtmegatron generate --image FILE [--image FILE ...]``: prompts about images for a native-resolution
+vision-language model (a family with ``vision_encoder == "packed"``, models/qwen_vl.py).
+
+Every prompt is asked about all the ``--image`` files, in the order given, as one user turn rendered with the
+Qwen2-VL chat template exactly as the training data renders it (data/multimodal/vision_chat.py: the default system
+turn, each image as ``<|vision_start|>`` + one ``<|image_pad|>`` per merged 2x2 patch window + ``<|vision_end|>``),
+followed by the assistant's generation prompt ``<|im_start|>assistant\\n``. An ``<image>`` tag in a prompt places
+the next image there; a prompt without tags has the images first, then its text (HF's message order
+``[image, ..., text]``). Images are resized and cut into patches as for training (data/multimodal/
+dynamic_resolution.py: HF's Qwen2-VL image processor, the pixel bounds of the model's flags); the prompt's M-RoPE
+positions are HF's ``get_rope_index`` (data/multimodal/mrope_positions.py).
+A text prompt for such a model (no ``--image``) keeps its tokens (plain or ``--chat``), with text positions, and
+is decoded on the same path (inference/vision_engine.py).
+Mistakes, each one line before any process group: an image file missing or unreadable (named), ``--image`` for a
+model without a vision tower, a tokenizer without the template's special tokens or with other ids than the
+model reads, a prompt whose ``<image>`` tags do not match the number of images.
+May assume: ``model_args`` validated the flags (generate/model.py); called identically on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mtmegatron.generate.flags import GenerateError
+from mtmegatron.models import families
+
+
+def _load(path: str):
+    from mtmegatron.data.multimodal.dynamic_resolution import load_image
+
+    if not os.path.isfile(path):
+        raise GenerateError(f"--image {path}: no such file")
+    try:
+        return load_image(path)
+    except Exception as e:  # PIL: OSError, ValueError, SyntaxError, DecompressionBombError...
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise GenerateError(f"--image {path}: cannot read it as an image ({reason})") from None
+
+
+def _check_tokenizer(tokenizer, margs) -> dict[str, int]:
+    from mtmegatron.data.multimodal.template import TemplateError
+    from mtmegatron.data.multimodal.vision_chat import special_ids
+    from mtmegatron.training.packed_vision_data import TOKEN_FIELDS
+
+    try:
+        ids = special_ids(tokenizer.hf)
+    except TemplateError as e:
+        raise GenerateError(f"--tokenizer-model: {e}") from None
+    for field, token in TOKEN_FIELDS.items():
+        if ids[token] != getattr(margs, field):
+            raise GenerateError(f"--tokenizer-model {tokenizer.path}: {token} is id {ids[token]} but the model "
+                                f"reads id {getattr(margs, field)} ({field}): not this model's tokenizer")
+    return ids
+
+
+def _user_content(prompt: str, number: int, num_images: int) -> str:
+    from mtmegatron.data.multimodal.template import IMAGE_TAG
+
+    tags = prompt.count(IMAGE_TAG)
+    if tags == 0:
+        return IMAGE_TAG * num_images + prompt
+    if tags != num_images:
+        raise GenerateError(f"prompt {number} has {tags} {IMAGE_TAG} tag(s) but {num_images} --image file(s) were "
+                            f"given: place every image with a tag, or use none")
+    return prompt
+
+
+def image_prompts(args, prompts: list[str], tokenizer, margs):
+    """(prompt token ids, VisionPrompt per prompt) for ``--image`` prompts (module docstring)."""
+    from mtmegatron.data.multimodal.dynamic_resolution import image_patches
+    from mtmegatron.data.multimodal.mrope_positions import rope_index, token_types
+    from mtmegatron.data.multimodal.template import Turn
+    from mtmegatron.data.multimodal.vision_chat import IM_START, IMAGE_PAD, VIDEO_PAD, render_text
+    from mtmegatron.inference.vision_prompts import VisionPrompt
+    from mtmegatron.training.packed_vision_data import data_config
+
+    ids = _check_tokenizer(tokenizer, margs)
+    config = data_config(margs).image
+    parts = []
+    for path in args.image:
+        try:
+            parts.append(image_patches(_load(path), config))
+        except ValueError as e:  # an aspect ratio over 200
+            raise GenerateError(f"--image {path}: {e}") from None
+    pixel_values = torch.cat([p for p, _ in parts])
+    grids = torch.tensor([list(g) for _, g in parts], dtype=torch.long)
+    counts = [config.num_tokens(g) for _, g in parts]
+    prompt_tokens, visions = [], []
+    for number, prompt in enumerate(prompts, 1):
+        text, _ = render_text([Turn("user", _user_content(prompt, number, len(parts)))], counts, [])
+        tokens = tokenizer.tokenizer.encode(text + f"{IM_START}assistant\n", add_special_tokens=False).ids
+        types = token_types(torch.tensor([tokens]), ids[IMAGE_PAD], ids[VIDEO_PAD])
+        try:
+            positions, _ = rope_index(types, grids, merge_size=config.merge_size)
+        except ValueError as e:  # e.g. a literal <|image_pad|> in the prompt's text
+            raise GenerateError(f"prompt {number}: {e}") from None
+        prompt_tokens.append(tokens)
+        visions.append(VisionPrompt(positions[:, 0], pixel_values, grids))
+    return prompt_tokens, visions
+
+
+def vision_prompts(args, prompts: list[str], prompt_tokens: list[list[int]], tokenizer, margs):
+    """(prompt token ids, VisionPrompt per prompt or None): None for a model without a vision tower (the text
+    engine), image prompts for ``--image``, text positions for a text prompt to a vision-language model."""
+    from mtmegatron.inference.vision_prompts import VisionPrompt
+
+    packed = families.of(margs).vision_encoder == "packed"
+    if args.image and not packed:
+        raise GenerateError(f"--image: --load holds a --model {margs.model or 'gpt'} model, which has no vision "
+                            "tower to read images (text only)")
+    if not packed:
+        return prompt_tokens, None
+    if args.image:
+        return image_prompts(args, prompts, tokenizer, margs)
+    return prompt_tokens, [VisionPrompt(torch.arange(len(t)).expand(3, -1)) for t in prompt_tokens]
+
+
+def generate_for_vision_model(args, model, tokenizer, prompts, prompt_tokens, visions, sampling):
+    """The KV-cache engine (inference/vision_engine.py), or with ``--no-kv-cache`` the full-recompute greedy
+    reference (inference/vision_recompute.py)."""
+    if args.no_kv_cache:
+        from mtmegatron.inference.vision_recompute import generate_with_images_without_cache
+
+        return generate_with_images_without_cache(model, tokenizer, prompts, prompt_tokens, visions,
+                                                  args.max_new_tokens)
+    from mtmegatron.inference.vision_engine import generate_with_images
+
+    return generate_with_images(model, tokenizer, prompts, prompt_tokens, visions, sampling,
+                                max_batch_size=args.inference_max_batch_size)
