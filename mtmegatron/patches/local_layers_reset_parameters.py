@@ -13,6 +13,8 @@ with the same init method, sizes, stride and TP rank; a bias to zero. Nothing is
 except for a weight born on the meta device under host init: there it records the host generator's state and
 draws one throwaway full weight on the host, so that the re-draw gives the weight a run without the meta device
 has, whatever order Megatron-FSDP resets the modules in (its buffer order: parameters sorted by row length).
+The MoE router (megatron.core.transformer.moe.router:Router.reset_parameters, megatron-core's own, which its
+``__init__`` calls) records and replays its host draws the same way.
 Versions: megatron-core 0.16.x.
 """
 
@@ -89,8 +91,40 @@ def reset_parameters(self) -> None:
             bias.zero_()
 
 
+ROUTER_RESET = "megatron.core.transformer.moe.router:Router.reset_parameters"
+
+
+def _replaying_router_reset(original):
+    """The MoE router draws its weight (and bias) in ``__init__`` through its own ``reset_parameters``, from the
+    host generator on the host path. Born on the meta device it claims those draws (state recorded, throwaway draws
+    made); Megatron-FSDP's later call replays them on the host and copies them in."""
+
+    def reset_parameters(self):
+        import torch
+
+        params = [p for p in (self.weight, self.bias) if p is not None]
+        state = getattr(self, "_mtm_host_rng_state", None)
+        if self.weight.is_meta and self.config.perform_initialization:
+            self._mtm_host_rng_state = torch.get_rng_state()
+            for p in params:
+                self.config.init_method(torch.empty(p.shape, dtype=torch.float32, device="cpu"))
+        elif state is not None:
+            later = torch.get_rng_state()
+            torch.set_rng_state(state)
+            for p in params:
+                drawn = torch.empty(p.shape, dtype=torch.float32, device="cpu")
+                self.config.init_method(drawn)
+                with torch.no_grad():
+                    p.copy_(drawn)
+            torch.set_rng_state(later)
+            return
+        original(self)
+
+    return reset_parameters
+
+
 def apply():
-    undos = []
+    undos = [set_attr(ROUTER_RESET, _replaying_router_reset(current(ROUTER_RESET)))]
     for name in CLASSES:
         target = f"{LAYERS}:{name}.__init__"
         undos.append(set_attr(target, _recording_init(current(target), name)))

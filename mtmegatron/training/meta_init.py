@@ -11,10 +11,10 @@ The weights are drawn as megatron-core's host init draws them (models/initializa
 local layers are born on the meta device only on that path). megatron-core guarantees no equality with a non-meta
 init: Megatron-FSDP resets modules in its buffer order (parameters sorted by row length), not in construction
 order. Here the local layers' ``reset_parameters`` (patches/local_layers_reset_parameters.py) re-draws each weight
-from the host generator state its construction recorded, so the same seed gives exactly the weights of a run
-without the flag (measured: identical weights and losses, tests/parallel/test_fsdp_hsdp.py). Modules with a
-``reset_parameters`` of megatron-core's own that draws (the MoE router) draw in Megatron-FSDP's order: their
-weights differ from a non-meta run's (training works; not equal).
+from the host generator state its construction recorded (the MoE router's own ``reset_parameters`` likewise), so
+the same seed gives exactly the weights of a run without the flag (measured: identical weights and losses, dense at
+DP2 and DP4 = 2 x 2 HSDP, tests/parallel/test_fsdp_hsdp.py; the tiny Mixtral at EP2 under optim by hand). Another
+module whose own ``reset_parameters`` draws would draw in Megatron-FSDP's order (seeded, but not the same weights).
 May assume: flags validated (fsdp_flags.check_fsdp_args: only with --use-megatron-fsdp and a sharding strategy);
 the backend bridge and the patches active.
 """
