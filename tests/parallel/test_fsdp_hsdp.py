@@ -91,3 +91,23 @@ def test_hsdp_and_meta_init_flags_reach_megatron_core():
                       + TWO_INSTANCES + ["--init-model-with-meta-device"], world_size=4)
     assert ddp_config(args).num_distributed_optimizer_instances == 2
     assert transformer_config(args).init_model_with_meta_device is True
+
+
+def test_a_module_megatron_fsdp_cannot_materialise_is_named_in_one_line():
+    """Megatron-FSDP rebuilds each meta module through its reset_parameters; a module without one is refused before
+    the wrap (megatron-core would raise mid-way), naming it."""
+    import torch
+
+    from mtmegatron.training.meta_init import check_materialisable
+
+    class Scale(torch.nn.Module):  # a parameter and no reset_parameters
+        def __init__(self):
+            super().__init__()
+            self.gain = torch.nn.Parameter(torch.ones(4))
+
+    with torch.device("meta"):
+        chunk = torch.nn.Sequential(torch.nn.Linear(4, 4), Scale())
+    with pytest.raises(ConfigError) as e:
+        check_materialisable([chunk])
+    assert str(e.value).startswith("--init-model-with-meta-device: 1 (Scale) has no reset_parameters"), str(e.value)
+    check_materialisable([torch.nn.Sequential(torch.nn.Linear(4, 4))])  # materialisable, and not on meta: passes
