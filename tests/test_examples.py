@@ -100,3 +100,25 @@ def test_musa_defaults_are_exported_and_user_values_win():
     assert out["MCCL_PROTOS"] == "0"  # an exported value wins
     rc, out, err = _exported({"MTMEGATRON_MCCL_CLUSTER_PROFILE": "nope"})
     assert rc == 3 and "'nope' is not a known MCCL cluster profile" in err and "Traceback" not in err
+
+
+# the Qwen2-VL launcher on its embedded task (no --data-path): the run directory, falling loss and the held-out
+# report; its CUDA twin differs only in backend and environment (checked for syntax). The LLaVA launchers share
+# the same common.sh and llava_launch.sh and have no run of their own here (tests/llava trains the model: 48 s saved)
+MULTIMODAL = {"examples/qwen2vl/dist_run_pretrain_qwen2vl_musa.sh": ("answer_eval.json", "answer_accuracy")}
+
+
+@pytest.mark.parametrize("script", list(MULTIMODAL))
+def test_vision_example_trains_on_its_embedded_task(script, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("LOG_DIR", "DATA_PATH", "OMP_NUM_THREADS", "HF_DIR")}
+    env["MASTER_PORT"] = str(free_port())
+    proc = subprocess.run(["bash", str(ROOT / script), "--backend", "cpu", "--train-iters", str(ITERS),
+                           "--num-samples", "0"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = tmp_path / "runs" / Path(script).stem
+    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == ITERS and (losses[-2] + losses[-1]) / 2 < losses[0] - 0.1, losses
+    report, key = MULTIMODAL[script]
+    assert key in json.loads((run_dir / report).read_text())
+    twin = ROOT / script.replace("_musa.sh", "_cuda.sh")
+    assert subprocess.run(["bash", "-n", str(twin)]).returncode == 0
