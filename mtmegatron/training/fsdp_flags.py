@@ -140,6 +140,10 @@ def _check_torch_fsdp2_cpu_offload(args: argparse.Namespace) -> None:
         raise ConfigError("--torch-fsdp2-cpu-offload needs --use-torch-fsdp2 (it is torch FSDP2's CPUOffloadPolicy; "
                           "Megatron-FSDP has no CPU offload in megatron-core 0.16.1; DDP + the distributed optimizer "
                           "offloads with --optimizer-cpu-offload)")
+    if args.bf16:  # refused on every backend, so the cpu backend rehearses what a device run accepts
+        raise ConfigError("--torch-fsdp2-cpu-offload with --bf16: megatron-core 0.16.1's mixed-precision optimizer "
+                          "(Float16OptimizerWithFloat16Params) takes device parameters only (a TypeError at start-up "
+                          "on a device), and the offloaded shards are host tensors; train in fp32")
     try:
         backend = select_backend(args.backend, warn=False)
     except BackendUnavailableError:

@@ -8,7 +8,8 @@ wrapper, patches/torch_fsdp2_cpu_offload.py; the clipping of host gradients, pat
   without the flag (ATOL);
   parameter shards, gradients and optimizer state leave the device (at most 10% of the non-offloaded run's bytes
   stay; measured: 0) and are on the host instead (the same bytes), and the device peak falls;
-* refused in one line: the flag without FSDP2; Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
+* refused in one line: the flag without FSDP2; with --bf16 (megatron-core's mixed-precision optimizer takes device
+  parameters only: a TypeError at start-up on the simulated device); Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
   HybridDeviceOptimizer cannot copy Megatron-FSDP's DTensor parameters).
 Cost: two two-rank runs on the simulated device, measured 41 s on 2 shared cores (the cpu case in test_fsdp.py adds
 one run, ~18 s).
@@ -78,6 +79,7 @@ def test_cpu_backend_says_it_has_nothing_to_move():
 
 @pytest.mark.parametrize("extra, says", [
     (OFFLOAD, "--torch-fsdp2-cpu-offload needs --use-torch-fsdp2"),
+    (FSDP2 + OFFLOAD + ["--bf16"], "--torch-fsdp2-cpu-offload with --bf16: megatron-core 0.16.1's mixed-precision"),
     (["--use-megatron-fsdp", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
       "--optimizer-cpu-offload"], "--use-megatron-fsdp: --optimizer-cpu-offload: megatron-core 0.16.1's "
                                   "HybridDeviceOptimizer"),
