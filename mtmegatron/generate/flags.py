@@ -29,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="an image every prompt asks about (repeatable; a vision-language model with a packed vision "
                         "encoder): rendered with the Qwen2-VL chat template as in training, an <image> tag in a "
                         "prompt places the next image, else the images come before the text (generate/images.py)")
+    p.add_argument("--min-pixels", type=int, default=None,
+                   help="with --image: smallest area an image is resized to (HF's image processor; default 3136)")
+    p.add_argument("--max-pixels", type=int, default=None,
+                   help="with --image: largest area an image is resized to (HF's image processor; default 1003520)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens (1: greedy)")

@@ -7,8 +7,9 @@ turn, each image as ``<|vision_start|>`` + one ``<|image_pad|>`` per merged 2x2 
 followed by the assistant's generation prompt ``<|im_start|>assistant\\n``. An ``<image>`` tag in a prompt places
 the next image there; a prompt without tags has the images first, then its text (HF's message order
 ``[image, ..., text]``). Images are resized and cut into patches as for training (data/multimodal/
-dynamic_resolution.py: HF's Qwen2-VL image processor, the pixel bounds of the model's flags); the prompt's M-RoPE
-positions are HF's ``get_rope_index`` (data/multimodal/mrope_positions.py).
+dynamic_resolution.py: HF's Qwen2-VL image processor, its default area bounds unless ``--min-pixels`` /
+``--max-pixels`` are given, as in training); the prompt's M-RoPE positions are HF's ``get_rope_index``
+(data/multimodal/mrope_positions.py).
 A text prompt for such a model (no ``--image``) keeps its tokens (plain or ``--chat``), with text positions, and
 is decoded on the same path (inference/vision_engine.py).
 Mistakes, each one line before any process group: an image file missing or unreadable (named), ``--image`` for a
@@ -19,6 +20,7 @@ May assume: ``model_args`` validated the flags (generate/model.py); called ident
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -55,6 +57,18 @@ def _check_tokenizer(tokenizer, margs) -> dict[str, int]:
     return ids
 
 
+def _pixel_bounds(args, config):
+    """The image patch config with ``--min-pixels`` / ``--max-pixels`` where given (checked)."""
+    given = {field: value for field in ("min_pixels", "max_pixels") if (value := getattr(args, field)) is not None}
+    for field, value in given.items():
+        if value < 1:
+            raise GenerateError(f"--{field.replace('_', '-')} must be >= 1")
+    config = dataclasses.replace(config, **given)
+    if config.min_pixels > config.max_pixels:
+        raise GenerateError(f"--min-pixels {config.min_pixels} is more than --max-pixels {config.max_pixels}")
+    return config
+
+
 def _user_content(prompt: str, number: int, num_images: int) -> str:
     from mtmegatron.data.multimodal.template import IMAGE_TAG
 
@@ -77,7 +91,7 @@ def image_prompts(args, prompts: list[str], tokenizer, margs):
     from mtmegatron.training.packed_vision_data import data_config
 
     ids = _check_tokenizer(tokenizer, margs)
-    config = data_config(margs).image
+    config = _pixel_bounds(args, data_config(margs).image)
     parts = []
     for path in args.image:
         try:
@@ -110,6 +124,8 @@ def vision_prompts(args, prompts: list[str], prompt_tokens: list[list[int]], tok
     if args.image and not packed:
         raise GenerateError(f"--image: --load holds a --model {margs.model or 'gpt'} model, which has no vision "
                             "tower to read images (text only)")
+    if not args.image and (args.min_pixels is not None or args.max_pixels is not None):
+        raise GenerateError("--min-pixels / --max-pixels size images: give them with --image")
     if not packed:
         return prompt_tokens, None
     if args.image:

@@ -16,8 +16,9 @@ image prompts as one static batch:
 - TP2 (Qwen2.5-VL: windowed vision attention, both towers split) and PP2 (Qwen2-VL, the tower on stage 0): HF's
   greedy tokens on both ranks, image and text prompts;
 - the CLI (Qwen2-VL): the same tokens in --output, the KV-cache engine named in the report line;
+- ``--max-pixels`` resizes the images as HF's processor would (fewer image tokens);
 - bad input, one line and exit 2 before any process group: a missing image, a corrupt one, an image for a text
-  model, ``<image>`` tags that do not match the images.
+  model, ``<image>`` tags that do not match the images, --min-pixels over --max-pixels.
 Cost: ~23 s of CPU (user + sys of the whole run; one reference subprocess, two one-rank workers, a TP2 and a PP2
 pair, one CLI run); 233 s wall with the 2 cores shared at load average 19.
 """
@@ -187,6 +188,22 @@ def test_cli_writes_hf_tokens(made, tmp_path):
     assert "greedy" in proc.stdout and "KV cache" in proc.stdout
 
 
+def test_pixel_bounds_resize_the_images(made):
+    """--max-pixels 3136 (56x56): HF's rule shrinks 84x56 to 56x28 and 56x112 to 28x56, 2 merged tokens each."""
+    import argparse
+
+    from mtmegatron.generate.command import prepare
+    from mtmegatron.generate.flags import add_arguments
+    from mtmegatron.generate.images import vision_prompts
+
+    root, load, reference = converted(made, "qwen2-vl")
+    args = add_arguments(argparse.ArgumentParser()).parse_args(_argv(root, load, PROMPTS[:1], "--max-pixels", "3136"))
+    _, prompts, prompt_tokens, tokenizer, margs, _ = prepare(args)
+    prompt_tokens, visions = vision_prompts(args, prompts, prompt_tokens, tokenizer, margs)
+    assert visions[0].image_grid_thw.tolist() == [[1, 2, 4], [1, 4, 2]]
+    assert len(prompt_tokens[0]) == len(reference["prompt_tokens"][0]) - (6 + 8) + (2 + 2)
+
+
 def _cli_error(capsys, *argv) -> str:
     import torch
 
@@ -211,6 +228,9 @@ def test_bad_images_are_one_line(made, tmp_path, capsys):
     assert f"--image {corrupt}: cannot read it as an image" in err
     err = _cli_error(capsys, *base, "--image", str(root / "a.png"), "--prompt", "<image> and <image>")
     assert "prompt 1 has 2 <image> tag(s) but 1 --image file(s)" in err
+    err = _cli_error(capsys, *base, "--image", str(root / "a.png"), "--prompt", "Hi", "--min-pixels", "5000",
+                     "--max-pixels", "4000")
+    assert "--min-pixels 5000 is more than --max-pixels 4000" in err
     text_model = ["--load", str(root / "text_mcore"), "--tokenizer-model", str(root / "tokenizer")]
     err = _cli_error(capsys, "--backend", "cpu", *text_model, "--image", str(root / "a.png"), "--prompt", "Hi")
     assert "--image: --load holds a --model llama3 model" in err and "text only" in err
