@@ -144,6 +144,12 @@ def _check_torch_fsdp2_cpu_offload(args: argparse.Namespace) -> None:
         raise ConfigError("--torch-fsdp2-cpu-offload with --bf16: megatron-core 0.16.1's mixed-precision optimizer "
                           "(Float16OptimizerWithFloat16Params) takes device parameters only (a TypeError at start-up "
                           "on a device), and the offloaded shards are host tensors; train in fp32")
+    if args.tensor_model_parallel_size > 1 and (args.sequence_parallel or args.qk_layernorm):
+        raise ConfigError("--torch-fsdp2-cpu-offload with --sequence-parallel (or --qk-layernorm) at TP > 1: "
+                          "megatron-core 0.16.1 gathers those layer norms' gradients (DTensor.full_tensor) for its "
+                          "all-reduce over the TP group, and the offloaded gradients are host tensors, which the "
+                          "device's collectives refuse (measured on the simulated MUSA device); TP without "
+                          "sequence parallelism works")
     try:
         backend = select_backend(args.backend, warn=False)
     except BackendUnavailableError:

@@ -9,7 +9,9 @@ wrapper, patches/torch_fsdp2_cpu_offload.py; the clipping of host gradients, pat
   parameter shards, gradients and optimizer state leave the device (at most 10% of the non-offloaded run's bytes
   stay; measured: 0) and are on the host instead (the same bytes), and the device peak falls;
 * refused in one line: the flag without FSDP2; with --bf16 (megatron-core's mixed-precision optimizer takes device
-  parameters only: a TypeError at start-up on the simulated device); Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
+  parameters only: a TypeError at start-up on the simulated device); with sequence parallelism at TP > 1 (megatron-core
+  gathers the layer norms' host gradients for a TP all-reduce, which MCCL refuses; TP2 x DP2 without SP ran on the
+  simulated device with FSDP2's losses, by hand); Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
   HybridDeviceOptimizer cannot copy Megatron-FSDP's DTensor parameters).
 Cost: two two-rank runs on the simulated device, measured 41 s on 2 shared cores (the cpu case in test_fsdp.py adds
 one run, ~18 s).
@@ -80,6 +82,8 @@ def test_cpu_backend_says_it_has_nothing_to_move():
 @pytest.mark.parametrize("extra, says", [
     (OFFLOAD, "--torch-fsdp2-cpu-offload needs --use-torch-fsdp2"),
     (FSDP2 + OFFLOAD + ["--bf16"], "--torch-fsdp2-cpu-offload with --bf16: megatron-core 0.16.1's mixed-precision"),
+    (FSDP2 + OFFLOAD + ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     "--torch-fsdp2-cpu-offload with --sequence-parallel (or --qk-layernorm) at TP > 1: megatron-core 0.16.1 gathers"),
     (["--use-megatron-fsdp", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
       "--optimizer-cpu-offload"], "--use-megatron-fsdp: --optimizer-cpu-offload: megatron-core 0.16.1's "
                                   "HybridDeviceOptimizer"),
