@@ -33,6 +33,10 @@ def add_packed_vision_args(p: argparse.ArgumentParser) -> None:
                    help="mtmegatron's (not Megatron-LM's): deal each global batch's conversations over the DP ranks "
                         "and micro-batches by load (text tokens + vision patches) instead of contiguous slices; the "
                         "same samples per global batch (data/multimodal/micro_batch_balance.py)")
+    g.add_argument("--pack-vision-conversations", action="store_true",
+                   help="mtmegatron's: lay each micro-batch's conversations out as one packed THD row of "
+                        "micro-batch-size x --seq-length tokens (attention per conversation, 3-D positions kept) "
+                        "instead of padded rows; the same samples and loss (training/packed_vision_thd.py)")
 
 
 def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -> None:
@@ -41,6 +45,7 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
     if model.vision_encoder != "packed":
         named = [flag for flag, value in pixels.items() if value is not None]
         named += ["--balance-micro-batches"] if args.balance_micro_batches else []
+        named += ["--pack-vision-conversations"] if args.pack_vision_conversations else []
         if named:
             raise error(f"{', '.join(named)}: only the native-resolution vision-language models take it (--model "
                         f"{' or '.join(packed_vision_families())})")
@@ -66,9 +71,12 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
     tp = args.tensor_model_parallel_size
     if args.vision_num_attention_heads % tp:
         raise error(f"the vision tower's {args.vision_num_attention_heads} heads must be divisible by TP {tp}")
-    not_yet = {"--context-parallel-size > 1": args.context_parallel_size > 1, "--fp8-format": args.fp8_format,
-               "--num-experts": args.num_experts, "--multi-latent-attention": args.multi_latent_attention}
+    not_yet = {"--fp8-format": args.fp8_format, "--num-experts": args.num_experts,
+               "--multi-latent-attention": args.multi_latent_attention}
     named = [flag for flag, on in not_yet.items() if on]
     if named:
-        raise error(f"{', '.join(named)} with --model {model.name}: not supported yet (vision embeddings are "
-                    f"merged into the whole sequence; dense language models only)")
+        raise error(f"{', '.join(named)} with --model {model.name}: not supported yet (dense language models only)")
+    cp = args.context_parallel_size  # --seq-length a multiple of 2 x CP: checked for every model
+    if cp > 1 and getattr(args, "sft", False):
+        raise error(f"--context-parallel-size {cp} with --model {model.name} --sft: text SFT of these models is "
+                    f"not supported under CP yet (train on image conversations, or drop CP)")

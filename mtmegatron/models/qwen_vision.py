@@ -42,7 +42,7 @@ class PackedVisionEncoder(MegatronModule):
 
     def __init__(self, config: TransformerConfig, layer_spec: ModuleSpec, norm: type, merger_config: TransformerConfig,
                  merger_spec, patch_input_size: int, merge: int, window: int | None = None,
-                 full_attention_layers: tuple = ()):
+                 full_attention_layers: tuple = (), pg_collection=None):
         super().__init__(config=config)
         self.merge, self.window, self.full_attention_layers = merge, window, frozenset(full_attention_layers)
         self.head_dim = config.kv_channels
@@ -51,7 +51,7 @@ class PackedVisionEncoder(MegatronModule):
             with torch.no_grad():
                 config.init_method(self.patch_embed.weight)
         self.decoder = TransformerBlock(config=config, spec=layer_spec, post_layer_norm=False, pre_process=True,
-                                        post_process=False)
+                                        post_process=False, pg_collection=pg_collection)
         self.merger_norm = build_module(norm, config=config, hidden_size=config.hidden_size,
                                         eps=config.layernorm_epsilon)
         self.merger = MultimodalProjector(merger_config, merger_spec, "mlp", config.hidden_size * merge * merge)

@@ -15,7 +15,9 @@ SwiGLU with biases) and mtmegatron's SDPA core attention whatever the language m
 sequences).
 Sequence parallelism: the embeddings are merged on the whole sequence, then split over TP (megatron-core's
 LLaVA does the same); the encoder itself runs unsplit (no SP, as megatron's LLaVA recipe).
-Not yet: context parallelism (vision embeddings must be merged before the sequence is split), FP8.
+Context parallelism: ``forward(..., cp_positions=index)`` (training/packed_vision_step.py) embeds and merges the whole
+sequence on every CP rank (each runs the encoder on the micro-batch's pictures), then keeps the rows ``index``.
+Not yet: FP8.
 The M-RoPE positions (videos' temporal ones included) are the caller's (``position_ids``).
 May assume: validated flags with the vision fields of a ``vision_encoder == "packed"`` family preset, parallel state
 initialised, backend bridge active.
@@ -33,6 +35,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.enums import ModelType
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt import GPTModel
+from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnMaskType
@@ -83,7 +86,18 @@ def build_vision_encoder(args: argparse.Namespace, config: TransformerConfig) ->
         merger_config(args, config), MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
         patch_input_size=3 * args.vision_temporal_patch_size * patch * patch, merge=args.vision_spatial_merge_size,
         window=args.vision_window_size // (args.vision_spatial_merge_size * patch) if args.vision_window_size else None,
-        full_attention_layers=tuple(args.vision_full_attention_layers or ()))
+        full_attention_layers=tuple(args.vision_full_attention_layers or ()), pg_collection=vision_process_groups())
+
+
+def vision_process_groups() -> ProcessGroupCollection | None:
+    """Under CP: megatron-core's groups with a one-rank CP group, since every CP rank runs the encoder on all the
+    micro-batch's pictures (its packed THD RoPE and attention must not cut them over CP); else None (the defaults)."""
+    if parallel_state.get_context_parallel_world_size() == 1:
+        return None
+    groups = ProcessGroupCollection.use_mpu_process_groups()
+    rank = torch.distributed.get_rank()  # only this rank takes part: no other rank has to create it
+    groups.cp = torch.distributed.new_group([rank], use_local_synchronization=True)
+    return groups
 
 
 class NativeResolutionVLM(MegatronModule):
@@ -98,6 +112,9 @@ class NativeResolutionVLM(MegatronModule):
         self.vocab_size = language_model.vocab_size  # the inference engine's logits width
         self.add_encoder = vision_model is not None
         self.share_embeddings_and_output_weights = language_model.share_embeddings_and_output_weights
+        # under CP the caller gives each rank its positions (a THD row's whole: megatron-core's THD RoPE cuts it per
+        # sequence), so M-RoPE must not cut them again as one sequence
+        language_model.rotary_pos_emb.cp_group = None
 
     @property
     def decoder(self):
@@ -145,8 +162,11 @@ class NativeResolutionVLM(MegatronModule):
         if position_ids.dim() == 2:  # text only: one position per token, the same on the three M-RoPE axes
             position_ids = position_ids.unsqueeze(0).expand(3, -1, -1)
         decoder_input = kwargs.pop("decoder_input", None)  # given: embeddings already merged (inference/vision_*.py)
+        cp_positions = kwargs.pop("cp_positions", None)  # CP: this rank's row positions (packed_vision_step.py)
         if self.pre_process and decoder_input is None:
             decoder_input = self.embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+            if cp_positions is not None:  # merged into the whole sequence, then this CP rank's part kept
+                decoder_input = decoder_input.index_select(0, cp_positions)
             if self.config.sequence_parallel:  # merged on the whole sequence, then split (as megatron's LLaVA)
                 decoder_input = tensor_parallel.scatter_to_sequence_parallel_region(decoder_input)
         return self.language_model(input_ids, position_ids, attention_mask, decoder_input=decoder_input,

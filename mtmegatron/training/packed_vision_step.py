@@ -8,6 +8,13 @@ first chunk), positions on every stage (each applies its own rotary), labels on 
 them). Ignored labels (-100, padding and prompt) become id 0 for the model's cross entropy; the loss mask (1
 exactly at the answer tokens) removes them from the loss. Padding sits at the right of a causal model, so no
 attention mask is needed. The loss is ``multimodal_step.loss_func``: mean over the micro-batch's answer tokens.
+Packed micro-batches (``--pack-vision-conversations``: one THD row, packed_vision_thd.py) go with megatron-core's
+``PackedSeqParams`` (sft_step.packed_seq_params): attention per conversation, the same mean over the same answer
+tokens. Context parallelism: every CP rank gets the whole micro-batch, the model merges the vision embeddings into
+the whole sequence and keeps this rank's positions (``cp_positions``: load-balanced chunks of a padded row, each
+conversation's chunks of a THD row); labels and loss mask are cut the same way here, and so are the 3-D positions
+of a padded row (a THD row's stay whole: megatron-core's THD RoPE picks each sequence's chunks by offset). The loss
+is then ``cp_loss``: this rank's answer-token loss sum over the micro-batch's answer-token count.
 May assume: DDP-wrapped ``NativeResolutionVLM`` chunks; sequence parallelism and pipeline stages are the model's.
 """
 
@@ -15,12 +22,31 @@ from __future__ import annotations
 
 from functools import partial
 
+from megatron.core import parallel_state
 from megatron.core.utils import get_attr_wrapped_model
 
+from mtmegatron.attention.cp_batch import cp_loss
 from mtmegatron.backends.device import to_compute_device
 from mtmegatron.training.multimodal_step import loss_func
+from mtmegatron.training.packed_vision_thd import cp_positions
+from mtmegatron.training.sft_step import packed_seq_params
 
 VISION = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
+
+
+THD_KEYS = ("cu_seqlens", "cu_seqlens_padded", "max_seqlen")
+
+
+def cp_loss_func(loss_mask, output_tensor):
+    """The micro-batch's answer-token mean when its tokens are spread over the CP group (attention/cp_batch.py)."""
+    return cp_loss(output_tensor.float().reshape(-1), loss_mask.reshape(-1).float())
+
+
+def schedule_shape(args) -> tuple[int, int]:
+    """(seq_length, micro_batch_size) of the pipeline schedule: a packed micro-batch is one row of mbs x seq."""
+    if getattr(args, "pack_vision_conversations", False):
+        return args.micro_batch_size * args.seq_length, 1
+    return args.seq_length, args.micro_batch_size
 
 
 def forward_step(data_iterator, model):
@@ -31,7 +57,16 @@ def forward_step(data_iterator, model):
         if encoder and batch[pixels].numel():
             vision[pixels], vision[grid] = batch[pixels], batch[grid]
     batch = to_compute_device({"tokens": batch["tokens"], "position_ids": batch["position_ids"],
-                               "labels": batch["labels"].clamp(min=0), "loss_mask": batch["loss_mask"], **vision})
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
-                   **{key: batch[key] for key in vision})
-    return output, partial(loss_func, batch["loss_mask"])
+                               "labels": batch["labels"].clamp(min=0), "loss_mask": batch["loss_mask"], **vision,
+                               **{key: batch[key] for key in THD_KEYS if key in batch}})
+    labels, loss_mask, positions, extra = batch["labels"], batch["loss_mask"], batch["position_ids"], {}
+    cp_size, loss = parallel_state.get_context_parallel_world_size(), loss_func
+    if cp_size > 1:
+        index = cp_positions(batch, cp_size, parallel_state.get_context_parallel_rank()).to(labels.device)
+        labels, loss_mask, loss = labels.index_select(1, index), loss_mask.index_select(1, index), cp_loss_func
+        if "cu_seqlens" not in batch:
+            positions = positions.index_select(2, index)
+        extra["cp_positions"] = index
+    output = model(batch["tokens"], positions, None, labels=labels, packed_seq_params=packed_seq_params(batch),
+                   **extra, **{key: batch[key] for key in vision})
+    return output, partial(loss, loss_mask)

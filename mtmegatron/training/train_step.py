@@ -72,6 +72,9 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
         from mtmegatron.training.multimodal_step import forward_step as step
     elif reads_vision_data(args):  # native-resolution vision conversations (training/packed_vision_step.py)
         from mtmegatron.training.packed_vision_step import forward_step as step
+        from mtmegatron.training.packed_vision_step import schedule_shape as vision_shape
+
+        seq_length, micro_batch_size = vision_shape(args)
     elif args.calculate_per_token_loss:  # SFT hook: packed THD batches, per-token loss (mtmegatron/training/sft_step.py)
         from mtmegatron.training.sft_step import forward_step as step
         from mtmegatron.training.sft_step import schedule_shape

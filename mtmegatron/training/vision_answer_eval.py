@@ -79,12 +79,17 @@ def answer_accuracy(model, valid, args) -> dict:
 
 def write_answer_eval(model, data, args) -> None:
     """``<log-dir>/answer_eval.json`` and one console line (nothing without a held-out set or with
-    ``--eval-iters 0``)."""
+    ``--eval-iters 0``, or under context parallelism: this scoring runs whole padded rows)."""
     from mtmegatron.training.multimodal_data import Split
 
     if data.valid is None or args.eval_iters == 0 or len(data.valid) < args.global_batch_size:
         return
-    result = answer_accuracy(model, Split(data.valid, data.collate, shuffle=False), args)
+    if args.context_parallel_size > 1:
+        print_rank0(torch.distributed.get_rank(), "mtmegatron: held-out answer accuracy not scored under "
+                    "--context-parallel-size > 1 (the held-out loss is)")
+        return
+    padded = data.info.get("padded_collate_fn", data.collate)  # packed training batches: score padded rows
+    result = answer_accuracy(model, Split(data.valid, padded, shuffle=False), args)
     rank = torch.distributed.get_rank()
     if rank == 0:
         with open(os.path.join(args.log_dir, "answer_eval.json"), "w") as f:
