@@ -8,11 +8,13 @@ the distributed optimizer (its fully reshardable state: the same per-parameter m
 converted) within ATOL (measured <= 1.2e-7). Across layouts (the losses of one global batch under another TP/DP
 split differ by float rounding only, so the run that saved, continued, is the reference): DDP + the distributed
 optimizer takes FSDP2's DP2 checkpoint at DP1 and at TP2 (DP1) (training/plain_to_distributed_optimizer.py; measured
-<= 1.2e-7), and FSDP2 at DP2 takes that TP2 run's own checkpoint of iteration 6 (measured 1.2e-7). ``mcore-to-hf``
-reads FSDP2's checkpoint (each tensor stored in per-rank row blocks): its HF weights equal megatron-core's own load
-of that checkpoint into a one-rank model exactly, and those exported from DDP's checkpoint of iteration 4 within
-1e-5 (the two runs' weights differ by rounding: measured 6.7e-7). Megatron-FSDP checkpoints are refused at parse
-time: megatron-core 0.16.1 writes them only as fsdp_dtensor. Ten torchrun jobs and two conversions, ~150 s on 2 cores.
+<= 1.2e-7; with --no-load-optim the second loss is 0.08 off), and FSDP2 at DP2 takes that TP2 run's own checkpoint
+of iteration 6 (measured 1.2e-7). ``mcore-to-hf`` reads FSDP2's checkpoint (each tensor stored in per-rank row
+blocks): its HF weights equal megatron-core's own load of that checkpoint into a one-rank model exactly, and those
+exported from DDP's checkpoint of iteration 4 within 1e-5 (the two runs' weights differ by rounding: measured
+6.7e-7). Megatron-FSDP checkpoints are refused at parse time: megatron-core 0.16.1 writes them only as fsdp_dtensor.
+Ten pretrain jobs, two conversions and a reference load: ~130 s on 2 free cores (estimate; measured 455 s with the
+box loaded, load average 15-19).
 """
 
 from __future__ import annotations
