@@ -19,8 +19,8 @@ image prompts as one static batch:
 - ``--max-pixels`` resizes the images as HF's processor would (fewer image tokens);
 - bad input, one line and exit 2 before any process group: a missing image, a corrupt one, an image for a text
   model, ``<image>`` tags that do not match the images, --min-pixels over --max-pixels.
-Cost: ~23 s of CPU (user + sys of the whole run; one reference subprocess, two one-rank workers, a TP2 and a PP2
-pair, one CLI run); 233 s wall with the 2 cores shared at load average 19.
+Cost: ~23 s of CPU (user + sys of the whole run: one reference subprocess, two one-rank workers, a TP2 and a PP2
+pair, one CLI run); wall 78 s with the 2 cores shared at load average ~8 (233 s at 19).
 """
 
 from __future__ import annotations
