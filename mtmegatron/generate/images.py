@@ -110,6 +110,8 @@ def image_prompts(args, prompts: list[str], tokenizer, margs):
             positions, _ = rope_index(types, grids, merge_size=config.merge_size)
         except ValueError as e:  # e.g. a literal <|image_pad|> in the prompt's text
             raise GenerateError(f"prompt {number}: {e}") from None
+        except StopIteration:  # a literal <|video_pad|> (no video to go with it)
+            raise GenerateError(f"prompt {number}: its text holds {VIDEO_PAD} but no video is given") from None
         prompt_tokens.append(tokens)
         visions.append(VisionPrompt(positions[:, 0], pixel_values, grids))
     return prompt_tokens, visions

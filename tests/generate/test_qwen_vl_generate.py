@@ -228,6 +228,8 @@ def test_bad_images_are_one_line(made, tmp_path, capsys):
     assert f"--image {corrupt}: cannot read it as an image" in err
     err = _cli_error(capsys, *base, "--image", str(root / "a.png"), "--prompt", "<image> and <image>")
     assert "prompt 1 has 2 <image> tag(s) but 1 --image file(s)" in err
+    err = _cli_error(capsys, *base, "--image", str(root / "a.png"), "--prompt", "Hi <|video_pad|>")
+    assert "prompt 1: its text holds <|video_pad|> but no video is given" in err
     err = _cli_error(capsys, *base, "--image", str(root / "a.png"), "--prompt", "Hi", "--min-pixels", "5000",
                      "--max-pixels", "4000")
     assert "--min-pixels 5000 is more than --max-pixels 4000" in err
