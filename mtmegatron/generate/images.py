@@ -5,10 +5,11 @@ Every prompt is asked about all the ``--image`` files, in the order given, as on
 Qwen2-VL chat template exactly as the training data renders it (data/multimodal/vision_chat.py: the default system
 turn, each image as ``<|vision_start|>`` + one ``<|image_pad|>`` per merged 2x2 patch window + ``<|vision_end|>``),
 followed by the assistant's generation prompt ``<|im_start|>assistant\\n``. An ``<image>`` tag in a prompt places
-the next image there; a prompt without tags has the images first, then its text (HF's message order
-``[image, ..., text]``). Images are resized and cut into patches as for training (data/multimodal/
-dynamic_resolution.py: HF's Qwen2-VL image processor, its default area bounds unless ``--min-pixels`` /
-``--max-pixels`` are given, as in training); the prompt's M-RoPE positions are HF's ``get_rope_index``
+the next image there; a prompt without tags has the images first, each on its own line, then its text (the
+training records' rule, data/multimodal/vision_records.py; HF's ``[image, ..., text]`` message content renders
+without the newlines: write ``<image><image>text`` for that). Images are resized and cut into patches as for
+training (data/multimodal/dynamic_resolution.py: HF's Qwen2-VL image processor, its default area bounds unless
+``--min-pixels`` / ``--max-pixels`` are given); the prompt's M-RoPE positions are HF's ``get_rope_index``
 (data/multimodal/mrope_positions.py).
 A text prompt for such a model (no ``--image``) keeps its tokens (plain or ``--chat``), with text positions, and
 is decoded on the same path (inference/vision_engine.py).
@@ -69,23 +70,22 @@ def _pixel_bounds(args, config):
     return config
 
 
-def _user_content(prompt: str, number: int, num_images: int) -> str:
-    from mtmegatron.data.multimodal.template import IMAGE_TAG
+def _user_turn(prompt: str, number: int, num_images: int):
+    """The prompt as the user turn of a training record with these images: the data's own tag rule (untagged
+    images go first, each tag on its own line; tags, when used, must match the images)."""
+    from mtmegatron.data.multimodal.template import Turn
+    from mtmegatron.data.multimodal.vision_records import _placed_tags
 
-    tags = prompt.count(IMAGE_TAG)
-    if tags == 0:
-        return IMAGE_TAG * num_images + prompt
-    if tags != num_images:
-        raise GenerateError(f"prompt {number} has {tags} {IMAGE_TAG} tag(s) but {num_images} --image file(s) were "
-                            f"given: place every image with a tag, or use none")
-    return prompt
+    def bad(reason: str) -> GenerateError:
+        return GenerateError(f"prompt {number}: {reason} (the --image files)")
+
+    return _placed_tags([Turn("user", prompt)], num_images, 0, bad)
 
 
 def image_prompts(args, prompts: list[str], tokenizer, margs):
     """(prompt token ids, VisionPrompt per prompt) for ``--image`` prompts (module docstring)."""
     from mtmegatron.data.multimodal.dynamic_resolution import image_patches
     from mtmegatron.data.multimodal.mrope_positions import rope_index, token_types
-    from mtmegatron.data.multimodal.template import Turn
     from mtmegatron.data.multimodal.vision_chat import IM_START, IMAGE_PAD, VIDEO_PAD, render_text
     from mtmegatron.inference.vision_prompts import VisionPrompt
     from mtmegatron.training.packed_vision_data import data_config
@@ -103,7 +103,7 @@ def image_prompts(args, prompts: list[str], tokenizer, margs):
     counts = [config.num_tokens(g) for _, g in parts]
     prompt_tokens, visions = [], []
     for number, prompt in enumerate(prompts, 1):
-        text, _ = render_text([Turn("user", _user_content(prompt, number, len(parts)))], counts, [])
+        text, _ = render_text(_user_turn(prompt, number, len(parts)), counts, [])
         tokens = tokenizer.tokenizer.encode(text + f"{IM_START}assistant\n", add_special_tokens=False).ids
         types = token_types(torch.tensor([tokens]), ids[IMAGE_PAD], ids[VIDEO_PAD])
         try:

@@ -7,7 +7,8 @@ made in one subprocess (no torch compute in the pytest process, which forks rank
 - per family (qwen2-vl, qwen2.5-vl) ROOT/FAMILY/hf: the tiny HF model (``family.hf_config`` of the tiny preset,
   random init, every tensor then perturbed), converted by ``hf_to_mcore`` into ROOT/FAMILY/mcore, and
   ROOT/FAMILY/reference.json: for each prompt of PROMPTS the prompt ids as HF renders them (the tokenizer's
-  ``apply_chat_template`` with the released Qwen2-VL template, images as ``{"type": "image"}`` content, then each
+  ``apply_chat_template`` with the released Qwen2-VL template, images as ``{"type": "image"}`` content where the
+  prompt's tags are, else first, each followed by a newline as the training records place them; then each
   ``<|image_pad|>`` expanded to one pad per merged patch window of HF's ``Qwen2VLImageProcessorPil`` grid) and
   HF ``generate(do_sample=False)``'s new tokens for that prompt alone, cut before its first ``<|im_end|>``; the same
   for TEXT_PROMPT (plain, no images) under ``"text"``;
@@ -27,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SPECIALS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<|vision_start|>": 1018,
             "<|vision_end|>": 1019, "<|image_pad|>": 1020, "<|video_pad|>": 1021}
 IMAGE_SIZES = {"a.png": (84, 56), "b.png": (56, 112)}  # (width, height)
-# prompt 1: both images first (HF's [image, image, text]); prompt 2 places them with <image> tags, the second after
+# prompt 1: both images first (untagged); prompt 2 places them with <image> tags, the second after
 # the end of prompt 1, so a static batch of both merges it in a decode step
 PROMPTS = ["Hi", "Look: <image> and then, at last, <image>"]
 TEXT_PROMPT = "Hello there, how are you?"
@@ -59,13 +60,12 @@ def hf_prompt_ids(tokenizer_dir: str, prompt: str, grids) -> list[int]:
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(tokenizer_dir, "tokenizer.json"))
+    if "<image>" not in prompt:  # the training records' rule: the images first, each on its own line
+        prompt = "<image>\n" * len(grids) + prompt
     pieces = prompt.split("<image>")
-    if len(pieces) == 1:
-        content = [{"type": "image"}] * len(grids) + [{"type": "text", "text": prompt}]
-    else:
-        content = [{"type": "text", "text": pieces[0]}]
-        for piece in pieces[1:]:
-            content += [{"type": "image"}, {"type": "text", "text": piece}]
+    content = [{"type": "text", "text": pieces[0]}]
+    for piece in pieces[1:]:
+        content += [{"type": "image"}, {"type": "text", "text": piece}]
     text = tokenizer.apply_chat_template([{"role": "user", "content": content}], chat_template=QWEN2_VL_CHAT_TEMPLATE,
                                          tokenize=False, add_generation_prompt=True)
     parts = text.split("<|image_pad|>")

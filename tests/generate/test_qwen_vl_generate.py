@@ -227,7 +227,7 @@ def test_bad_images_are_one_line(made, tmp_path, capsys):
     err = _cli_error(capsys, *base, "--image", str(corrupt), "--prompt", "Hi")
     assert f"--image {corrupt}: cannot read it as an image" in err
     err = _cli_error(capsys, *base, "--image", str(root / "a.png"), "--prompt", "<image> and <image>")
-    assert "prompt 1 has 2 <image> tag(s) but 1 --image file(s)" in err
+    assert "prompt 1: 2 <image> tag(s) but 1 image(s) (the --image files)" in err
     err = _cli_error(capsys, *base, "--image", str(root / "a.png"), "--prompt", "Hi <|video_pad|>")
     assert "prompt 1: its text holds <|video_pad|> but no video is given" in err
     err = _cli_error(capsys, *base, "--image", str(root / "a.png"), "--prompt", "Hi", "--min-pixels", "5000",
