@@ -33,10 +33,12 @@ def add_packed_vision_args(p: argparse.ArgumentParser) -> None:
                    help="mtmegatron's (not Megatron-LM's): deal each global batch's conversations over the DP ranks "
                         "and micro-batches by load (text tokens + vision patches) instead of contiguous slices; the "
                         "same samples per global batch (data/multimodal/micro_batch_balance.py)")
-    g.add_argument("--pack-vision-conversations", action="store_true",
-                   help="mtmegatron's: lay each micro-batch's conversations out as one packed THD row of "
-                        "micro-batch-size x --seq-length tokens (attention per conversation, 3-D positions kept) "
-                        "instead of padded rows; the same samples and loss (training/packed_vision_thd.py)")
+    g.add_argument("--vision-packing", choices=("thd", "padded"), default=None,
+                   help="mtmegatron's: pack the conversations into bins of --seq-length tokens as --sft does (a bin is "
+                        "one sample of --global/--micro-batch-size); thd: a micro-batch is one THD row (attention "
+                        "per conversation, 3-D positions kept); padded: the same bins, one padded row per "
+                        "conversation (the reference layout). Default: one conversation per sample, padded "
+                        "(training/packed_vision_thd.py)")
 
 
 def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -> None:
@@ -45,7 +47,7 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
     if model.vision_encoder != "packed":
         named = [flag for flag, value in pixels.items() if value is not None]
         named += ["--balance-micro-batches"] if args.balance_micro_batches else []
-        named += ["--pack-vision-conversations"] if args.pack_vision_conversations else []
+        named += ["--vision-packing"] if args.vision_packing else []
         if named:
             raise error(f"{', '.join(named)}: only the native-resolution vision-language models take it (--model "
                         f"{' or '.join(packed_vision_families())})")

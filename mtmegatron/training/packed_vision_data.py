@@ -3,9 +3,9 @@ models/qwen_vl.py): ``--data-path conversations.jsonl [--image-folder DIR]`` (LL
 several images and videos per record: data/multimodal/vision_records.py) -> the samples of
 data/multimodal/vision_samples.py, read as LLaVA's are (``training/multimodal_data.py``'s ``Split`` and
 ``MicroBatches``: a seeded permutation per epoch, each DP rank its contiguous slice) and collated padded to
-``--seq-length`` (the pipeline schedule's fixed activation shape), or with ``--pack-vision-conversations`` packed
-into one THD row per micro-batch (training/packed_vision_thd.py; ``info["padded_collate_fn"]`` keeps the padded
-one for the held-out answer scoring). Images are resized within ``--min-pixels`` ..
+``--seq-length`` (the pipeline schedule's fixed activation shape), or with ``--vision-packing thd|padded`` packed
+into bins as ``--sft`` packs (training/packed_vision_thd.py; ``info["padded_collate_fn"]`` and
+``info["samples_valid"]`` keep the padded conversations for the held-out answer scoring). Images are resized within ``--min-pixels`` ..
 ``--max-pixels`` (HF's image processor bounds; default its own).
 
 ``reads_vision_data``: a packed-vision family whose ``--data-path`` (or ``--train-data-path``) names JSONL/JSON
@@ -121,17 +121,16 @@ def prepare(args: argparse.Namespace, progress: bool = True):
     info = {"collate_fn": padded, "padded_collate_fn": padded,
             "train_samples": len(train), "valid_samples": len(valid) if valid is not None else 0,
             "bad_samples": bad}
-    if getattr(args, "pack_vision_conversations", False):  # one THD row per micro-batch (packed_vision_thd.py)
-        from mtmegatron.training.packed_vision_thd import collate_packed
+    layout = f"padded to {args.seq_length}"
+    if getattr(args, "vision_packing", None):  # SFT's packing plan: bins of conversations (packed_vision_thd.py)
+        from mtmegatron.training.packed_vision_thd import binned
 
-        info["collate_fn"] = partial(collate_packed, pad_id=pad_id(tokenizer), seq_length=args.seq_length,
-                                     multiple=2 * args.context_parallel_size if args.context_parallel_size > 1 else 1)
+        info["samples_valid"] = valid  # the held-out answer scoring reads conversations, padded
+        train, valid, info["collate_fn"], layout = binned(train, valid, args, pad_id(tokenizer))
     skipped = f", skipped {bad} bad sample(s)" if bad else ""
     info["summary"] = (f"vision conversations: {info['train_samples']} train / {info['valid_samples']} valid "
                        f"samples (native resolution, {config.image.min_pixels}..{config.image.max_pixels} pixels "
-                       f"per image, "
-                       f"{'packed THD' if getattr(args, 'pack_vision_conversations', False) else 'padded'} to "
-                       f"{args.seq_length}){skipped}")
+                       f"per image, {layout}){skipped}")
     return MultimodalData(train, valid, tokenizer, info)
 
 

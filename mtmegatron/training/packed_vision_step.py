@@ -8,9 +8,9 @@ first chunk), positions on every stage (each applies its own rotary), labels on 
 them). Ignored labels (-100, padding and prompt) become id 0 for the model's cross entropy; the loss mask (1
 exactly at the answer tokens) removes them from the loss. Padding sits at the right of a causal model, so no
 attention mask is needed. The loss is ``multimodal_step.loss_func``: mean over the micro-batch's answer tokens.
-Packed micro-batches (``--pack-vision-conversations``: one THD row, packed_vision_thd.py) go with megatron-core's
+Packed micro-batches (``--vision-packing thd``: one THD row of bins, packed_vision_thd.py) go with megatron-core's
 ``PackedSeqParams`` (sft_step.packed_seq_params): attention per conversation, the same mean over the same answer
-tokens. Context parallelism: every CP rank gets the whole micro-batch, the model merges the vision embeddings into
+tokens as ``--vision-packing padded`` (the same bins as padded rows). Context parallelism: every CP rank gets the whole micro-batch, the model merges the vision embeddings into
 the whole sequence and keeps this rank's positions (``cp_positions``: load-balanced chunks of a padded row, each
 conversation's chunks of a THD row); labels and loss mask are cut the same way here, and so are the 3-D positions
 of a padded row (a THD row's stay whole: megatron-core's THD RoPE picks each sequence's chunks by offset). The loss
@@ -43,10 +43,12 @@ def cp_loss_func(loss_mask, output_tensor):
 
 
 def schedule_shape(args) -> tuple[int, int]:
-    """(seq_length, micro_batch_size) of the pipeline schedule: a packed micro-batch is one row of mbs x seq."""
-    if getattr(args, "pack_vision_conversations", False):
+    """(seq_length, micro_batch_size) of the pipeline schedule: a THD micro-batch is one row of mbs x seq, padded
+    bins ``args.vision_padded_rows`` rows (packed_vision_thd.py)."""
+    packing = getattr(args, "vision_packing", None)
+    if packing == "thd":
         return args.micro_batch_size * args.seq_length, 1
-    return args.seq_length, args.micro_batch_size
+    return args.seq_length, args.vision_padded_rows if packing == "padded" else args.micro_batch_size
 
 
 def forward_step(data_iterator, model):

@@ -89,7 +89,7 @@ def write_answer_eval(model, data, args) -> None:
                     "--context-parallel-size > 1 (the held-out loss is)")
         return
     padded = data.info.get("padded_collate_fn", data.collate)  # packed training batches: score padded rows
-    result = answer_accuracy(model, Split(data.valid, padded, shuffle=False), args)
+    result = answer_accuracy(model, Split(data.info.get("samples_valid", data.valid), padded, shuffle=False), args)
     rank = torch.distributed.get_rank()
     if rank == 0:
         with open(os.path.join(args.log_dir, "answer_eval.json"), "w") as f:

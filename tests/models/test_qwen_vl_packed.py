@@ -1,18 +1,20 @@
 """Packed (THD) vision conversations and context parallelism for ``--model qwen2-vl|qwen2.5-vl``
-(``--pack-vision-conversations``: training/packed_vision_thd.py; ``--context-parallel-size``: the vision embeddings
+(``--vision-packing thd|padded``: training/packed_vision_thd.py; ``--context-parallel-size``: the vision embeddings
 merged into the whole sequence before it is cut over CP, training/packed_vision_step.py, models/qwen_vl.py).
 
-Checked: the packed layout itself (cu_seqlens per conversation, padded ones under CP, each conversation's own 3-D
-positions, the same answer tokens and pictures as the padded batch; which positions each CP rank holds); and the
-per-iteration losses of a tiny Qwen2.5-VL (fp32, dropout 0, 3 steps of 4 conversations, 2 per micro-batch: two
-images in a turn, a 4-frame video, text only, one image) packed vs padded: at one rank, TP2 with sequence
-parallelism (against the one-rank padded run: TP gives the one-rank losses), PP2 (vision encoder and one language
-layer on stage 0; PP's initial weights differ from one rank's, so packed and padded PP2 are compared with each
-other), CP2 (packed CP2 vs padded CP2, and padded CP2 vs one rank). Both layouts hold the same conversations per
-micro-batch and take the mean over the same answer tokens, so the losses are comparable as they are; measured
-differences are at most 3.1e-6 (float rounding of another attention layout), the tolerance here is 1e-5.
-Cost: seven short runs (two one-rank, five two-rank of 3 steps): 102 s wall at load average 7-13 on 2 CPU cores,
-83 s CPU time in all; the layout checks well under a second.
+Checked: the bins are SFT's plan (sft/packing.py) and hold every conversation once; the packed layout (cu_seqlens
+per conversation, padded ones under CP, each conversation's own 3-D positions, the same answer tokens and pictures
+as the padded layout of the same bins; which positions each CP rank holds); and the per-iteration losses of a tiny
+Qwen2.5-VL (fp32, dropout 0, 3 steps of 4 bins of 384 tokens, 2 bins per micro-batch; records cycling two images
+in a turn, a 4-frame video, text only, one image) packed (``thd``) vs padded (``padded``, the same bins): at one
+rank, TP2 with sequence parallelism (against the one-rank padded run: TP gives the one-rank losses), PP2 (vision
+encoder and one language layer on stage 0; PP's initial weights differ from one rank's, so packed and padded PP2 are
+compared with each other), CP2 (packed CP2 vs padded CP2; and padded CP2 vs one rank: for these records the plan
+at CP2, each conversation rounded up to 4 tokens, groups them as at one rank). Both layouts hold the same
+conversations per micro-batch and take the mean over the same answer tokens, so the losses are comparable as they
+are; measured differences are at most 2e-7, the tolerance here is 1e-5.
+Cost: seven short runs (two one-rank, five two-rank of 3 steps): 100-200 s wall on 2 shared CPU cores (load
+average 7-13), 83 s CPU time in all; the other checks well under a second.
 """
 
 from __future__ import annotations
@@ -25,21 +27,22 @@ import torch
 from PIL import Image
 
 from helpers.pretrain_runner import run_pretrain
-from mtmegatron.data.multimodal.vision_samples import collate_padded
-from mtmegatron.training.packed_vision_thd import collate_packed, cp_positions
+from mtmegatron.sft.packing import first_fit_decreasing
+from mtmegatron.training.packed_vision_thd import Bins, collate_packed, collate_padded_bins, cp_positions
 
 TOLERANCE = 1e-5
 FLAGS = ["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--seq-length", "384",
          "--max-position-embeddings", "384", "--train-iters", "3", "--global-batch-size", "4", "--micro-batch-size",
          "2", "--lr", "1e-3", "--lr-decay-style", "constant", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--eval-iters", "0", "--log-interval", "100"]
-PACK = ["--pack-vision-conversations"]
+PACK = ["--vision-packing", "thd"]
+PAD = ["--vision-packing", "padded"]
 PP2 = ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"]
 CP2 = ["--context-parallel-size", "2"]
-RUNS = {"padded": (1, []), "packed": (1, PACK),
+RUNS = {"padded": (1, PAD), "packed": (1, PACK),
         "packed-tp2-sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"] + PACK),
-        "padded-pp2": (2, PP2), "packed-pp2": (2, PP2 + PACK),
-        "padded-cp2": (2, CP2), "packed-cp2": (2, CP2 + PACK)}
+        "padded-pp2": (2, PP2 + PAD), "packed-pp2": (2, PP2 + PACK),
+        "padded-cp2": (2, CP2 + PAD), "packed-cp2": (2, CP2 + PACK)}
 
 
 def write_conversations(root) -> str:
@@ -94,32 +97,51 @@ def _sample(length: int, images: int, start: int) -> dict:
 
 @pytest.mark.parametrize("multiple", [1, 4])
 def test_the_packed_row_keeps_each_conversation_whole(multiple):
-    samples = [_sample(5, 1, 100), _sample(9, 2, 200)]
-    batch = collate_packed(samples, pad_id=0, seq_length=16, multiple=multiple)
-    padded = collate_padded(samples, pad_id=0, length=16)
+    bins = [[_sample(5, 1, 100), _sample(6, 0, 200)], [_sample(7, 2, 300)]]  # a micro-batch of two bins
+    batch = collate_packed(bins, pad_id=0, seq_length=16, multiple=multiple)
+    padded = collate_padded_bins(bins, pad_id=0, seq_length=16, rows=4)  # mbs 2 x the fullest bin's 2
     assert batch["tokens"].shape == (1, 32) and batch["position_ids"].shape == (3, 1, 32)
-    lengths = [5, 9] if multiple == 1 else [8, 12]  # each conversation padded up to the multiple under CP
-    starts = [0, lengths[0]]
-    assert batch["cu_seqlens"].tolist() == [0, 5, 5 + 9, 5 + 9 + 32 - sum(lengths)]
-    if multiple > 1:
-        assert batch["cu_seqlens_padded"].tolist() == [0, 8, 20, 32]
-    else:
-        assert "cu_seqlens_padded" not in batch
-    for sample, start in zip(samples, starts):
+    assert padded["tokens"].shape == (4, 16) and padded["loss_mask"][3].sum() == 0
+    if multiple == 1:  # each bin's tail its own loss-free sequence
+        starts, cu = [0, 5, 16], [0, 5, 11, 16, 23, 32]
+    else:  # each conversation padded up to the multiple under CP
+        starts, cu = [0, 8, 16], [0, 5, 11, 18, 26]
+        assert batch["cu_seqlens_padded"].tolist() == [0, 8, 16, 24, 32]
+    assert batch["cu_seqlens"].tolist() == cu and ("cu_seqlens_padded" in batch) == (multiple > 1)
+    for sample, start in zip([s for b in bins for s in b], starts):
         n = len(sample["tokens"])
         assert torch.equal(batch["tokens"][0, start:start + n], sample["tokens"])
         assert torch.equal(batch["position_ids"][:, 0, start:start + n], sample["position_ids"])
-    assert batch["loss_mask"].sum() == padded["loss_mask"].sum() == 4
+    assert batch["loss_mask"].sum() == padded["loss_mask"].sum() == 6
     assert torch.equal(batch["labels"][batch["loss_mask"] > 0], padded["labels"][padded["loss_mask"] > 0])
     for key in ("pixel_values", "image_grid_thw"):
         assert torch.equal(batch[key], padded[key])
 
 
+class _Conversations(torch.utils.data.Dataset):
+    lengths = [9, 3, 12, 5, 7, 16, 2, 4]
+    loads = [10 * n for n in lengths]
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_the_bins_are_sfts_plan_and_hold_every_conversation_once():
+    bins = Bins(_Conversations(), seq_length=16, multiple=4, seed=3)
+    assert bins.bins == first_fit_decreasing(np.array([12, 4, 12, 8, 8, 16, 4, 4]), 16, 3)
+    assert sorted(i for b in bins for i in b) == list(range(8))
+    assert all(sum(-(-_Conversations.lengths[i] // 4) * 4 for i in b) <= 16 for b in bins.bins)
+    assert bins.loads == [sum(_Conversations.loads[i] for i in b) for b in bins.bins]
+
+
 def test_each_cp_rank_holds_its_chunks_of_every_conversation():
-    samples = [_sample(5, 1, 100), _sample(9, 2, 200)]
-    batch = collate_packed(samples, pad_id=0, seq_length=16, multiple=4)  # sequences [0, 8) [8, 20) [20, 32)
+    bins = [[_sample(5, 1, 100), _sample(6, 0, 200)], [_sample(7, 2, 300)]]
+    batch = collate_packed(bins, pad_id=0, seq_length=16, multiple=4)  # sequences of 8 at 0, 8, 16, 24
     held = [cp_positions(batch, 2, rank).tolist() for rank in range(2)]
-    assert held[0] == [0, 1, 6, 7, 8, 9, 10, 17, 18, 19, 20, 21, 22, 29, 30, 31]
+    assert held[0] == [0, 1, 6, 7, 8, 9, 14, 15, 16, 17, 22, 23, 24, 25, 30, 31]
     assert sorted(held[0] + held[1]) == list(range(32))
     row = {"tokens": torch.zeros(2, 16)}  # a padded batch: the row's four chunks, megatron-core's load balance
     assert cp_positions(row, 2, 0).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]

@@ -60,6 +60,7 @@ class VisionConversationDataset(torch.utils.data.Dataset):
         self.tokenizer, self.config = tokenizer, config
         self.entries, self.bad_samples = [], []  # entries: (file index, byte offset, line)
         self.loads = []  # per entry: text tokens + vision patches (data/multimodal/micro_batch_balance.py)
+        self.lengths = []  # per entry: tokens (text and vision), what packing fits into --seq-length
         for file_index, path in enumerate(self.paths):
             with open(path, "rb") as f:
                 offset = 0
@@ -69,6 +70,7 @@ class VisionConversationDataset(torch.utils.data.Dataset):
                             sample = self._build(raw.decode("utf-8"), path, number, with_pixels=False)
                             self.entries.append((file_index, offset, number))
                             self.loads.append(sample_load(sample))
+                            self.lengths.append(int(sample["tokens"].numel()))
                         except BadSample as e:
                             if not config.skip_bad_samples:
                                 raise
