@@ -50,10 +50,13 @@ def reads_vision_data(args: argparse.Namespace) -> bool:
 
 
 def check_balance(args: argparse.Namespace) -> None:
-    """``--balance-micro-batches`` needs conversations to balance (one line otherwise)."""
-    if getattr(args, "balance_micro_batches", False) and not reads_vision_data(args):
-        raise ConfigError("--balance-micro-batches balances image/video conversations: give --data-path "
-                          "conversations.jsonl (not --mock-data, --sft or indexed text)")
+    """``--balance-micro-batches`` and ``--vision-packing`` need conversations to work on (one line otherwise)."""
+    for flag, on in (("--balance-micro-batches balances", getattr(args, "balance_micro_batches", False)),
+                     (f"--vision-packing {getattr(args, 'vision_packing', None)} packs",
+                      getattr(args, "vision_packing", None))):
+        if on and not reads_vision_data(args):
+            raise ConfigError(f"{flag} image/video conversations: give --data-path conversations.jsonl (not "
+                              f"--mock-data, --sft or indexed text)")
 
 
 def data_config(args: argparse.Namespace):

@@ -146,3 +146,14 @@ def test_each_cp_rank_holds_its_chunks_of_every_conversation():
     row = {"tokens": torch.zeros(2, 16)}  # a padded batch: the row's four chunks, megatron-core's load balance
     assert cp_positions(row, 2, 0).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
     assert cp_positions(row, 2, 1).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+
+
+def test_packing_without_conversations_is_one_line():
+    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.training.packed_vision_data import check_balance
+    from mtmegatron.utils.errors import ConfigError
+
+    args = parse_args(["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--mock-data",
+                       "--vision-packing", "thd"])
+    with pytest.raises(ConfigError, match="--vision-packing thd packs image/video conversations: give --data-path"):
+        check_balance(args)
