@@ -29,8 +29,10 @@ NAME = "mccl"
 # gloo's worker thread drops its references to a finished op's tensors a moment after wait() returns. If Python
 # has already dropped the host aliases, that thread must take the GIL to free them, which aborts the process
 # when it happens during interpreter shutdown. So the aliases of recent ops stay referenced here, and are
-# released at exit once gloo has had time to let go of them.
-_recent_hosts: collections.deque = collections.deque(maxlen=512)
+# released at exit once gloo has had time to let go of them. Only the last few ops matter (older ones were let go
+# long ago), and each alias keeps its device storage allocated: 512 held ~28 MiB per iteration of torch FSDP2's
+# gathered weights counted as live device bytes (benchmarks/memory.py's peaks); 16 keep what a shutdown needs.
+_recent_hosts: collections.deque = collections.deque(maxlen=16)
 
 
 @atexit.register
