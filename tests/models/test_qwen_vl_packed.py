@@ -157,3 +157,23 @@ def test_packing_without_conversations_is_one_line():
                        "--vision-packing", "thd"])
     with pytest.raises(ConfigError, match="--vision-packing thd packs image/video conversations: give --data-path"):
         check_balance(args)
+
+
+def test_a_resumed_run_reads_the_same_bins():
+    """What a global batch holds is a function of the plan and the consumed count: a run resumed after
+    iteration 3 reads what the uninterrupted run reads from iteration 4 on (across the epoch boundary)."""
+    from mtmegatron.data.position import SamplePlan
+    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.training.multimodal_data import MicroBatches
+
+    args = parse_args(["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--mock-data",
+                       "--global-batch-size", "4", "--micro-batch-size", "2"])
+    bins = Bins(_Conversations(), seq_length=16, multiple=1, seed=3)
+
+    def read(start: int, micro_batches: int) -> list:
+        reader = MicroBatches(bins, lambda batch: batch, args, 0, SamplePlan(args, start), shuffle=True)
+        return [next(reader) for _ in range(micro_batches)]
+
+    whole = read(0, 12)
+    assert read(3, 6) == whole[6:]
+    assert sorted(i for micro in whole[:len(bins) // 2] for b in micro for i in b) == list(range(8))
