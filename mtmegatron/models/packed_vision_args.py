@@ -3,11 +3,12 @@ Qwen2.5-VL; models/qwen_vl.py), one ``error`` each before any process group exis
 
 M-RoPE (``--position-embedding-type mrope``) belongs to these models only (their positions are ``[3, b, s]``);
 their ``--mrope-section`` must cover half the head dim; the vision tower comes from the preset (``vision_*``
-dests) and its heads split over TP. Refused until built: context parallelism (the image embeddings must be merged
-before the sequence is split), FP8, MoE / MLA language models. ``--min-pixels`` / ``--max-pixels`` (HF's image
-processor fields; default its 3136 / 1003520) bound each image's area (training/packed_vision_data.py), at least
-one merge window each; other models refuse them, and ``--balance-micro-batches`` (training/packed_vision_data.py
-refuses it without image conversations to balance).
+dests) and its heads split over TP. Refused until built: FP8, MoE / MLA language models, and text ``--sft`` under
+context parallelism (image conversations train under CP: training/packed_vision_step.py). ``--min-pixels`` /
+``--max-pixels`` (HF's image processor fields; default its 3136 / 1003520) bound each image's area
+(training/packed_vision_data.py), at least one merge window each; other models refuse them, and
+``--balance-micro-batches`` and ``--vision-packing`` (training/packed_vision_data.py refuses them without image
+conversations to work on).
 May assume: the preset is applied and ``kv_channels`` resolved (models/family_args.check_family_args).
 """
 
