@@ -91,6 +91,12 @@ def describe(args: argparse.Namespace) -> str | None:
 
     used = ("Megatron-LM's even split" if split.used_first is None
             else f"--decoder-first-pipeline-num-layers {split.used_first}")
+    if getattr(args, "virtual_pipeline_model_parallel_size", None) or \
+            getattr(args, "num_layers_per_virtual_pipeline_stage", None):
+        return (f"pipeline stages (forward FLOPs, every sequence all vision tokens of one image): the vision tower "
+                f"in stage 0's first virtual chunk costs {split.vision_in_layers:.1f} language layers; per pipeline "
+                f"rank {costs(split.used_costs)} language layers (uneven splits with virtual stages are not "
+                f"supported here)")
     advice = ("the balanced one" if split.used_first == split.balanced_first
               else f"--decoder-first-pipeline-num-layers {split.balanced_first} would balance them "
                    f"({costs(split.balanced_costs)})")

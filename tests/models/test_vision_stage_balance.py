@@ -86,6 +86,8 @@ def test_the_advised_split_minimises_the_costliest_stage():
     chosen = balance.describe(_released_7b(decoder_first_pipeline_num_layers=split.balanced_first))
     assert chosen.endswith("the balanced one")
     assert balance.describe(_released_7b(pipeline_model_parallel_size=1)) is None
+    virtual = balance.describe(_released_7b(num_layers_per_virtual_pipeline_stage=1))
+    assert "first virtual chunk" in virtual and "would balance" not in virtual  # no split advice it would refuse
 
 
 def test_a_pipelined_run_says_it_at_start_up():
