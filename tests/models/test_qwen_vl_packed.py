@@ -13,8 +13,8 @@ compared with each other), CP2 (packed CP2 vs padded CP2; and padded CP2 vs one 
 at CP2, each conversation rounded up to 4 tokens, groups them as at one rank). Both layouts hold the same
 conversations per micro-batch and take the mean over the same answer tokens, so the losses are comparable as they
 are; measured differences are at most 2e-7, the tolerance here is 1e-5.
-Cost: seven short runs (two one-rank, five two-rank of 3 steps): 100-200 s wall on 2 shared CPU cores (load
-average 7-13), 83 s CPU time in all; the other checks well under a second.
+Cost: seven short runs (two one-rank, five two-rank of 3 steps): 124 s CPU time in all, 200 s wall on 2 CPU cores
+shared at load average 10-13; the other checks a few seconds.
 """
 
 from __future__ import annotations
