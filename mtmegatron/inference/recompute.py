@@ -63,16 +63,23 @@ def greedy_tokens(model, prompt_tokens: list[int], max_new_tokens: int, eod: int
     return generated
 
 
-def generate_without_cache(model, tokenizer, prompts: list[str], prompt_tokens: list[list[int]],
-                           max_new_tokens: int) -> tuple[list[Generation], float]:
+def decode_each(model, tokenizer, prompts: list[str], prompt_tokens: list[list[int]],
+                decode) -> tuple[list[Generation], float]:
+    """Each prompt decoded alone in eval mode by ``decode(i, prompt ids) -> new ids``; (generations, seconds)."""
     was_training = model.training
     model.eval()
     start = time.perf_counter()
     try:
         out = []
-        for prompt, ids in zip(prompts, prompt_tokens):
-            tokens = greedy_tokens(model, list(ids), max_new_tokens, tokenizer.eod)
+        for i, (prompt, ids) in enumerate(zip(prompts, prompt_tokens)):
+            tokens = decode(i, list(ids))
             out.append(Generation(prompt, list(ids), tokens, tokenizer.detokenize(tokens)))
     finally:
         model.train(was_training)
     return out, time.perf_counter() - start
+
+
+def generate_without_cache(model, tokenizer, prompts: list[str], prompt_tokens: list[list[int]],
+                           max_new_tokens: int) -> tuple[list[Generation], float]:
+    return decode_each(model, tokenizer, prompts, prompt_tokens,
+                       lambda _, ids: greedy_tokens(model, ids, max_new_tokens, tokenizer.eod))

@@ -11,12 +11,11 @@ and PP without a cache), called on every rank with the same prompts.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from mtmegatron.backends.device import compute_device
 from mtmegatron.inference.engine import Generation
+from mtmegatron.inference.recompute import decode_each
 from mtmegatron.inference.vision_prompts import (VisionPrompt, continued_positions, image_mask, merged_embeddings,
                                                  vision_rows)
 
@@ -45,14 +44,5 @@ def greedy_tokens_with_images(model, prompt_tokens: list[int], vision: VisionPro
 def generate_with_images_without_cache(model, tokenizer, prompts: list[str], prompt_tokens: list[list[int]],
                                        visions: list[VisionPrompt],
                                        max_new_tokens: int) -> tuple[list[Generation], float]:
-    was_training = model.training
-    model.eval()
-    start = time.perf_counter()
-    try:
-        out = []
-        for prompt, ids, vision in zip(prompts, prompt_tokens, visions):
-            tokens = greedy_tokens_with_images(model, list(ids), vision, max_new_tokens, tokenizer.eod)
-            out.append(Generation(prompt, list(ids), tokens, tokenizer.detokenize(tokens)))
-    finally:
-        model.train(was_training)
-    return out, time.perf_counter() - start
+    return decode_each(model, tokenizer, prompts, prompt_tokens,
+                       lambda i, ids: greedy_tokens_with_images(model, ids, visions[i], max_new_tokens, tokenizer.eod))
