@@ -82,3 +82,17 @@ def run_python_in_sim(code: str, env: dict | None = None, timeout: float = 120.0
 def read_stats(directory) -> dict[str, dict]:
     """The per-process stats files (``rank<RANK>-pid<pid>.json``) under ``directory``, by file stem."""
     return {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(directory).glob("rank*-pid*.json"))}
+
+
+def assert_device_run(stdout: str, stats_dir, ranks: int = 2) -> None:
+    """What every simulated-device run shows: the mccl backend, rank 0's placement line (everything on
+    ``musa:<rank>``), and each rank's stats: collectives ran, no host tensor refused, allocations on its own device
+    (stats of torchrun's agent, rank None, left out)."""
+    assert "backend musa (mccl)" in stdout, stdout[-2000:]
+    assert "placement: all" in stdout and "on musa:0" in stdout, stdout[-2000:]
+    stats = [s for s in read_stats(stats_dir).values() if s["rank"] is not None]
+    assert sorted(s["rank"] for s in stats) == [str(r) for r in range(ranks)], stats
+    for s in stats:
+        assert not s["refusals"], s
+        assert sum(op["calls"] for op in s["collectives"].values()) > 0, s
+        assert s["memory"][s["rank"]]["num_allocs"] > 0, s
