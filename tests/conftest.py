@@ -53,6 +53,10 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("backend_name", params)
 
 
+# tryfirst: pytest-xdist's worker reads the xdist_group marks in its own pytest_collection_modifyitems (it appends
+# them to the node ids its scheduler groups by); this conftest registers before that plugin, so without tryfirst it
+# would run after it and every module fixture would run once per worker (measured: each ran on both workers)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     status = config._mtmegatron_backends
     keep, drop = [], []
