@@ -8,6 +8,7 @@ May assume: a POSIX file system (fcntl locks, as ``data/embedded.py``).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -32,3 +33,17 @@ def generate_once(directory: str, generate: Callable[[str], object]) -> None:
         generate(directory)
         with open(marker, "w") as f:
             f.write("ok\n")
+
+
+def draw_unseen(draw: Callable[[], object], pixels_of: Callable[[object], object], split: str,
+                train_hashes: set) -> object:
+    """``draw()`` once for the train split (its pixels' hash recorded in ``train_hashes``); for a held-out split,
+    again until its pixels match no training picture. The generators' one rule for disjoint splits."""
+    while True:
+        drawn = draw()
+        digest = hashlib.sha1(pixels_of(drawn).tobytes()).digest()
+        if split == "train":
+            train_hashes.add(digest)
+            return drawn
+        if digest not in train_hashes:
+            return drawn

@@ -20,7 +20,6 @@ May assume: numpy and Pillow; a POSIX file system (the cache's file lock: ``gene
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from mtmegatron.data.multimodal.generated_cache import generate_once, locked
+from mtmegatron.data.multimodal.generated_cache import draw_unseen, generate_once, locked
 from mtmegatron.data.multimodal.template import MULTIMODAL_SPECIAL_TOKENS, VICUNA_SYSTEM
 
 SHAPES_VERSION = 1  # bump when the generated data changes
@@ -96,6 +95,11 @@ def caption(items: list[Item]) -> str:
     return f"{NUMBERS[len(items) - 1]} {noun}: {listed}."
 
 
+def _scene(rng, height: int, width: int):
+    items = draw_scene(rng)
+    return items, render_scene(items, height, width, rng)
+
+
 def generate(out_dir: str, seed: int = 1234, num_train: int = 4000, num_valid: int = 256, height: int = 32,
              width: int = 32, questions_per_image: int = 2) -> dict[str, int]:
     """Write ``{split}.jsonl``, ``{split}_captions.jsonl`` and ``images/{split}/*.png`` under ``out_dir``."""
@@ -107,15 +111,8 @@ def generate(out_dir: str, seed: int = 1234, num_train: int = 4000, num_valid: i
         with open(os.path.join(out_dir, f"{split}.jsonl"), "w") as qa, \
                 open(os.path.join(out_dir, f"{split}_captions.jsonl"), "w") as captions:
             for index in range(num):
-                while True:
-                    items = draw_scene(rng)
-                    pixels = render_scene(items, height, width, rng)
-                    digest = hashlib.sha1(pixels.tobytes()).digest()
-                    if split == "train":
-                        train_hashes.add(digest)
-                        break
-                    if digest not in train_hashes:
-                        break
+                items, pixels = draw_unseen(lambda: _scene(rng, height, width), lambda drawn: drawn[1], split,
+                                            train_hashes)
                 image = f"images/{split}/{index:06d}.png"
                 Image.fromarray(pixels).save(os.path.join(out_dir, image), compress_level=1)
                 kinds = rng.choice(len(QUESTION_TYPES), size=questions_per_image, replace=False)

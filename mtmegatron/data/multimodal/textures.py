@@ -21,14 +21,13 @@ May assume: numpy and Pillow.
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import os
 
 import numpy as np
 from PIL import Image
 
-from mtmegatron.data.multimodal.generated_cache import generate_once, locked
+from mtmegatron.data.multimodal.generated_cache import draw_unseen, generate_once, locked
 
 TEXTURES_VERSION = 1  # bump when the generated data changes
 SIDES = (112, 140, 168, 196)  # pixels; 16 to 49 merged image tokens per picture at native resolution
@@ -79,14 +78,7 @@ def generate(out_dir: str, seed: int = 1234, num_train: int = 2048, num_valid: i
         with open(os.path.join(out_dir, f"{split}.jsonl"), "w") as out:
             for index in range(num):
                 pattern = PATTERNS[int(rng.integers(len(PATTERNS)))]
-                while True:
-                    pixels = render(pattern, rng)
-                    digest = hashlib.sha1(pixels.tobytes()).digest()
-                    if split == "train":
-                        train_hashes.add(digest)
-                        break
-                    if digest not in train_hashes:
-                        break
+                pixels = draw_unseen(lambda: render(pattern, rng), lambda drawn: drawn, split, train_hashes)
                 image = f"images/{split}/{index:06d}.png"
                 Image.fromarray(pixels).save(os.path.join(out_dir, image), compress_level=1)
                 out.write(json.dumps({"id": f"textures-{split}-{index:06d}", "image": image, "conversations": [
