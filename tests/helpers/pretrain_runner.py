@@ -82,13 +82,18 @@ def stop_with_stacks(proc: subprocess.Popen, grace: float = 20.0) -> tuple[str, 
     then every process of the job still there is killed. Returns the job's (stdout, stderr), text pipes."""
     ranks, tree = _ranks_and_tree(proc)
     # one rank at a time: ranks share the job's stderr, and stacks written at once interleave byte by byte. The
-    # others stay frozen meanwhile, so a launcher's SIGTERM to them (its rank 0 died) waits behind our SIGABRT.
-    for p in ranks:
+    # launcher is frozen first: once a rank dies, torchrun SIGTERMs the others, and a SIGTERM arriving while a
+    # rank's faulthandler writes its stacks ends that rank with nothing written (seen in CI). The other ranks
+    # stay frozen meanwhile too.
+    launcher = [p for p in tree[:1] if p not in ranks]
+    for p in launcher + ranks:
         _signal_quietly(p, "suspend")
     for p in ranks:
         abort_without_core(p.pid)
         _signal_quietly(p, "resume")
         _wait_gone(p, timeout=5.0)
+    for p in launcher:  # it reaps its ranks and reports them failed
+        _signal_quietly(p, "resume")
     try:
         out, err = proc.communicate(timeout=grace)
     except subprocess.TimeoutExpired:  # a rank's children can hold the pipes open
