@@ -44,7 +44,8 @@ from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mism
 from mtmegatron.utils.checkpoint_dirs import (TRACKER, CheckpointError, check_load, checkpoint_dir, complete_iterations,
                                              latest_complete_iteration)
 from mtmegatron.training import megatron_lm_checkpoint as mlm
-from mtmegatron.training import fsdp_checkpoint, non_persistent, plain_to_distributed_optimizer, rerun
+from mtmegatron.training import (fsdp_checkpoint, megatron_fsdp_checkpoint, non_persistent,
+                                 plain_to_distributed_optimizer, rerun)
 from mtmegatron.backends.device import compute_device, on_host
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
@@ -187,9 +188,14 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
     train_state = dict(train_state or {})
     content = mlm.content_metadata(bool(args.use_distributed_optimizer))
     metadata = _sharded_metadata(content)
-    state = _model_state(model, metadata)
+    if megatron_fsdp_checkpoint.applies(args):  # the same logical checkpoint as DDP + the distributed optimizer's
+        state = megatron_fsdp_checkpoint.sharded_state(model, _model_keys(model), None if args.no_save_optim
+                                                       else optimizer, metadata)
+    else:
+        state = _model_state(model, metadata)
     if not args.no_save_optim:
-        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
+        if "optimizer" not in state:
+            state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
         state["opt_param_scheduler"] = scheduler.state_dict()
     if not args.no_save_rng:
         state["rng_state"] = mlm.rng_state_object()
@@ -406,8 +412,12 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     if load_optim and saved["scheduler"] is not None:
         check_schedule(saved["scheduler"], scheduler, args, directory, CheckpointError)
     metadata = _sharded_metadata(content)
-    state = _model_state(model, metadata)
-    if load_optim:
+    if megatron_fsdp_checkpoint.applies(args):  # this rank's rows of the same logical checkpoint, in place
+        state = megatron_fsdp_checkpoint.sharded_state(model, _model_keys(model), optimizer if load_optim else None,
+                                                       metadata, directory)
+    else:
+        state = _model_state(model, metadata)
+    if load_optim and "optimizer" not in state:
         _materialize_optimizer_state(optimizer)
         if plain_to_distributed_optimizer.applies(saved, args):  # a plain optimizer's state, converted
             state["optimizer"] = plain_to_distributed_optimizer.request(optimizer, state, _sharded_metadata(
@@ -432,13 +442,15 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         loaded, missing, unexpected = loaded
         _say(f"--dist-ckpt-strictness {args.dist_ckpt_strictness}: missing {sorted(missing)}, unexpected "
              f"{sorted(unexpected)}")
-    in_place = fsdp_checkpoint.loads_in_place(args)  # FSDP2: the load filled the DTensors' local shards itself
+    in_place = fsdp_checkpoint.loads_in_place(args)  # FSDP: the load filled the DTensors' local shards itself
     for key, chunk in zip(_model_keys(model), model):
         if not in_place:
             _unwrap(chunk).load_state_dict(loaded[key])
     if load_optim:
         optimizer_state = _regroup_optimizers(loaded["optimizer"], optimizer)
-        if in_place:
+        if megatron_fsdp_checkpoint.applies(args):
+            optimizer_state = megatron_fsdp_checkpoint.optimizer_state_to_load(optimizer_state, optimizer)
+        elif in_place:
             optimizer_state = fsdp_checkpoint.optimizer_state_to_load(optimizer_state, optimizer)
         elif plain_to_distributed_optimizer.applies(saved, args):
             optimizer_state = plain_to_distributed_optimizer.optimizer_state_to_load(optimizer_state, optimizer)
@@ -446,6 +458,8 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         scheduler.load_state_dict(loadable_state(saved["scheduler"], scheduler))
     elif optimizer is not None:  # the optimizer's fp32 main copies must follow the freshly loaded weights
         optimizer.reload_model_params()
+    if megatron_fsdp_checkpoint.applies(args):
+        megatron_fsdp_checkpoint.finish_load(model)
     if load_rng:
         if saved["megatron_lm_layout"]:
             mlm.restore_rng(loaded["rng_state"])

@@ -56,7 +56,7 @@ def request(optimizer, model_state: dict, metadata: dict, directory: str) -> dic
     return asked
 
 
-def _groups_with_step(saved: dict) -> list[dict]:
+def groups_with_step(saved: dict) -> list[dict]:
     """The plain optimizer's param groups (FP32Optimizer: its own state dict; the mixed-precision one: under
     'optimizer') with the common step in each, as the distributed optimizer keeps them."""
     inner = saved["optimizer"] if "optimizer" in saved else saved
@@ -79,6 +79,6 @@ def optimizer_state_to_load(loaded: dict, optimizer) -> dict:
         weights = _main_weights(inner)
         param_state = {index: entry if "param" in entry else {**entry, "param": weights[index].detach()}
                        for index, entry in saved["param_state"].items()}
-        states.append({"optimizer": {"param_groups": _groups_with_step(saved)}, "param_state": param_state,
+        states.append({"optimizer": {"param_groups": groups_with_step(saved)}, "param_state": param_state,
                        "param_state_sharding_type": "fully_reshardable"})
     return states[0] if len(states) == 1 else dict(enumerate(states))
