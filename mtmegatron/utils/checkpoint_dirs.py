@@ -30,8 +30,10 @@ FORMAT_REFUSALS = {
              "convert with Megatron-LM's --ckpt-convert-format torch_dist, or use --ckpt-format torch_dist",
     "torch_dcp": "plain torch.distributed.checkpoint state dicts (Megatron-LM's FSDP2 path) are not supported; "
                  "use --ckpt-format torch_dist",
-    "fsdp_dtensor": "Megatron FSDP's DTensor format is not written or read here yet (nor are checkpoints under "
-                    "--use-megatron-fsdp); use --ckpt-format torch_dist",
+    "fsdp_dtensor": "Megatron FSDP's DTensor format is not written or read here (megatron-core 0.16.1's writer "
+                    "of it fails on its own GPT models: handle_swiglu_in_state_dict asks MegatronFSDP for "
+                    "'decoder'); --use-megatron-fsdp checkpoints in torch_dist, the same logical checkpoint as "
+                    "DDP's: use --ckpt-format torch_dist",
 }
 
 def checkpoint_dir(root: str, iteration: int) -> str:

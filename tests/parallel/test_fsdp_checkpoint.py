@@ -33,7 +33,9 @@ from mtmegatron.utils.errors import ConfigError
 
 ITERS, SAVED_AT, RESAVED_AT = 8, 4, 6
 ATOL = 1e-6
-ENGINES = {"fsdp2": ["--use-torch-fsdp2"], "ddp": [], "distopt": ["--use-distributed-optimizer"]}
+ENGINES = {"fsdp2": ["--use-torch-fsdp2"], "ddp": [], "distopt": ["--use-distributed-optimizer"],
+           "megatron_fsdp": ["--use-megatron-fsdp", "--use-distributed-optimizer", "--data-parallel-sharding-strategy",
+                             "optim_grads"]}
 LAYOUTS = {"dp2": (2, []), "dp1": (1, []), "tp2": (2, ["--tensor-model-parallel-size", "2"])}
 
 
@@ -127,6 +129,35 @@ def test_fsdp2_resumes_distributed_optimizer_checkpoint_of_another_layout(runs):
     assert diff <= ATOL, f"FSDP2 at DP2 from the TP2 distributed optimizer's checkpoint: max |loss diff| = {diff:.3g}"
 
 
+def test_megatron_fsdp_resumes_exactly(runs):
+    full, resumed = runs.full("megatron_fsdp"), runs.resumed("megatron_fsdp", "megatron_fsdp")
+    assert full[-1] < full[0] - 0.1, f"did not learn: {full}"
+    assert _max_diff(resumed, full[SAVED_AT:]) <= 1e-7, (resumed, full)
+
+
+def _distopt_tp2_from_megatron_fsdp(runs) -> list[float]:
+    return runs.resumed("distopt", "megatron_fsdp", layout="tp2", saves=True)
+
+
+@pytest.mark.parametrize("layout", ["dp2", "tp2"])
+def test_distributed_optimizer_resumes_megatron_fsdp_checkpoint(runs, layout):
+    """Megatron-FSDP's DP2 checkpoint (each rank's rows of the same global tensors; Adam's state in the fully
+    reshardable format) into DDP + the distributed optimizer at DP2 and at TP2 (DP1): the run continues."""
+    resumed = (_distopt_tp2_from_megatron_fsdp(runs) if layout == "tp2"
+               else runs.resumed("distopt", "megatron_fsdp", layout=layout))
+    diff = _max_diff(resumed, runs.full("megatron_fsdp")[SAVED_AT:])
+    assert diff <= ATOL, f"distributed optimizer at {layout} from Megatron-FSDP's checkpoint: max |loss diff| = {diff:.3g}"
+
+
+def test_megatron_fsdp_resumes_distributed_optimizer_checkpoint_of_another_layout(runs):
+    """The way back: the TP2 distributed-optimizer run's checkpoint of iteration RESAVED_AT into Megatron-FSDP at
+    DP2 (each rank asks for its rows; DCP fills them in place)."""
+    source = _distopt_tp2_from_megatron_fsdp(runs)
+    resumed = runs.resumed("megatron_fsdp", "distopt_tp2_from_megatron_fsdp", at=RESAVED_AT)
+    diff = _max_diff(resumed, source[RESAVED_AT - SAVED_AT:])
+    assert diff <= ATOL, f"Megatron-FSDP from the TP2 distributed optimizer's checkpoint: max |loss diff| = {diff:.3g}"
+
+
 # megatron-core's own resharding load of the checkpoint into a one-rank model, through the converter's mapping:
 # what mcore-to-hf must write (it streams the stored tensors instead)
 _REFERENCE_EXPORT = """
@@ -145,32 +176,39 @@ torch.save({name: tensor.contiguous() for names, to_hf in hf_groups(args.model, 
 """
 
 
-def test_hf_converter_reads_fsdp2_checkpoint(runs):
+def test_hf_converter_reads_fsdp_checkpoints(runs):
+    """FSDP2's and Megatron-FSDP's checkpoints (per-rank row blocks) export exactly what megatron-core's own load
+    of them gives, and the weights of DDP's checkpoint of the same iteration up to rounding."""
     from mtmegatron.convert.hf_io import HFCheckpoint
 
     exported = {}
-    for engine in ("fsdp2", "ddp"):
+    for engine in ("fsdp2", "megatron_fsdp", "ddp"):
         out = runs.root / f"hf_{engine}"
         run_cli("convert", "mcore-to-hf", "--load", str(runs.checkpoint(engine)), "--out", str(out))
         exported[engine] = HFCheckpoint(str(out), dtype=None)
-    proc = subprocess.run([sys.executable, "-c", _REFERENCE_EXPORT, str(runs.checkpoint("fsdp2")),
-                           str(runs.root / "reference.pt")], capture_output=True, text=True, env=ENV, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reference, fsdp2, ddp = torch.load(runs.root / "reference.pt"), exported["fsdp2"], exported["ddp"]
-    assert sorted(reference) == fsdp2.names == ddp.names
-    assert all(torch.equal(reference[n], fsdp2[n]) for n in fsdp2.names)
-    diff = max((fsdp2[n] - ddp[n]).abs().max().item() for n in fsdp2.names)
-    assert diff <= 1e-5, f"HF weights from FSDP2's and DDP's checkpoints of iteration {SAVED_AT}: max diff {diff:.3g}"
+    ddp = exported["ddp"]
+    for engine in ("fsdp2", "megatron_fsdp"):
+        target = runs.root / f"reference_{engine}.pt"
+        proc = subprocess.run([sys.executable, "-c", _REFERENCE_EXPORT, str(runs.checkpoint(engine)), str(target)],
+                              capture_output=True, text=True, env=ENV, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reference, ours = torch.load(target), exported[engine]
+        assert sorted(reference) == ours.names == ddp.names
+        assert all(torch.equal(reference[n], ours[n]) for n in ours.names), engine
+        diff = max((ours[n] - ddp[n]).abs().max().item() for n in ours.names)
+        assert diff <= 1e-5, f"HF weights from {engine}'s and DDP's checkpoints of iteration {SAVED_AT}: max diff {diff:.3g}"
 
 
 MFSDP = ["--use-megatron-fsdp", "--use-distributed-optimizer"]
 
 
 @pytest.mark.parametrize("extra, says", [
-    (MFSDP + ["--save", "ckpt"], "--use-megatron-fsdp with --save/--load: megatron-core 0.16.1's distributed "
-                                 "optimizer saves Megatron-FSDP state only in --ckpt-format fsdp_dtensor"),
-    (MFSDP + ["--data-parallel-sharding-strategy", "optim_grads", "--load", "ckpt"],
-     "--use-megatron-fsdp with --save/--load: megatron-core 0.16.1's distributed optimizer saves"),
+    (MFSDP + ["--num-experts", "4", "--save", "ckpt"], "--use-megatron-fsdp with --save/--load: with --num-experts or "
+                                                       "--num-distributed-optimizer-instances > 1 (HSDP)"),
+    (MFSDP + ["--ckpt-format", "fsdp_dtensor", "--save", "ckpt"], "--ckpt-format fsdp_dtensor: Megatron FSDP's "
+                                                                  "DTensor format is not written or read here"),
+    (MFSDP + ["--tensor-model-parallel-size", "2", "--load", "ckpt"],
+     "--use-megatron-fsdp with --save/--load: with --tensor-model-parallel-size (or --expert-tensor-parallel-size) > 1"),
     (["--use-torch-fsdp2", "--tensor-model-parallel-size", "2", "--save", "ckpt"],
      "--use-torch-fsdp2 with --save/--load: with --tensor-model-parallel-size (or --expert-tensor-parallel-size) > 1"),
     (["--use-torch-fsdp2", "--num-experts", "4", "--expert-tensor-parallel-size", "2", "--load", "ckpt"],
