@@ -12,9 +12,16 @@ optimizer takes FSDP2's DP2 checkpoint at DP1 and at TP2 (DP1) (training/plain_t
 of iteration 6 (measured 1.2e-7). ``mcore-to-hf`` reads FSDP2's checkpoint (each tensor stored in per-rank row
 blocks): its HF weights equal megatron-core's own load of that checkpoint into a one-rank model exactly, and those
 exported from DDP's checkpoint of iteration 4 within 1e-5 (the two runs' weights differ by rounding: measured
-6.7e-7). Megatron-FSDP checkpoints are refused at parse time: megatron-core 0.16.1 writes them only as fsdp_dtensor.
-Ten pretrain jobs, two conversions and a reference load: ~130 s on 2 free cores (estimate; measured 455 s with the
-box loaded, load average 15-19).
+6.7e-7). Megatron-FSDP (optim_grads, DP2; training/megatron_fsdp_checkpoint.py: each rank's rows of the same global
+tensors, Adam's state in the distributed optimizer's fully reshardable format) resumes its own checkpoint exactly
+(measured 0), DDP + the distributed optimizer resumes it at DP2 and at TP2 (measured 1.2e-7 each), and Megatron-FSDP
+at DP2 resumes that TP2 run's checkpoint of iteration 6 (measured 0); ``mcore-to-hf`` reads it (equal to megatron-core's
+own load exactly; 6.7e-7 from DDP's, 2.6e-7 from FSDP2's). Checked by hand, not here (the code path does not depend
+on the strategy): no_shard and optim resume their own checkpoints exactly, a bf16 optim_grads run resumes its own
+and DDP + the distributed optimizer in bf16 resumes it exactly, FSDP2 resumes Megatron-FSDP's checkpoint.
+Fifteen pretrain jobs, three conversions and two reference loads: ~200 s on 2 free cores (estimate; the five
+Megatron-FSDP jobs measured 97 s, the converter test 103 s; the first ten measured 455 s with the box loaded, load
+average 15-19).
 """
 
 from __future__ import annotations
