@@ -15,14 +15,26 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
+from torch.distributed.tensor import DTensor
 
 from mtmegatron.backends.device import compute_device
 
 
 def _sum_of_squares(tensors: list[torch.Tensor], device) -> torch.Tensor:
+    """A torch FSDP2 parameter (DTensor) adds its shard's squares summed over its mesh's ranks: on the device,
+    where its shard may live on the host (--torch-fsdp2-cpu-offload)."""
     total = torch.zeros(1, dtype=torch.float32, device=device)
+    shards: dict = {}  # FSDP2 mesh group -> this rank's squares of its parameters' shards
     for t in tensors:
-        total += t.detach().float().pow(2).sum()
+        if isinstance(t, DTensor):
+            group = t.device_mesh.get_group()
+            shards[group] = shards.get(group, 0.0) + t.to_local().detach().float().pow(2).sum().to(device)
+        else:
+            total += t.detach().float().pow(2).sum()
+    for group, squares in shards.items():
+        squares = squares.reshape(1)
+        torch.distributed.all_reduce(squares, group=group)
+        total += squares
     return total
 
 
