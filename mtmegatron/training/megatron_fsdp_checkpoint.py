@@ -21,7 +21,8 @@ chunk of all rows per rank, a DP replica).
 Measured (tests/parallel/test_fsdp_checkpoint.py, fp32, optim_grads, DP2): a resumed run continues the one that
 saved exactly; DDP + the distributed optimizer at DP2 and TP2 continue it within 1.2e-7; Megatron-FSDP continues a TP2
 distributed-optimizer run exactly. By hand: no_shard, optim and bf16 (optim_grads) resume exactly, bf16 also under
-DDP + the distributed optimizer.
+DDP + the distributed optimizer; a GPT without SwiGLU at TP2 x DP2 resumes exactly under Megatron-FSDP at TP2 x DP2
+and under DDP + the distributed optimizer at TP1 x DP2; Megatron-FSDP resumes FSDP2's checkpoint exactly.
 May assume: a Megatron-FSDP run (megatron-core's mcore_fsdp_adapter.FullyShardedDataParallel chunks) with
 megatron-core's DistributedOptimizer (possibly chained); no SwiGLU at TP>1, no expert or hybrid sharding
 (refused by fsdp_flags._checkpoint_refusal); called on every rank.

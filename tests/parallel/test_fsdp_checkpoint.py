@@ -18,7 +18,9 @@ tensors, Adam's state in the distributed optimizer's fully reshardable format) r
 at DP2 resumes that TP2 run's checkpoint of iteration 6 (measured 0); ``mcore-to-hf`` reads it (equal to megatron-core's
 own load exactly; 6.7e-7 from DDP's, 2.6e-7 from FSDP2's). Checked by hand, not here (the code path does not depend
 on the strategy): no_shard and optim resume their own checkpoints exactly, a bf16 optim_grads run resumes its own
-and DDP + the distributed optimizer in bf16 resumes it exactly, FSDP2 resumes Megatron-FSDP's checkpoint.
+and DDP + the distributed optimizer in bf16 resumes it exactly, FSDP2 resumes Megatron-FSDP's checkpoint and back, a
+GPT without SwiGLU saved at TP2 x DP2 resumes exactly under Megatron-FSDP there and under DDP + the distributed
+optimizer at TP1 x DP2.
 Fifteen pretrain jobs, three conversions and two reference loads: ~200 s on 2 free cores (estimate; the five
 Megatron-FSDP jobs measured 97 s, the converter test 103 s; the first ten measured 455 s with the box loaded, load
 average 15-19).
