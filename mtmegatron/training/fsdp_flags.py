@@ -90,10 +90,6 @@ def _megatron_fsdp_refusal(args: argparse.Namespace) -> str | None:
     if args.expert_model_parallel_size > 1 and args.data_parallel_sharding_strategy != "optim":
         return f"--data-parallel-sharding-strategy {args.data_parallel_sharding_strategy} with " \
                f"--expert-model-parallel-size > 1: {_EP_REFUSALS[args.data_parallel_sharding_strategy]}"
-    if args.data_parallel_sharding_strategy == "optim_grads_params" and _on_gloo(args):
-        return "--data-parallel-sharding-strategy optim_grads_params on gloo: its losses leave DDP's intermittently " \
-               "(measured on the cpu backend: identical for 5 iterations, then 0.35 apart in about 1 run of 3; " \
-               "cause not found); use optim_grads"
     if args.ddp_average_in_collective and _on_gloo(args):
         return "--ddp-average-in-collective: gloo has no ReduceOp.AVG (drop the flag: the gradients are scaled " \
                "before a SUM)"
