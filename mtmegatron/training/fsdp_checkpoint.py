@@ -49,6 +49,9 @@ def optimizer_state_to_load(loaded: dict, optimizer) -> dict:
     """The loaded optimizer state of an FSDP2 run, ready for ``optimizer.load_state_dict``: a chained
     optimizer's ``{0: .., 1: ..}`` or the one optimizer's own dict, each with its DTensors."""
     inner = list(getattr(optimizer, "chained_optimizers", [optimizer]))
+    if "fp32_from_fp16_params" in loaded:  # --bf16: the mixed-precision optimizer's dict around torch's
+        return {**loaded, "optimizer": optimizer_state_to_load(loaded["optimizer"], optimizer),
+                "fp32_from_fp16_params": inner[0].fp32_from_float16_groups}  # loaded in place, like the moments
     if len(inner) == 1:
         if "param_state_sharding_type" in loaded:  # written by the distributed optimizer
             loaded = _from_distributed(loaded, inner[0])
