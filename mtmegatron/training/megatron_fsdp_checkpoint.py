@@ -20,7 +20,8 @@ weight buffers and all-gathered as after an optimizer step. Independent of the s
 chunk of all rows per rank, a DP replica).
 Measured (tests/parallel/test_fsdp_checkpoint.py, fp32, optim_grads, DP2): a resumed run continues the one that
 saved exactly; DDP + the distributed optimizer at DP2 and TP2 continue it within 1.2e-7; Megatron-FSDP continues a TP2
-distributed-optimizer run exactly. By hand: no_shard, optim and bf16 (optim_grads) resume exactly, bf16 also under
+distributed-optimizer run exactly. By hand: no_shard, optim, optim_grads_params and bf16 (optim_grads) resume
+exactly (optim_grads_params under DDP + the distributed optimizer within 1.2e-7), bf16 also under
 DDP + the distributed optimizer; a GPT without SwiGLU at TP2 x DP2 resumes exactly under Megatron-FSDP at TP2 x DP2
 and under DDP + the distributed optimizer at TP1 x DP2; Megatron-FSDP resumes FSDP2's checkpoint exactly.
 May assume: a Megatron-FSDP run (megatron-core's mcore_fsdp_adapter.FullyShardedDataParallel chunks) with

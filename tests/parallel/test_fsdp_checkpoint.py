@@ -17,7 +17,7 @@ tensors, Adam's state in the distributed optimizer's fully reshardable format) r
 (measured 0), DDP + the distributed optimizer resumes it at DP2 and at TP2 (measured 1.2e-7 each), and Megatron-FSDP
 at DP2 resumes that TP2 run's checkpoint of iteration 6 (measured 0); ``mcore-to-hf`` reads it (equal to megatron-core's
 own load exactly; 6.7e-7 from DDP's, 2.6e-7 from FSDP2's). Checked by hand, not here (the code path does not depend
-on the strategy): no_shard and optim resume their own checkpoints exactly, a bf16 optim_grads run resumes its own
+on the strategy): no_shard, optim and optim_grads_params resume their own checkpoints exactly, a bf16 optim_grads run resumes its own
 and DDP + the distributed optimizer in bf16 resumes it exactly, FSDP2 resumes Megatron-FSDP's checkpoint and back, a
 GPT without SwiGLU saved at TP2 x DP2 resumes exactly under Megatron-FSDP there and under DDP + the distributed
 optimizer at TP1 x DP2.
