@@ -8,16 +8,16 @@ wrapper, patches/torch_fsdp2_cpu_offload.py; the clipping of host gradients, pat
   without the flag (ATOL);
   parameter shards, gradients and optimizer state leave the device (at most 10% of the non-offloaded run's bytes
   stay; measured: 0) and are on the host instead (the same bytes), and the device peak falls;
-* the same with --bf16 (patches/float16_optimizer_host_params.py): the bf16 shards, the fp32 main params and Adam's
-  moments leave the device (measured: 0 of 180,800 + 1,084,800 bytes stay; 1,265,708 on the host), peak 3.03 -> 1.63
-  MB; losses within BF16_ATOL of bf16 FSDP2 (measured 4.05e-5: the two runs' Adam is a different implementation,
-  see BF16_ATOL); on the cpu backend the bf16 pair is identical (both step with the CPU kernel);
-* refused in one line: the flag without FSDP2; with sequence parallelism at TP > 1 (megatron-core
-  gathers the layer norms' host gradients for a TP all-reduce, which MCCL refuses; TP2 x DP2 without SP ran on the
-  simulated device with FSDP2's losses, by hand); Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
+* bf16 at TP2 x DP2 with sequence parallelism (patches/float16_optimizer_host_params.py: the mixed-precision
+  optimizer takes the host shards; patches/tp_grad_sync_host_shards.py: the layer norms' TP all-reduce of host
+  shards): the bf16 shards, the fp32 main params and Adam's moments leave the device (measured: 0 of 90,688 +
+  544,128 bytes stay on rank 0; 634,924 on the host), peak 1.48 -> 0.75 MB, identical losses (torch's AdamW: see
+  TORCH_ADAMW); on the cpu backend the bf16 DP2 pair, fused Adam in both, is identical;
+* refused in one line: the flag without FSDP2; Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
   HybridDeviceOptimizer cannot copy Megatron-FSDP's DTensor parameters).
-Cost: four two-rank runs on the simulated device and two on the cpu backend, one module fixture: measured 97 s on 2
-shared cores under load (41 s before the four bf16 runs; the cpu case in test_fsdp.py adds one run, ~18 s).
+Cost: two two-rank and two four-rank runs on the simulated device and two two-rank runs on the cpu backend, one
+module fixture: measured ~150 s on 2 shared cores under load (41 s before the bf16 runs; the cpu case in
+test_fsdp.py adds one run, ~18 s).
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ from mtmegatron.utils.errors import ConfigError
 
 ITERS = 4
 ATOL = 1e-6
-# bf16 on the simulated device: the offloaded step runs mtmegatron's native CPU adam_step (FMA, float
-# coefficients) on the host shards, the non-offloaded one the op's Python reference on the device (the simulator
-# has no native kernel); their fp32 results differ in the last bit and bf16 rounds some weights one ulp apart
-# (measured max loss diff 4.05e-5 over 4 iterations; 0 with torch's AdamW, MTMEGATRON_DISABLE_PATCHES=optimizer_fused_adam)
-BF16_ATOL = 1e-4
+# The bf16 pair on the simulated device steps with torch's AdamW: with mtmegatron's fused adam_step the offloaded
+# run steps with the native CPU kernel (FMA, float coefficients) on the host shards and the other with the op's
+# Python reference on the device (the simulator has no native kernel); their fp32 results differ in the last bit,
+# which bf16 rounds one ulp apart on some weights (measured max loss diff: 4.05e-5 at DP2, 4.5e-4 at TP2 x DP2 + SP,
+# 4 iterations); with torch's AdamW on both: identical losses. (The cpu pair steps with the fused kernel on both.)
+TORCH_ADAMW = {"MTMEGATRON_DISABLE_PATCHES": "optimizer_fused_adam"}
+TP2_SP = ["--bf16", "--tensor-model-parallel-size", "2", "--sequence-parallel"]
 FSDP2 = ["--use-torch-fsdp2", "--untie-embeddings-and-output-weights", "--train-iters", str(ITERS)]
 OFFLOAD = ["--torch-fsdp2-cpu-offload"]
 BENCHMARK = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "memory.py"
@@ -54,12 +56,13 @@ def _max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
 
-def _sim_worker(out: pathlib.Path, extra: list[str], backend: str = "musa") -> dict:
-    """benchmarks/memory.py's worker on the simulated device (or the cpu backend), DP2: rank 0's numbers."""
+def _sim_worker(out: pathlib.Path, extra: list[str], backend: str = "musa", nproc: int = 2,
+                env_extra: dict | None = None) -> dict:
+    """benchmarks/memory.py's worker on the simulated device (or the cpu backend): rank 0's numbers."""
     args = [a for a in TINY if a not in ("--backend", "cpu")] + ["--backend", backend] + FSDP2 + extra
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
            str(BENCHMARK), "--worker", "--out", str(out), "--iters", str(ITERS), "--warmup", "1", *args]
-    env = sim_env() if backend == "musa" else {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env = sim_env(env_extra) if backend == "musa" else {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0 and out.exists(), f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return json.loads(out.read_text())
@@ -67,13 +70,13 @@ def _sim_worker(out: pathlib.Path, extra: list[str], backend: str = "musa") -> d
 
 @pytest.fixture(scope="module")
 def sim_runs(tmp_path_factory):
-    """(name -> rank 0's numbers) for fp32 and bf16, each with and without offload; the bf16 pair on the
-    simulated device (``sim_``) and on the cpu backend (``cpu_``)."""
+    """(name -> rank 0's numbers), each configuration with and without offload: fp32 DP2 and bf16 TP2 x DP2 with
+    sequence parallelism (torch's AdamW, TORCH_ADAMW) on the simulated device, bf16 DP2 on the cpu backend."""
     root = tmp_path_factory.mktemp("fsdp2_offload_sim")
-    runs = {"plain": ([], "musa"), "offload": (OFFLOAD, "musa"), "sim_bf16": (["--bf16"], "musa"),
-            "sim_bf16_offload": (["--bf16"] + OFFLOAD, "musa"), "cpu_bf16": (["--bf16"], "cpu"),
-            "cpu_bf16_offload": (["--bf16"] + OFFLOAD, "cpu")}
-    return {name: _sim_worker(root / f"{name}.json", extra, backend) for name, (extra, backend) in runs.items()}
+    runs = {"plain": ([], "musa", 2, None), "offload": (OFFLOAD, "musa", 2, None),
+            "sim_bf16_sp": (TP2_SP, "musa", 4, TORCH_ADAMW), "sim_bf16_sp_offload": (TP2_SP + OFFLOAD, "musa", 4, TORCH_ADAMW),
+            "cpu_bf16": (["--bf16"], "cpu", 2, None), "cpu_bf16_offload": (["--bf16"] + OFFLOAD, "cpu", 2, None)}
+    return {name: _sim_worker(root / f"{name}.json", *spec) for name, spec in runs.items()}
 
 
 @pytest.mark.musa_sim
@@ -89,12 +92,13 @@ def test_simulated_device_state_leaves_the_device_with_the_same_losses(sim_runs)
 
 
 @pytest.mark.musa_sim
-def test_bf16_main_params_and_adam_state_live_on_the_host(sim_runs):
-    """bf16 (patches/float16_optimizer_host_params.py): the bf16 shards, the optimizer's fp32 main copies and
-    Adam's moments leave the device (the model's bf16 gradients are freed once copied to the fp32 main grads, in
-    both runs, so the non-offloaded run holds no gradient bytes at the step either)."""
-    plain, offload = sim_runs["sim_bf16"], sim_runs["sim_bf16_offload"]
-    assert _max_diff(plain["losses"], offload["losses"]) <= BF16_ATOL, (plain["losses"], offload["losses"])
+def test_bf16_sequence_parallel_state_lives_on_the_host_with_the_same_losses(sim_runs):
+    """bf16 (patches/float16_optimizer_host_params.py) at TP2 x DP2 with sequence parallelism (the layer norms'
+    TP all-reduce of host shards: patches/tp_grad_sync_host_shards.py): the bf16 shards, the optimizer's fp32 main
+    copies and Adam's moments leave the device (the model's bf16 gradients are freed once copied to the fp32 main
+    grads, in both runs, so the non-offloaded run holds no gradient bytes at the step either)."""
+    plain, offload = sim_runs["sim_bf16_sp"], sim_runs["sim_bf16_sp_offload"]
+    assert _max_diff(plain["losses"], offload["losses"]) <= ATOL, (plain["losses"], offload["losses"])
     assert plain["parameters_bytes"] > 0 and plain["optimizer_bytes"] > 0, plain
     for component in STATE:
         assert offload[f"{component}_bytes"] <= 0.1 * plain[f"{component}_bytes"], (component, offload, plain)
@@ -116,8 +120,6 @@ def test_cpu_backend_says_it_has_nothing_to_move():
 
 @pytest.mark.parametrize("extra, says", [
     (OFFLOAD, "--torch-fsdp2-cpu-offload needs --use-torch-fsdp2"),
-    (FSDP2 + OFFLOAD + ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-     "--torch-fsdp2-cpu-offload with --sequence-parallel (or --qk-layernorm) at TP > 1: megatron-core 0.16.1 gathers"),
     (["--use-megatron-fsdp", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
       "--optimizer-cpu-offload"], "--use-megatron-fsdp: --optimizer-cpu-offload: megatron-core 0.16.1's "
                                   "HybridDeviceOptimizer"),
