@@ -90,6 +90,12 @@ def _megatron_fsdp_refusal(args: argparse.Namespace) -> str | None:
     if args.expert_model_parallel_size > 1 and args.data_parallel_sharding_strategy != "optim":
         return f"--data-parallel-sharding-strategy {args.data_parallel_sharding_strategy} with " \
                f"--expert-model-parallel-size > 1: {_EP_REFUSALS[args.data_parallel_sharding_strategy]}"
+    if args.outer_dp_sharding_strategy == "optim":
+        return "--outer-dp-sharding-strategy optim: megatron-core 0.16.1 reduces the gradient norm within one " \
+               "optimizer instance (right when the instances hold the same gradients, not when they shard them), " \
+               "so clipping differs (measured at DP4 = 2 x 2 with optim_grads_params: gradient norm 0.81 vs DDP's " \
+               "1.20 at the first step, losses 7e-3 apart after 5 iterations); use --outer-dp-sharding-strategy " \
+               "no_shard (equal to DDP)"
     if args.ddp_average_in_collective and _on_gloo(args):
         return "--ddp-average-in-collective: gloo has no ReduceOp.AVG (drop the flag: the gradients are scaled " \
                "before a SUM)"
