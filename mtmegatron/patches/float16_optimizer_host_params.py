@@ -11,6 +11,10 @@ and the step stay on the host as torch's policy intends. The rest of the step ta
 bf16 and no loss scale there is no grad scaler (no found_inf), the grads are copied with ``.float()``, the main
 params back with ``copy_`` (bf16 has no multi-tensor overflow buffer), and the gradient norm and clipping of host
 gradients are patches/clip_grads_on_host.py's.
+Measured on the simulated MUSA device, DP2, 4 iterations: bf16 FSDP2 without offload holds 180,800 bytes of bf16
+shards and 1,084,800 of main params and moments on the device per rank; with it 0 (1,265,708 on the host), peak
+3.03 -> 1.63 MB; losses within 4.05e-5 (the host step runs the native CPU adam_step, the simulated device the op's
+Python reference; identical with torch's AdamW); save and resume of the offloaded run continue it exactly.
 Versions: megatron-core 0.16.x. Backends: cuda, musa (on the cpu backend the bridge already reports every tensor
 with a CUDA name: nothing changes).
 """
