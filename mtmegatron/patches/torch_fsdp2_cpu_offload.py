@@ -7,7 +7,9 @@ with no ``offload_policy``, so torch's ``CPUOffloadPolicy`` (parameter shards, g
 the host; each layer's shard copied to the device for its all-gather) cannot be asked for. The wrapper's
 constructor now holds ``ddp_config.offload_policy`` (an attribute mtmegatron sets for ``--torch-fsdp2-cpu-offload``,
 training/setup.py; absent: None) while it runs, and the module's ``fully_shard`` passes it on; without it every call
-is torch's, unchanged.
+is torch's, unchanged. What else meets the host shards: clip_grads_on_host.py (gradient norm and clipping),
+float16_optimizer_host_params.py (--bf16: the mixed-precision optimizer, its fp32 main params on the host),
+tp_grad_sync_host_shards.py (sequence parallelism / qk-layernorm at TP > 1: the layer norms' TP all-reduce).
 Versions: megatron-core 0.16.x. Backends: all.
 """
 
