@@ -74,7 +74,8 @@ def sim_runs(tmp_path_factory):
     sequence parallelism (torch's AdamW, TORCH_ADAMW) on the simulated device, bf16 DP2 on the cpu backend."""
     root = tmp_path_factory.mktemp("fsdp2_offload_sim")
     runs = {"plain": ([], "musa", 2, None), "offload": (OFFLOAD, "musa", 2, None),
-            "sim_bf16_sp": (TP2_SP, "musa", 4, TORCH_ADAMW), "sim_bf16_sp_offload": (TP2_SP + OFFLOAD, "musa", 4, TORCH_ADAMW),
+            "sim_bf16_sp": (TP2_SP, "musa", 4, TORCH_ADAMW),
+            "sim_bf16_sp_offload": (TP2_SP + OFFLOAD, "musa", 4, TORCH_ADAMW),
             "cpu_bf16": (["--bf16"], "cpu", 2, None), "cpu_bf16_offload": (["--bf16"] + OFFLOAD, "cpu", 2, None)}
     return {name: _sim_worker(root / f"{name}.json", *spec) for name, spec in runs.items()}
 
