@@ -12,12 +12,14 @@ wrapper, patches/torch_fsdp2_cpu_offload.py; the clipping of host gradients, pat
   optimizer takes the host shards; patches/tp_grad_sync_host_shards.py: the layer norms' TP all-reduce of host
   shards): the bf16 shards, the fp32 main params and Adam's moments leave the device (measured: 0 of 90,688 +
   544,128 bytes stay on rank 0; 634,924 on the host), peak 1.48 -> 0.75 MB, identical losses (torch's AdamW: see
-  TORCH_ADAMW); on the cpu backend the bf16 DP2 pair, fused Adam in both, is identical;
+  TORCH_ADAMW); on the cpu backend bf16 DP2 with offload, saved half way and resumed (training/fsdp_checkpoint.py),
+  gives bf16 FSDP2's losses without it (fused Adam in both; measured: identical);
 * refused in one line: the flag without FSDP2; Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
   HybridDeviceOptimizer cannot copy Megatron-FSDP's DTensor parameters).
-Cost: two two-rank and two four-rank runs on the simulated device and two two-rank runs on the cpu backend, one
-module fixture: measured ~150 s on 2 shared cores under load (41 s before the bf16 runs; the cpu case in
-test_fsdp.py adds one run, ~18 s).
+Cost: two two-rank and two four-rank runs on the simulated device, three short two-rank runs on the cpu backend,
+one module fixture: measured 122-171 s on 2 cores shared with other jobs (97 s for the fp32 pair plus two cpu runs
+in the same conditions; 41 s for the fp32 pair alone, measured earlier; the cpu case in test_fsdp.py adds one run,
+~18 s).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import pytest
 
 from helpers.musa_sim import sim_env
 from helpers.ports import free_port
-from helpers.pretrain_runner import LAUNCHER_VARS, TINY
+from helpers.pretrain_runner import LAUNCHER_VARS, TINY, run_pretrain
 from mtmegatron.training.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
@@ -68,6 +70,18 @@ def _sim_worker(out: pathlib.Path, extra: list[str], backend: str = "musa", npro
     return json.loads(out.read_text())
 
 
+def _saved_and_resumed(root: pathlib.Path, extra: list[str]) -> list[float]:
+    """pretrain on the cpu backend, DP2: ITERS // 2 iterations saved, then resumed to ITERS (constant lr: the
+    schedule of the resumed run is the uninterrupted one's); the losses of both halves."""
+    half, ckpt = ITERS // 2, root / "ckpt"
+    flags = [f for f in FSDP2 if f not in ("--train-iters", str(ITERS))] + extra
+    _, first = run_pretrain(2, TINY + flags + ["--train-iters", str(half), "--save", str(ckpt), "--save-interval",
+                                               str(half)], root / "saved")
+    _, second = run_pretrain(2, TINY + flags + ["--train-iters", str(ITERS), "--load", str(ckpt),
+                                                "--override-opt_param-scheduler"], root / "resumed")
+    return [r["loss"] for r in first + second]
+
+
 @pytest.fixture(scope="module")
 def sim_runs(tmp_path_factory):
     """(name -> rank 0's numbers), each configuration with and without offload: fp32 DP2 and bf16 TP2 x DP2 with
@@ -76,8 +90,10 @@ def sim_runs(tmp_path_factory):
     runs = {"plain": ([], "musa", 2, None), "offload": (OFFLOAD, "musa", 2, None),
             "sim_bf16_sp": (TP2_SP, "musa", 4, TORCH_ADAMW),
             "sim_bf16_sp_offload": (TP2_SP + OFFLOAD, "musa", 4, TORCH_ADAMW),
-            "cpu_bf16": (["--bf16"], "cpu", 2, None), "cpu_bf16_offload": (["--bf16"] + OFFLOAD, "cpu", 2, None)}
-    return {name: _sim_worker(root / f"{name}.json", *spec) for name, spec in runs.items()}
+            "cpu_bf16": (["--bf16"], "cpu", 2, None)}
+    found = {name: _sim_worker(root / f"{name}.json", *spec) for name, spec in runs.items()}
+    found["cpu_bf16_offload_resumed"] = {"losses": _saved_and_resumed(root / "cpu_bf16_offload", ["--bf16"] + OFFLOAD)}
+    return found
 
 
 @pytest.mark.musa_sim
@@ -108,9 +124,11 @@ def test_bf16_sequence_parallel_state_lives_on_the_host_with_the_same_losses(sim
 
 
 @pytest.mark.musa_sim
-def test_cpu_backend_bf16_offload_equals_bf16_fsdp2(sim_runs):
-    """Host to host, both runs step with the same CPU adam_step kernel: the same losses (measured: identical)."""
-    assert _max_diff(sim_runs["cpu_bf16"]["losses"], sim_runs["cpu_bf16_offload"]["losses"]) <= ATOL, sim_runs
+def test_cpu_backend_bf16_offload_saved_and_resumed_equals_bf16_fsdp2(sim_runs):
+    """Host to host, both step with the same CPU adam_step kernel; the offloaded run saved half way and resumed
+    (training/fsdp_checkpoint.py: the mixed-precision optimizer's state): the same losses (measured: identical)."""
+    plain, offload = sim_runs["cpu_bf16"]["losses"], sim_runs["cpu_bf16_offload_resumed"]["losses"]
+    assert _max_diff(plain, offload) <= ATOL, (plain, offload)
 
 
 def test_cpu_backend_says_it_has_nothing_to_move():
