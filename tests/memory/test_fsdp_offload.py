@@ -17,9 +17,8 @@ wrapper, patches/torch_fsdp2_cpu_offload.py; the clipping of host gradients, pat
 * refused in one line: the flag without FSDP2; Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
   HybridDeviceOptimizer cannot copy Megatron-FSDP's DTensor parameters).
 Cost: two two-rank and two four-rank runs on the simulated device, three short two-rank runs on the cpu backend,
-one module fixture: measured 122-171 s on 2 cores shared with other jobs (97 s for the fp32 pair plus two cpu runs
-in the same conditions; 41 s for the fp32 pair alone, measured earlier; the cpu case in test_fsdp.py adds one run,
-~18 s).
+one module fixture: measured 122 s and 171 s on 2 cores shared with other jobs (41 s for the fp32 pair alone,
+measured earlier; the cpu case in test_fsdp.py adds one run, ~18 s).
 """
 
 from __future__ import annotations
