@@ -40,13 +40,17 @@ def _agreed(local: bool) -> bool:
 
 
 def _grad_buffers(model):
-    """This rank's gradients: DDP's buffers, Megatron-FSDP's main-grad buffers (this rank's shard), else torch
-    FSDP2's gradients (this rank's local shards)."""
+    """This rank's gradients: DDP's buffers, each parameter's part of Megatron-FSDP's main-grad buffers (this
+    rank's shard; not the buffers whole: their padding is never written, and megatron-core 0.16.1's temporary
+    gradient buckets carry stale bytes into it, patches/megatron_fsdp_zeroed_grad_bucket.py), else torch FSDP2's
+    gradients (this rank's local shards)."""
     for chunk in model:
         fsdp_buffers = getattr(chunk, "param_and_grad_buffer", None)
         if fsdp_buffers is not None:
-            grads = (g.main_grad_buffer.data for g in fsdp_buffers.parameter_groups if g.main_grad_buffer is not None)
-            yield from (grad for grad in grads if grad is not None)
+            buffers = (g.main_grad_buffer for g in fsdp_buffers.parameter_groups if g.main_grad_buffer is not None)
+            for buffer in buffers:
+                if buffer.data is not None:
+                    yield from (buffer.get_item(item) for item in buffer.param_idx.values())
         elif isinstance(getattr(chunk, "buffers", None), list):
             yield from (b.grad_data for b in chunk.buffers + list(getattr(chunk, "expert_parallel_buffers", [])))
         else:
@@ -60,7 +64,7 @@ def _inject_nan(model, iteration: int) -> None:
         return
     iterations, _, rank = spec.partition(":")
     if torch.distributed.get_rank() == int(rank or 0) and str(iteration) in iterations.split(","):
-        next(_grad_buffers(model)).fill_(float("nan"))
+        next(grad for grad in _grad_buffers(model) if grad.numel()).fill_(float("nan"))
 
 
 def nonfinite_step(model, losses_reduced: list[dict], iteration: int) -> bool:
@@ -70,7 +74,8 @@ def nonfinite_step(model, losses_reduced: list[dict], iteration: int) -> bool:
     if not bad:
         # the sum of a buffer is non-finite iff an element is (barring fp32 overflow of huge gradients), and
         # needs no buffer-sized temporary
-        bad = any(not torch.isfinite(grad.sum()) for grad in _grad_buffers(model))
+        sums = [grad.sum(dtype=torch.float32) for grad in _grad_buffers(model)]
+        bad = bool(sums) and not torch.isfinite(torch.stack(sums).sum()).item()
     return _agreed(bad)
 
 
