@@ -10,7 +10,7 @@ Every case checks:
 * every rank's ``mccl`` group ran collectives (counted by the simulator) and refused no host tensor.
 Layouts: TP2+SP, PP2+VPP2, DP2 + distributed optimizer in fp32 and bf16 (grad clipping, Float16Module), Mixtral
 EP2 and EP2 x TP2+SP (4 ranks),
-DeepSeek-V3 tiny (MTP on) TP2+SP and EP2, CP2, Megatron-FSDP DP2 (optim_grads), torch FSDP2 DP2, FP8
+DeepSeek-V3 tiny (MTP on) TP2+SP and EP2, CP2, Megatron-FSDP DP2 (optim_grads_params), torch FSDP2 DP2, FP8
 delayed scaling under TP2+SP; activation offloading (losses and a lower device peak); then bit-exact resume with dropout
 (device RNG in the checkpoint), an HF-converted checkpoint, and the main command's outputs on the embedded corpus.
 LLaVA TP2+SP (the CLIP encoder's Conv2d, eval and greedy answers) is tests/llava/test_llava_musa_sim.py.
@@ -65,11 +65,10 @@ CASES = {
     "deepseek_tp2_sp": DEEPSEEK + TP2_SP + ["--moe-aux-loss-coeff", "0"],
     "deepseek_ep2": DEEPSEEK + ["--expert-model-parallel-size", "2"],
     "cp2": LLAMA + ["--context-parallel-size", "2"],
-    # Megatron-FSDP, gradients and optimizer state sharded (optim_grads_params is refused on the cpu backend the
-    # lane compares with: gloo): DTensor shards on the device, its
-    # reduce-scatter/all-gather through MCCL
+    # Megatron-FSDP, parameters, gradients and optimizer state sharded: DTensor shards on the device, its
+    # parameter all-gathers and gradient reduce-scatters through MCCL
     "megatron_fsdp_dp2": LLAMA + ["--use-megatron-fsdp", "--use-distributed-optimizer",
-                                  "--data-parallel-sharding-strategy", "optim_grads"],
+                                  "--data-parallel-sharding-strategy", "optim_grads_params"],
     # torch FSDP2: its side streams and events (torch.musa.Event is a torch.Event, as torch_musa's)
     "torch_fsdp2_dp2": LLAMA + ["--use-torch-fsdp2", "--untie-embeddings-and-output-weights"],
     "sft_packed_tp2_sp": SFT + TP2_SP,
