@@ -16,7 +16,7 @@ import pytest
 from helpers.backend_params import REQUIRE_ENV, backend_status, required_backends
 from helpers.ports import free_port as _free_port
 from helpers.ranks import run_ranks as _run_ranks
-from helpers.xdist_groups import group_for_xdist
+from helpers.xdist_groups import XdistGroups
 
 
 @pytest.fixture
@@ -37,6 +37,9 @@ def pytest_configure(config):
     # megatron-core announces its TE/Apex fallbacks on import; expected on CPU, noise in every report
     config.addinivalue_line("filterwarnings", "ignore:Transformer Engine and Apex are not installed:UserWarning")
     config._mtmegatron_backends = backend_status()
+    # pytest-xdist groups (tests/helpers/xdist_groups.py): a wrapper, so the marks are set before xdist's worker
+    # reads them and its node-id suffix is kept after, whatever the order of the other hooks
+    config.pluginmanager.register(XdistGroups(), "mtmegatron-xdist-groups")
     for name in required_backends():
         available, why, _ = config._mtmegatron_backends.get(name, (False, f"unknown backend '{name}'", ""))
         if not available:
@@ -53,10 +56,6 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("backend_name", params)
 
 
-# tryfirst: pytest-xdist's worker reads the xdist_group marks in its own pytest_collection_modifyitems (it appends
-# them to the node ids its scheduler groups by); this conftest registers before that plugin, so without tryfirst it
-# would run after it and every module fixture would run once per worker (measured: each ran on both workers)
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     status = config._mtmegatron_backends
     keep, drop = [], []
@@ -70,7 +69,6 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    group_for_xdist(items)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -3,6 +3,13 @@ module fixture stay on one worker, so the fixture runs once; the directories in 
 together as a whole; every other test is handed out on its own (a file of independent multi-rank tests spreads over
 both workers). Without xdist the mark is inert.
 
+``keep_group_suffix(items)``: pytest-xdist 3.8's worker tells its scheduler a test's group by appending
+``@<group>`` to the test's node id, written to ``item._nodeid``. pytest >= 9.2 derives ``nodeid`` from ``item._id``
+instead, so the suffix was lost: every test became its own group and each module fixture ran again on every
+worker that got one of its tests (a clean-clone CI run: 54.6 min, fixtures set up twice). After xdist's hook, this
+copies the suffixed id into ``_id`` where the installed pytest has one. ``tests/test_xdist_grouping.py`` counts
+a module fixture's set-ups under 2 workers.
+
 May assume: ``items`` are pytest items collected under tests/ (this module's parent's parent).
 """
 
@@ -36,3 +43,23 @@ def group_for_xdist(items) -> None:
             item.add_marker(pytest.mark.xdist_group(top))
         elif _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(relative))
+
+
+def keep_group_suffix(items) -> None:
+    """Make pytest-xdist's ``@group`` suffix part of the node id on a pytest that keeps node ids in ``_id``."""
+    for item in items:
+        suffixed = item.__dict__.get("_nodeid")
+        if not suffixed or "@" not in suffixed or item.nodeid == suffixed or not hasattr(item, "_id"):
+            continue
+        item._id = type(item._id).parse(suffixed)
+
+
+class XdistGroups:
+    """The suite's plugin: marks the groups before pytest-xdist's worker reads them, keeps its suffix after."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_modifyitems(self, config, items):
+        group_for_xdist(items)
+        result = yield
+        keep_group_suffix(items)
+        return result
