@@ -172,8 +172,42 @@ def cuda_arch_flags(arch: str) -> dict[str, str]:
     return flags
 
 
+_INTERPRETER = r"""
+import json, site, sys
+print(json.dumps({"venv": sys.prefix != sys.base_prefix, "base": getattr(sys, "_base_executable", sys.executable),
+                  "site": [p for p in site.getsitepackages() if p.startswith(sys.prefix)]}))
+"""
+
+
+def interpreter(python: str) -> dict:
+    """Whether ``python`` runs in a venv, the interpreter that venv was made from, and the venv's own
+    site-packages (where its torch lies)."""
+    done = subprocess.run([python, "-c", _INTERPRETER], capture_output=True, text=True, timeout=60)
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"venv": False, "base": python, "site": []}
+
+
+def dry_run_venv(base_python: str, info: dict | None, venv: Path) -> list[list[str]]:
+    """The commands that make the dry run's venv. ``--system-site-packages`` shows the *base* interpreter's packages
+    only: when ``base_python`` is itself a venv (the usual developer set-up, torch installed in it), the new venv
+    is made from that venv's base interpreter and a .pth file puts the running venv's site-packages on its path
+    (plain directory lines: that venv's own .pth files, e.g. an editable mtmegatron, are not processed), ahead of
+    the base interpreter's."""
+    info = info or {"venv": False, "base": base_python, "site": []}
+    make_from = info["base"] if info["venv"] else base_python
+    cmds = [[make_from, "-m", "venv", "--clear", "--system-site-packages", str(venv)]]
+    if info["venv"] and info["site"]:
+        py = str(venv / "bin/python")
+        cmds.append([py, "-c", "import pathlib, site, sys; pathlib.Path(site.getsitepackages()[0], "
+                     "'_mtm_parent_venv.pth').write_text(sys.argv[1]); print('parent venv on the path:', "
+                     "sys.argv[1].split())", "\n".join(info["site"])])
+    return cmds
+
+
 def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path, base_python: str,
-              cores: int) -> Plan:
+              cores: int, interp: dict | None = None) -> Plan:
     dry = mode == "cpu-dry-run"
     work = Path(tempfile.gettempdir()) / "mtm-device-check"
     venv = work / "venv" if dry else None
@@ -187,8 +221,8 @@ def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path,
     boxes = BOXES[mode]
 
     install = []
-    if dry:  # torch and the build tools from the system; megatron-core from the bundle only
-        install.append([base_python, "-m", "venv", "--clear", "--system-site-packages", str(venv)])
+    if dry:  # torch and the build tools from the system (or the running venv); megatron-core from the bundle only
+        install += dry_run_venv(base_python, interp, venv)
     install.append([py, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
                     "--upgrade", "--target", str(site), f"{wheels}/*.whl"])
     install.append([py, "-c", "import megatron.core, os, sys; f = os.path.realpath(megatron.core.__file__); "
@@ -480,7 +514,8 @@ def main(argv=None) -> int:
             print(f"device_check: no GPU here ({why}); on a CPU machine run --cpu-dry-run", file=sys.stderr)
             return 2
         backend, arch, device = found["backend"], found["arch"], found["device"]
-    plan = make_plan(mode, backend, arch, device, out, a.python, cores)
+    plan = make_plan(mode, backend, arch, device, out, a.python, cores,
+                     interpreter(a.python) if a.cpu_dry_run else None)
     if backend == "musa":
         print("device_check: the musa flow has not run on a MUSA machine yet (none was lent); it is untried",
               flush=True)

@@ -111,6 +111,8 @@ def test_cpu_dry_run_plan(capsys):
     venv_py, site = plan["python"], plan["site"]
     install = _commands(plan, "install")
     assert "-m venv --clear --system-site-packages" in install[0] and venv_py.startswith(plan["venv"])
+    if sys.prefix != sys.base_prefix:  # run from a venv: that venv's site-packages join the new one's path
+        assert "_mtm_parent_venv.pth" in install.pop(1)
     assert f"{venv_py} -m pip install --no-index --no-deps" in install[1] and f"--target {site}" in install[1]
     assert "megatron.core.__file__" in install[2] and site in install[2]  # asserts it does not come from the system
     assert plan["env"]["PIP_NO_INDEX"] == "1" and plan["env"]["PIP_CONFIG_FILE"] == "/dev/null"
@@ -127,6 +129,26 @@ def test_cpu_dry_run_plan(capsys):
     assert "--cpu-size tiny" in step  # where the scaled_mm FP8 row runs in seconds
     assert all(c.startswith(venv_py) for s in plan["sections"][1:] for c in s["commands"])
     assert plan["boxes_total_s"] <= plan["budget_s"] and len(plan["report_files"]) <= 8
+
+
+def test_cpu_dry_run_from_a_venv_sees_that_venvs_packages(tmp_path):
+    """--system-site-packages from a venv interpreter shows its base interpreter's packages, not the venv's (where
+    a developer's torch lies): the dry run's venv must see what the running venv holds."""
+    parent = tmp_path / "parent"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True, timeout=120)
+    parent_py = str(parent / "bin/python")
+    info = dc.interpreter(parent_py)
+    assert info["venv"] and info["base"] != parent_py and len(info["site"]) == 1
+    (Path(info["site"][0]) / "mtm_only_in_parent_venv.py").write_text("WHERE = 'parent venv'\n")
+    commands = dc.dry_run_venv(parent_py, info, tmp_path / "dry")
+    assert commands[0][:4] == [info["base"], "-m", "venv", "--clear"]
+    commands[0].insert(4, "--without-pip")  # pip plays no part in what the venv sees (and costs seconds)
+    for command in commands:
+        subprocess.run(command, check=True, timeout=120, capture_output=True)
+    seen = subprocess.run([str(tmp_path / "dry/bin/python"), "-c", "import mtm_only_in_parent_venv as m, torch; "
+                           "print(m.WHERE, m.__file__)"], capture_output=True, text=True, timeout=120)
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.split()[:2] == ["parent", "venv"] and info["site"][0] in seen.stdout
 
 
 @pytest.mark.parametrize("quick", [False, True])
