@@ -17,6 +17,7 @@ from helpers.backend_params import REQUIRE_ENV, backend_status, required_backend
 from helpers.ports import free_port as _free_port
 from helpers.ranks import run_ranks as _run_ranks
 from helpers.xdist_groups import XdistGroups
+from helpers.xdist_schedule import DurationLog
 
 
 @pytest.fixture
@@ -40,6 +41,8 @@ def pytest_configure(config):
     # pytest-xdist groups (tests/helpers/xdist_groups.py): a wrapper, so the marks are set before xdist's worker
     # reads them and its node-id suffix is kept after, whatever the order of the other hooks
     config.pluginmanager.register(XdistGroups(), "mtmegatron-xdist-groups")
+    if not hasattr(config, "workerinput"):  # the controller: longest groups first, and each worker's load
+        config.pluginmanager.register(DurationLog(), "mtmegatron-xdist-schedule")
     for name in required_backends():
         available, why, _ = config._mtmegatron_backends.get(name, (False, f"unknown backend '{name}'", ""))
         if not available:
