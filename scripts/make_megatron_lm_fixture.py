@@ -15,23 +15,13 @@ with the distributed optimizer (--dist-ckpt-optim-fully-reshardable).
 (for the fixture's model, e.g. after mtmegatron resumed the fixture and saved at iteration 4) with Megatron-LM's
 own ``load_checkpoint`` and trains on to iteration 5: its losses must equal those of the fixture's run.
 
-Work-arounds, here and not in the product (each only inside the worker processes this script starts):
-- megatron/training/initialize.py imports megatron-core's Triton batch-invariant kernels; Triton is not installed
-  on a CPU box: that module is replaced by one whose functions refuse (batch-invariant mode is not used);
-- ``initialize_megatron`` asserts that CUDA is available: the CPU bridge's ``is_available()`` answers False on
-  purpose (torch's own code must not take CUDA paths), so Megatron-LM's ``allow_no_cuda=True`` is passed instead;
-- rank 0 compiles megatron/core/datasets helpers and loads fused CUDA kernels (``_compile_dependencies``):
-  skipped — the installed megatron-core ships its prebuilt ``helpers_cpp`` and the run uses no fused kernel;
-- ``set_jit_fusion_options`` warms up torch.compile'd fused bias-GeLU/SwiGLU/dropout-add kernels with Inductor,
-  which asks device properties the CPU bridge does not fake: the warm-up is skipped (every fusion is off here);
-- dist_checkpointing's writer spawns a multiprocessing manager, which re-imports the main module: the child
-  imports this file instead of pretrain_gpt.py (that would need the stubs again);
+Work-arounds, here and not in the product (each only inside the worker processes this script starts): those of
+scripts/megatron_lm_host.py (shared with benchmarks/peer_megatron_lm.py: Triton stub, ``allow_no_cuda``, no dataset
+helper compilation, no jit warm-up, spawned children import this file, the checkout's megatron/core deleted), plus:
 - without TransformerEngine megatron-core's distributed optimizer wraps torch's Adam, which has no state before
   its first step, and the optimizer's load template reads that state: before ``load_checkpoint`` the state is
   filled with megatron-core's own placeholders (``_init_optimizer_states_with_dummy_values``, overwritten by the
-  load), as mtmegatron's loader does;
-- the checkout's ``megatron/core`` is deleted so ``megatron.core`` is the installed megatron-core 0.16.1 (the
-  same tag) that mtmegatron's bridge and patches apply to.
+  load), as mtmegatron's loader does.
 
 Usage: python scripts/make_megatron_lm_fixture.py [--config NAME] [--out tests/fixtures/megatron_lm_NAME]
        [--mlm-repo PATH]
@@ -50,8 +40,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-TAG = "core_v0.16.1"
-DEFAULT_REPO = "/work/.mirror/NVIDIA+Megatron-LM/repo"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megatron_lm_host import DEFAULT_REPO, TAG, extract_megatron_lm, prepare_worker, run_pretrain_gpt  # noqa: E402
 SAVE_AT = 3          # N: Megatron-LM saves iteration N ...
 TRAIN_ITERS = 5      # ... and, resumed, trains N+1 .. TRAIN_ITERS
 FINETUNE_ITERS = 2   # --finetune from iteration N: its first iterations
@@ -112,14 +102,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def extract_megatron_lm(repo: str, into: Path) -> Path:
-    """``git archive`` of the tag into ``into``; its megatron/core removed (the installed one is used)."""
-    archive = subprocess.run(["git", "-C", repo, "archive", TAG], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    shutil.rmtree(into / "megatron" / "core")
-    return into
-
-
 def launch(mlm: Path, flags: list[str], record: Path, timeout: int = 900) -> str:
     """Run Megatron-LM's pretrain_gpt.py on WORLD_SIZE CPU ranks (this file as the per-rank worker)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD_SIZE}",
@@ -136,58 +118,9 @@ def launch(mlm: Path, flags: list[str], record: Path, timeout: int = 900) -> str
     return proc.stdout
 
 
-def _stub_batch_invariant_kernels() -> None:
-    """megatron/training/initialize.py imports megatron-core's Triton batch-invariant kernels at start-up; Triton
-    is not installed on a CPU box and ``--batch-invariant-mode`` is not used: the module's four functions
-    are replaced by ones that refuse."""
-    import types
-
-    name = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
-    stub = types.ModuleType(name)
-
-    def refuse(*args, **kwargs):
-        raise RuntimeError("batch-invariant mode needs Triton (not installed)")
-
-    for function in ("set_batch_invariant_mode", "is_batch_invariant_mode_enabled", "disable_batch_invariant_mode",
-                     "enable_batch_invariant_mode"):
-        setattr(stub, function, refuse)
-    stub.is_batch_invariant_mode_enabled = lambda: False
-    sys.modules[name] = stub
-
-
-def _spawn_children_from_this_file() -> None:
-    """dist_checkpointing's writer starts a multiprocessing manager with the 'spawn' method, whose child re-imports
-    the main module: make that this file (importable as is) rather than pretrain_gpt.py (whose imports need the
-    stubs above)."""
-    import multiprocessing.spawn as spawn
-
-    real = spawn.get_preparation_data
-
-    def preparation_data(name):
-        data = real(name)
-        data.pop("init_main_from_name", None)
-        data["init_main_from_path"] = os.path.abspath(__file__)
-        return data
-
-    spawn.get_preparation_data = preparation_data
-
-
 def worker(mlm: str, record: str, flags: list[str]) -> None:
-    """One rank of Megatron-LM's trainer, on the CPU bridge, with the two start-up work-arounds."""
-    import runpy
-
-    sys.path.insert(0, mlm)
-    import mtmegatron
-
-    mtmegatron.activate("cpu")
-    _stub_batch_invariant_kernels()
-    import megatron.training.initialize as initialize
-    import megatron.training.training as training
-
-    real_initialize = training.initialize_megatron
-    training.initialize_megatron = lambda *a, **kw: real_initialize(*a, **{**kw, "allow_no_cuda": True})
-    initialize._compile_dependencies = lambda: None
-    initialize._warmup_jit_function = lambda: None
+    """One rank of Megatron-LM's trainer, on the CPU bridge, with the start-up work-arounds."""
+    training = prepare_worker(mlm, "cpu", __file__)
     real_log = training.training_log
     losses = {}
 
@@ -206,10 +139,8 @@ def worker(mlm: str, record: str, flags: list[str]) -> None:
         return real_load(model, optimizer, *args, **kwargs)
 
     training.load_checkpoint = load_checkpoint
-    _spawn_children_from_this_file()
-    sys.argv = [os.path.join(mlm, "pretrain_gpt.py"), *flags]
     try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
+        run_pretrain_gpt(mlm, flags)
     finally:
         if losses:
             Path(record).write_text(json.dumps(losses))
