@@ -66,7 +66,9 @@ def _megatron_renames(args: argparse.Namespace) -> dict:
 
         fields["activation_func"], fields["gated_linear_unit"] = quick_gelu, True
     if args.init_method_xavier_uniform:
-        fields["init_method"] = fields["scaled_init_method"] = torch.nn.init.xavier_uniform_
+        # Megatron-LM 0.16.1 passes scaled_init_method, a field megatron-core 0.16.1 no longer has (a TypeError
+        # there); its successor is output_layer_init_method
+        fields["init_method"] = fields["output_layer_init_method"] = torch.nn.init.xavier_uniform_
     return fields
 
 

@@ -31,7 +31,8 @@ from mtmegatron.training.observability_flags import add_observability_args, chec
 from mtmegatron.sft.flags import add_sft_args, check_sft_args
 from mtmegatron.training.checkpoint_flags import (add_checkpoint_args, check_checkpoint_args,
                                                   check_checkpoint_paths, use_checkpoint_args)
-from mtmegatron.training import flag_help, flag_sources, megatron_flags, run_args, training_flags
+from mtmegatron.training import (flag_help, flag_sources, megatron_core_checks, megatron_flags, run_args,
+                                 training_flags)
 from mtmegatron.utils.checkpoint_dirs import check_writable_dir
 from mtmegatron.utils.errors import ConfigError
 
@@ -420,6 +421,7 @@ CHECKS = (
     ("checkpoints", check_checkpoint_args), ("training flags", training_flags.check),
     ("evaluation and samples", run_args.validate), ("sft", partial(check_sft_args, error=ConfigError)),
     ("fp8", _check_fp8),
+    ("megatron-core's own requirements", megatron_core_checks.check),  # last: builds the configs from all of it
 )
 
 

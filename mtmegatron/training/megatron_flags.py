@@ -76,6 +76,15 @@ NOOP = {
     "exit_signal_handler_for_dataloader": "Megatron-LM 0.16.1 reads it nowhere (its data-loader workers take the "
                                           "handler with --exit-signal-handler, as here)",
     "log_loss_scale_to_tensorboard": "mtmegatron writes no loss-scale scalar to TensorBoard: nothing to turn off",
+    # megatron-core config fields that megatron-core 0.16.1 declares but reads nowhere (grep of the installed
+    # package: only the dataclass field), so Megatron-LM 0.16.1's megatron-core models ignore them too
+    "apply_residual_connection_post_layernorm": "a megatron-core TransformerConfig field that megatron-core 0.16.1 "
+                                                "reads nowhere (only Megatron-LM's legacy models did): a no-op in "
+                                                "Megatron-LM 0.16.1's megatron-core models too",
+    "async_tensor_model_parallel_allreduce": "a megatron-core config field that megatron-core 0.16.1 reads nowhere "
+                                             "(the overlap is always on): a no-op in Megatron-LM 0.16.1 too",
+    "moe_extended_tp": "a megatron-core config field that megatron-core 0.16.1 reads nowhere (extended TP was "
+                       "removed): a no-op in Megatron-LM 0.16.1 too",
 }
 
 # --- dests registered from the table (no module adds them by hand) that mtmegatron code reads --------------------
@@ -236,6 +245,10 @@ REFUSED = {
     "ckpt_convert_update_legacy_dist_opt_format": "it rewrites the distrib_optim.pt of a legacy --ckpt-format "
                                                   "torch checkpoint saved before Feb 2024; mtmegatron reads no "
                                                   "--ckpt-format torch checkpoint (convert those with Megatron-LM)",
+    **dict.fromkeys(("window_size", "window_attn_skip_freq"),
+                    "sliding-window attention is not implemented in mtmegatron's attention yet"),
+    "moe_per_layer_logging": "Megatron-LM's per-layer MoE metrics (its training loop's track_moe_metrics) are not "
+                             "logged here; megatron-core reads the field nowhere",
     "enable_experimental": "megatron-core's experimental-feature switch: none of its experimental features is wired "
                            "into mtmegatron",
 }
@@ -282,7 +295,10 @@ def _help(row: FlagRow) -> str:
 
 
 def _type(name: str):
-    return {"int": int, "float": float, "str": str}.get(name, str)
+    """The converter of a table ``type``: int/float/str, or Megatron-LM's own (training/megatron_lm_types.py)."""
+    from mtmegatron.training.megatron_lm_types import CONVERTERS
+
+    return {"int": int, "float": float, "str": str, **CONVERTERS}.get(name, str)
 
 
 def _add_from_row(group, row: FlagRow) -> None:
