@@ -23,11 +23,15 @@ import mtmegatron
 NUM_STEPS = 3
 GLOBAL_BATCH, SEQ_LEN, VOCAB = 4, 16, 128
 NUM_EXPERTS, EP = 4, 2
-CASES = [(1, "alltoall"), (1, "allgather"), (2, "alltoall"), (2, "allgather")]  # (tp, dispatcher)
+# (tp, dispatcher, linear biases): biases are Megatron-LM's default (no --disable-bias-linear); megatron-core
+# allows them in experts only at expert-TP 1 (so the bias case runs TP2 x EP2 with ETP1), and the reference
+# (TP1, EP1) model with them needs the patch moe_expert_bias_without_ep
+CASES = [(1, "alltoall", False), (1, "allgather", False), (2, "alltoall", False), (2, "allgather", False),
+         (2, "alltoall", True)]
 LR = 0.5
 
 
-def build_model(tp: int, ep: int, dispatcher: str):
+def build_model(tp: int, ep: int, dispatcher: str, bias: bool):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
@@ -36,19 +40,20 @@ def build_model(tp: int, ep: int, dispatcher: str):
         num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, moe_ffn_hidden_size=96,
         num_moe_experts=NUM_EXPERTS, moe_router_topk=2, moe_token_dispatcher_type=dispatcher,
         moe_aux_loss_coeff=1e-2, use_cpu_initialization=True, normalization="RMSNorm",
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, hidden_dropout=0.0,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=bias, hidden_dropout=0.0,
         attention_dropout=0.0, tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
-        sequence_parallel=tp > 1,
+        expert_tensor_parallel_size=1 if bias else tp, sequence_parallel=tp > 1,
     )
     spec = get_gpt_layer_local_spec(num_experts=NUM_EXPERTS, moe_grouped_gemm=False)
     return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ_LEN)
 
 
-def init_parallel(tp: int, ep: int) -> None:
+def init_parallel(tp: int, ep: int, etp: int | None = None) -> None:
     from megatron.core import parallel_state, tensor_parallel
 
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                             expert_tensor_parallel_size=etp)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
 
 
@@ -103,7 +108,7 @@ def shard_for_rank(full: dict, name: str, param, gated: bool) -> torch.Tensor:
         tp_rank, tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
     if getattr(param, "tensor_model_parallel", False) and tp_size > 1:
         dim = param.partition_dim
-        if gated and name.endswith("linear_fc1.weight"):  # [gate; up], each split over TP
+        if gated and name.endswith(("linear_fc1.weight", "linear_fc1.bias")):  # [gate; up], each split over TP
             tensor = torch.cat([half.chunk(tp_size, dim)[tp_rank] for half in tensor.chunk(2, dim)], dim)
         else:
             tensor = tensor.chunk(tp_size, dim)[tp_rank]
@@ -115,13 +120,17 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def parallel_run(tp: int, dispatcher: str, full_weights: dict, ref_losses, ref_grads) -> dict:
+def case_name(tp: int, dispatcher: str, bias: bool) -> str:
+    return f"ep{EP}_tp{tp}_{dispatcher}" + ("_bias" if bias else "")
+
+
+def parallel_run(tp: int, dispatcher: str, bias: bool, full_weights: dict, ref_losses, ref_grads) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed import finalize_model_grads
 
-    init_parallel(tp, EP)
-    model = build_model(tp, EP, dispatcher)
+    init_parallel(tp, EP, 1 if bias else tp)
+    model = build_model(tp, EP, dispatcher, bias)
     gated = model.config.gated_linear_unit
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -170,31 +179,35 @@ def main(out_path: str, only: list[str]) -> None:
     mtmegatron.activate("cpu")
     torch.distributed.init_process_group("gloo")
 
-    init_parallel(1, 1)
-    torch.manual_seed(0)
-    reference = build_model(1, 1, "alltoall")
-    with torch.no_grad():  # every rank must hold rank 0's weights, whatever the RNG did
-        for param in reference.parameters():
-            torch.distributed.broadcast(param, src=0)
-    full_weights = {n: p.detach().clone() for n, p in reference.state_dict(keep_vars=True).items()
-                    if isinstance(p, torch.nn.Parameter)}
-    references = {}
-    for num_dp in sorted({torch.distributed.get_world_size() // tp for tp, _ in CASES}):
-        with torch.no_grad():
+    full_weights, references = {}, {}
+    for bias in sorted({bias for _, _, bias in CASES}):
+        init_parallel(1, 1)
+        torch.manual_seed(0)
+        reference = build_model(1, 1, "alltoall", bias)
+        with torch.no_grad():  # every rank must hold rank 0's weights, whatever the RNG did
             for name, param in reference.named_parameters():
-                param.copy_(full_weights[name])
-        references[num_dp] = reference_run(reference, num_dp)
+                if name.endswith(".bias"):  # megatron-core zeroes biases: make them count from step 0
+                    param.normal_(0.0, 0.1)
+                torch.distributed.broadcast(param, src=0)
+        full_weights[bias] = {n: p.detach().clone() for n, p in reference.state_dict(keep_vars=True).items()
+                              if isinstance(p, torch.nn.Parameter)}
+        for num_dp in sorted({torch.distributed.get_world_size() // tp for tp, _, b in CASES if b == bias}):
+            with torch.no_grad():
+                for name, param in reference.named_parameters():
+                    param.copy_(full_weights[bias][name])
+            references[bias, num_dp] = reference_run(reference, num_dp)
 
     from mtmegatron import patches
 
     results = {"_patches_applied": [patch.name for patch in patches.applied()],
-               "_reference_num_params": sum(p.numel() for p in full_weights.values())}
-    for tp, dispatcher in CASES:
-        if only and f"ep{EP}_tp{tp}_{dispatcher}" not in only:
+               "_reference_num_params": {str(bias).lower(): sum(p.numel() for p in weights.values())
+                                         for bias, weights in full_weights.items()}}
+    for tp, dispatcher, bias in CASES:
+        key = case_name(tp, dispatcher, bias)
+        if only and key not in only:
             continue
         num_dp = torch.distributed.get_world_size() // tp
-        key = f"ep{EP}_tp{tp}_{dispatcher}"
-        results[key] = parallel_run(tp, dispatcher, full_weights, *references[num_dp])
+        results[key] = parallel_run(tp, dispatcher, bias, full_weights[bias], *references[bias, num_dp])
         if torch.distributed.get_rank() == 0:
             print(key, json.dumps(results[key]), flush=True)
 

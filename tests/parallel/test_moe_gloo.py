@@ -7,8 +7,12 @@ the same global batch split the same way over data-parallel ranks:
   * the DP-averaged loss at each of 3 SGD steps (relative difference <= 1e-5), and
   * every rank-local gradient after megatron's DDP + finalize_model_grads at step 0 against the matching
     shard of the single-rank gradient (max |diff| / max |ref| per tensor <= 1e-5).
+A fifth case runs Megatron-LM's default linear biases (random, so they count from step 0) at EP2xTP2 with
+expert-TP 1 (megatron-core allows expert biases only there), alltoall.
 fp32 throughout; measured differences are ~1e-7 (reduction order only). It fails without the patches
-moe_alltoall_host_split_sizes, gloo_uneven_all_gather and torch_norm_sequence_parallel.
+moe_alltoall_host_split_sizes, gloo_uneven_all_gather and torch_norm_sequence_parallel; the bias case fails
+without moe_expert_bias_without_ep (the single-rank reference crashes: in-place bias add on a view) and
+without moe_expert_bias_sequence_parallel (expert bias gradients summed over TP: 1.4e-4 loss difference).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 import pytest
 
 WORKER = Path(__file__).with_name("moe_equivalence_worker.py")
-CASES = ["ep2_tp1_alltoall", "ep2_tp1_allgather", "ep2_tp2_alltoall", "ep2_tp2_allgather"]
+CASES = ["ep2_tp1_alltoall", "ep2_tp1_allgather", "ep2_tp2_alltoall", "ep2_tp2_allgather", "ep2_tp2_alltoall_bias"]
 RTOL = 1e-5
 
 
@@ -38,8 +42,8 @@ def results(tmp_path_factory):
 
 
 def test_moe_patches_were_applied(results):
-    assert {"moe_alltoall_host_split_sizes", "gloo_uneven_all_gather",
-            "torch_norm_sequence_parallel"} <= set(results["_patches_applied"])
+    assert {"moe_alltoall_host_split_sizes", "gloo_uneven_all_gather", "torch_norm_sequence_parallel",
+            "moe_expert_bias_without_ep", "moe_expert_bias_sequence_parallel"} <= set(results["_patches_applied"])
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -48,6 +52,7 @@ def test_moe_matches_single_rank(results, case):
     losses = result["ref_losses"]
     assert losses[-1] < losses[0] - 0.1, f"reference did not train: {losses}"
     # every parameter element of the full model is held (and compared) by at least one rank
-    assert result["grad_elements_compared_all_ranks"] >= results["_reference_num_params"]
+    bias = str(case.endswith("_bias")).lower()
+    assert result["grad_elements_compared_all_ranks"] >= results["_reference_num_params"][bias]
     assert result["max_rel_loss_diff"] <= RTOL, result
     assert result["max_rel_grad_diff"] <= RTOL, result
