@@ -117,16 +117,19 @@ def use_checkpoint_args(args: argparse.Namespace, given: dict) -> None:
     if not args.load:
         raise ConfigError("--use-checkpoint-args needs --load DIR (the checkpoint whose saved args to use)")
     from mtmegatron.training import megatron_lm_checkpoint as mlm
-    from mtmegatron.utils.checkpoint_dirs import checkpoint_dir, latest_complete_iteration
+    from mtmegatron.utils.checkpoint_dirs import CheckpointError, checkpoint_dir, resume_point
 
-    iteration = latest_complete_iteration(args.load)
-    if iteration is None:
+    try:
+        point = resume_point(args.load, args)  # the checkpoint the run will load (maybe the non-persistent one)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    if point is None:
         raise ConfigError(f"--use-checkpoint-args: no complete checkpoint under --load {args.load}")
     from megatron.core import dist_checkpointing
 
-    common = dist_checkpointing.load_common_state_dict(checkpoint_dir(args.load, iteration))
+    common = dist_checkpointing.load_common_state_dict(checkpoint_dir(*point))
     if not mlm.is_megatron_lm_layout(common):
-        raise ConfigError(f"--use-checkpoint-args: {checkpoint_dir(args.load, iteration)} holds no saved argument "
+        raise ConfigError(f"--use-checkpoint-args: {checkpoint_dir(*point)} holds no saved argument "
                           f"Namespace (written by an older mtmegatron or the converter): give the model flags")
     args.checkpoint_args_applied = mlm.apply_checkpoint_args(args, common["args"], given,
                                                              ours=not mlm.written_by_megatron_lm(common))

@@ -5,10 +5,12 @@ in the common state: megatron_lm_checkpoint.py; the flags: checkpoint_flags.py; 
 Layout: ``<save>/iter_0000010/`` plus ``<save>/latest_checkpointed_iteration.txt``. A checkpoint is written to
 ``iter_XXXXXXX.partial`` and renamed only after every rank finished, then the tracker file is replaced
 atomically: a crash mid-save never leaves a "latest" that is incomplete. ``load`` takes the tracker's
-checkpoint (without a tracker, the newest renamed ``iter_*`` directory); ``--keep-last N`` prunes older ones
-and stale ``.partial`` directories after each save. The model fingerprint (models/fingerprint.py; for a
-Megatron-LM checkpoint, computed from its Namespace) is compared on load, so a checkpoint of another model is
-one clear error. Which ``--load`` starts from scratch (an empty directory; the not yet created ``--save``
+checkpoint (without a tracker, the newest renamed ``iter_*`` directory), or the newer non-persistent one
+(non_persistent.py); ``--keep-last N`` (and, in the non-persistent directory, always 1) prunes older ones and
+stale ``.partial`` directories after each save, once the new one is tracked. A save that fails on a full disk
+is one CheckpointError line naming the directory and its free space, with the ``.partial`` removed. The model
+fingerprint (models/fingerprint.py; for a Megatron-LM checkpoint, computed from its Namespace) is compared on
+load, so a checkpoint of another model is one clear error. Which ``--load`` starts from scratch (an empty directory; the not yet created ``--save``
 directory) and which is refused (a file, a missing directory, debris, a tracker naming a missing checkpoint,
 ``--finetune``/``--exit-on-missing-checkpoint`` without one, a legacy ``torch``/``torch_dcp`` checkpoint) is
 decided by checkpoint_dirs.py, before the process groups start. The LR/weight-decay schedule saved
@@ -18,12 +20,16 @@ position (consumed train/valid samples, training/data.py) is saved in and restor
 the older mtmegatron layout (``scheduler`` key, the fingerprint as ``args``) and the converter's model-only
 ones still load.
 Test hook: ``MTMEGATRON_TEST_PAUSE_IN_SAVE=ITER:RANK`` makes that rank stop inside the save of ``ITER`` (its
-shard written, the checkpoint not yet complete) and write ``<save>/paused-rank<RANK>`` with its pid.
+shard written, the checkpoint not yet complete) and write ``<save>/paused-rank<RANK>`` with its pid;
+``MTMEGATRON_TEST_ENOSPC_IN_SAVE=ITER`` makes rank 0's save of ``ITER`` fail with ENOSPC (a full disk where no
+small filesystem can be mounted).
 May assume: process groups and the model/optimizer exist; called on every rank.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import random
 import shutil
@@ -42,7 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
 from mtmegatron.utils.checkpoint_dirs import (TRACKER, CheckpointError, check_load, checkpoint_dir, complete_iterations,
-                                             latest_complete_iteration)
+                                             latest_complete_iteration, resume_point)
 from mtmegatron.training import megatron_lm_checkpoint as mlm
 from mtmegatron.training import (fsdp_checkpoint, megatron_fsdp_checkpoint, non_persistent,
                                  plain_to_distributed_optimizer, rerun)
@@ -54,10 +60,14 @@ from mtmegatron.training.schedule import check_schedule, loadable_state
 # ('fully_sharded_model_space') relies on ShardedTensor.flattened_range, which its own validation rejects.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 PAUSE_ENV = "MTMEGATRON_TEST_PAUSE_IN_SAVE"
-def prune(root: str, keep_last: int) -> list[str]:
-    """Remove all but the ``keep_last`` newest complete checkpoints and any leftover ``.partial`` directory."""
-    removed = [checkpoint_dir(root, it) for it in complete_iterations(root)[:-keep_last]]
-    removed += [os.path.join(root, name) for name in os.listdir(root) if name.endswith(".partial")]
+ENOSPC_ENV = "MTMEGATRON_TEST_ENOSPC_IN_SAVE"
+def prune(root: str, keep_last: int, saved: int | None = None) -> list[str]:
+    """Remove all but the ``keep_last`` newest complete checkpoints (never ``saved``, the one just written and
+    tracked, even where a newer one is left from an abandoned run) and any leftover ``.partial`` or ``.old``
+    directory."""
+    kept = set(complete_iterations(root)[-keep_last:]) | {saved}
+    removed = [checkpoint_dir(root, it) for it in complete_iterations(root) if it not in kept]
+    removed += [os.path.join(root, name) for name in os.listdir(root) if name.endswith((".partial", ".old"))]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed
@@ -142,6 +152,14 @@ def _restore_legacy_rng(rng: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
 
 
+class _FullDiskReported(logging.Filter):
+    """megatron-core's writer logs a worker's ENOSPC before raising it; ``save`` reports it in its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No space left on device" not in record.getMessage()
+
+
+logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async").addFilter(_FullDiskReported())
 _SAVE_STRATEGY: dict = {}  # --ckpt-assume-constant-structure: the first save's strategy, reused by later ones
 
 
@@ -176,8 +194,79 @@ def _in_process_write_results() -> None:
 
 
 def save(root: str, iteration: int, model, optimizer, scheduler, args, train_state: dict | None = None) -> str:
-    """Write ``<root>/iter_<iteration>`` in Megatron-LM's torch_dist layout (megatron_lm_checkpoint.py), then
-    the tracker; returns the directory."""
+    """Write ``<root>/iter_<iteration>`` in Megatron-LM's torch_dist layout (megatron_lm_checkpoint.py) into
+    ``iter_<iteration>.partial``, rename it once every rank finished, replace the tracker, then prune
+    (``non_persistent.kept``: one in the non-persistent directory, else ``--keep-last``); returns the directory.
+    A full disk is a CheckpointError naming the directory and its free space, the ``.partial`` removed."""
+    try:
+        return _save(root, iteration, model, optimizer, scheduler, args, train_state)
+    except (Exception, CheckpointException) as e:  # torch's CheckpointException is a BaseException
+        if isinstance(e, CheckpointError):
+            raise
+        line = _full_disk(e, root)
+        if line is None:
+            raise
+        raise CheckpointError(line) from e
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_PEER_GONE = "Connection closed by peer"  # gloo's words when another rank's process ended
+
+
+def _causes(error: BaseException):
+    """``error``, its causes and contexts, and the per-rank failures torch's CheckpointException carries."""
+    seen, stack = set(), [error]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack += [e.__cause__, e.__context__]
+        for failure in (getattr(e, "failures", None) or {}).values():  # {rank: exception or (exception, stack)}
+            stack.append(failure[0] if isinstance(failure, tuple) else failure)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _full_disk(error: BaseException, root: str) -> str | None:
+    """The one line for a save that failed on a full disk (or quota), else None. megatron-core's writer wraps
+    the OSError in RuntimeError("Worker failure: ...") and torch's CheckpointException; torch.save of common.pt
+    says only "file write failed": a failed save with under 1 MiB left on the device counts as a full disk. On
+    the other ranks a save that failed because rank 0 failed is a line too (rank 0 prints its own)."""
+    errors = list(_causes(error))
+    said = any(getattr(e, "errno", None) in _NO_SPACE or "No space left on device" in str(e) for e in errors)
+    try:
+        usage = shutil.disk_usage(root)
+    except OSError:
+        usage = None
+    rank = torch.distributed.get_rank()
+    if not said and (usage is None or usage.free >= 2**20):
+        # rank 0 alone writes common.pt, metadata.json and the tracker: when that fails it exits with the line
+        # above, and the other ranks, inside a collective, see it fail or its connection close
+        if rank != 0 and any(isinstance(e, CheckpointException) or _PEER_GONE in str(e) for e in errors):
+            return f"saving a checkpoint in {root} failed on another rank (rank 0 says why)"
+        return None
+    if rank == 0:  # the save's own debris; the checkpoints before it are untouched
+        for name in os.listdir(root):
+            if name.endswith(".partial"):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        if os.path.exists(os.path.join(root, TRACKER + ".tmp")):
+            os.remove(os.path.join(root, TRACKER + ".tmp"))
+    complete = complete_iterations(root)
+    tracked = latest_complete_iteration(root) if complete else None
+    size = (sum(e.stat().st_size for e in os.scandir(checkpoint_dir(root, tracked)) if e.is_file())
+            if tracked is not None else None)
+    return (f"--save {root}: no space left on the device while saving a checkpoint ("
+            f"{_mib(usage.free) + ' free of ' + _mib(usage.total) if usage else 'free space unknown'}"
+            f"{'; a checkpoint here takes ' + _mib(size) if size else ''}): the unfinished save was removed; "
+            + (f"iteration {tracked} stays the latest checkpoint" if tracked is not None else "no checkpoint there")
+            + "; free space or give --save another directory, then resume with --load")
+
+
+def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_state: dict | None) -> str:
     rank = torch.distributed.get_rank()
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
@@ -211,18 +300,24 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
                        "distributed_optimizer": bool(args.use_distributed_optimizer)}
     strategy, validate = _save_strategy(args)
     _in_process_write_results()
+    if os.environ.get(ENOSPC_ENV) == str(iteration) and rank == 0:  # test hook: a full disk where none can be made
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(partial, "common.pt"))
     dist_checkpointing.save(state, partial, strategy, validate_access_integrity=validate, content_metadata=content)
     _pause_for_test(root, iteration, rank)
     torch.distributed.barrier()
     if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
+        if os.path.isdir(final):  # a re-save of this iteration: set aside, so that a crash leaves one of the two
+            shutil.rmtree(final + ".old", ignore_errors=True)
+            os.replace(final, final + ".old")
         os.replace(partial, final)
         tmp = os.path.join(root, TRACKER + ".tmp")
         with open(tmp, "w") as f:
             f.write(str(iteration))
         os.replace(tmp, os.path.join(root, TRACKER))
-        if getattr(args, "keep_last", None):
-            prune(root, args.keep_last)
+        shutil.rmtree(final + ".old", ignore_errors=True)
+        keep = non_persistent.kept(args, root)
+        if keep:
+            prune(root, keep, iteration)
     torch.distributed.barrier()
     return final
 
@@ -358,15 +453,19 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     """Load the latest complete checkpoint under ``root`` (ours or Megatron-LM's); returns the iteration to
     continue from (0, after a message, when ``root`` is missing or holds nothing a save writes). ``train_state``
     (when given) is updated with the counters saved beside the weights."""
-    if (chosen := non_persistent.load_root(args, root)) != root:  # the newer non-persistent checkpoint
-        _say(f"--load {root}: the non-persistent checkpoint in {chosen} is the newest")
-        root = chosen
-    iteration = latest_complete_iteration(root)
-    if iteration is None:  # anything but a fresh start was refused before the process groups started; again here
+    point = resume_point(root, args)  # the newer of the persistent and the non-persistent checkpoint
+    if point is None:  # anything but a fresh start was refused before the process groups started; again here
         check_load(root, args, CheckpointError)  # in case the directory changed since
         _say(f"--load {root}: {'empty directory' if os.path.isdir(root) else 'no such directory'}, no "
              f"checkpoint to resume: starting from scratch at iteration 0")
         return 0
+    if point[0] != root:
+        _say(f"--load {root}: the non-persistent checkpoint in {point[0]} is the newest")
+    elif getattr(args, "non_persistent_ckpt_type", None) != "global" and (
+            unread := [it for it in complete_iterations(non_persistent.directory(args, root)) if it > point[1]]):
+        _say(f"--load {root}: {non_persistent.directory(args, root)} holds a newer non-persistent checkpoint "
+             f"(iteration {unread[-1]}), read only with --non-persistent-ckpt-type global (as Megatron-LM)")
+    root, iteration = point
     directory = checkpoint_dir(root, iteration)
     common = dist_checkpointing.load_common_state_dict(directory)
     saved = _saved_facts(common, args)

@@ -2,12 +2,14 @@
 
 ``--non-persistent-save-interval N --non-persistent-ckpt-type global`` saves every N iterations that are not a
 ``--save-interval`` iteration into ``--non-persistent-global-ckpt-dir`` (default ``<save>/non_persistent``), in
-the same torch_dist layout as persistent checkpoints (training/checkpointing.py), removing the older
-non-persistent checkpoints first so that only the newest is kept. With ``--non-persistent-ckpt-type global``,
-``--load`` takes the newer of the persistent checkpoint under ``<load>`` and the non-persistent one under
+the same torch_dist layout as persistent checkpoints and as atomically (training/checkpointing.py: written to
+``iter_N.partial``, renamed, then the tracker replaced); only then are the older non-persistent checkpoints
+removed, so the newest complete one is on disk at every moment (Megatron-LM removes all but the newest before
+it writes the next one, so between saves it keeps two). With ``--non-persistent-ckpt-type global``, ``--load``
+takes the newer of the persistent checkpoint under ``<load>`` and the non-persistent one under
 ``--non-persistent-global-ckpt-dir`` (default ``<load>/non_persistent``); on a tie the non-persistent one, as
-Megatron-LM does. ``local`` (nvidia-resiliency-ext's node-local checkpoints) and ``in_memory`` are refused
-(training/resilience_flags.py).
+Megatron-LM does (utils/checkpoint_dirs.py ``resume_point``). ``local`` (nvidia-resiliency-ext's node-local
+checkpoints) and ``in_memory`` are refused (training/resilience_flags.py).
 May assume: the flags were checked (resilience_flags.py); process groups and the model/optimizer exist when saving.
 """
 
@@ -15,11 +17,12 @@ from __future__ import annotations
 
 import os
 
-SUBDIR = "non_persistent"  # Megatron-LM's _NON_PERSISTENT_CKPT_SUBDIR
+from mtmegatron.utils.checkpoint_dirs import NON_PERSISTENT_SUBDIR as SUBDIR  # noqa: F401  (Megatron-LM's name)
+from mtmegatron.utils.checkpoint_dirs import non_persistent_dir
 
 
 def directory(args, root: str) -> str:
-    return args.non_persistent_global_ckpt_dir or os.path.join(root, SUBDIR)
+    return non_persistent_dir(args, root)
 
 
 def due(args, iteration: int) -> bool:
@@ -28,32 +31,18 @@ def due(args, iteration: int) -> bool:
 
 
 def fresh_root(args) -> str:
-    """The directory a non-persistent save goes into, emptied of the kept one (Megatron-LM removes the old ones
-    first); the caller saves there."""
-    import shutil
-
-    import torch
-
-    root = directory(args, args.save)
-    if torch.distributed.get_rank() == 0 and os.path.isdir(root):
-        for name in os.listdir(root):
-            if name.startswith("iter_"):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    return root
+    """The directory a non-persistent save goes into. Nothing is removed here: the save prunes the older
+    checkpoints once the new one is complete and tracked (``kept``)."""
+    return directory(args, args.save)
 
 
-def load_root(args, root: str) -> str:
-    """The directory ``--load`` reads: the non-persistent one when its checkpoint is at least as new."""
-    if args.non_persistent_ckpt_type != "global":
-        return root
-    from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
-
-    candidate = directory(args, root)
-    newest = latest_complete_iteration(candidate)
-    if newest is None:
-        return root
-    persistent = latest_complete_iteration(root)
-    return candidate if persistent is None or newest >= persistent else root
+def kept(args, root: str) -> int | None:
+    """How many complete checkpoints a save into ``root`` leaves there: one in the non-persistent directory,
+    else ``--keep-last`` (None: all)."""
+    if args.save and getattr(args, "non_persistent_ckpt_type", None) == "global" and (
+            os.path.realpath(root) == os.path.realpath(directory(args, args.save))):
+        return 1
+    return getattr(args, "keep_last", None)
 
 
 def startup_lines(args) -> list[str]:

@@ -1,11 +1,14 @@
 """Validation of Megatron-LM's resilience flags, before any process group starts: ``--rerun-mode`` (its
 ``report_stats`` choice is refused: megatron-core 0.16.1 cannot run it) and the non-persistent checkpoint flags
 (``local`` and ``in_memory`` refused with the reason; an interval needs ``--non-persistent-ckpt-type global``
-and ``--save``). What the accepted values do: training/rerun.py and training/non_persistent.py.
+and ``--save``; ``--non-persistent-global-ckpt-dir`` may not be the ``--save`` directory, whose persistent
+checkpoints its pruning would remove). What the accepted values do: training/rerun.py and training/non_persistent.py.
 May assume: argparse only.
 """
 
 from __future__ import annotations
+
+import os
 
 from mtmegatron.utils.errors import ConfigError
 
@@ -36,3 +39,8 @@ def check_resilience_args(args) -> None:
         if not args.save:
             raise ConfigError("--non-persistent-save-interval needs --save DIR (non-persistent checkpoints go to "
                               "--non-persistent-global-ckpt-dir, default DIR/non_persistent)")
+    custom = getattr(args, "non_persistent_global_ckpt_dir", None)
+    if kind == "global" and custom and args.save and os.path.realpath(custom) == os.path.realpath(args.save):
+        raise ConfigError(f"--non-persistent-global-ckpt-dir {custom} is the --save directory: each non-persistent "
+                          f"save keeps only the newest checkpoint there, so it would remove the persistent ones; "
+                          f"give another directory (default {os.path.join(args.save, 'non_persistent')})")

@@ -93,5 +93,7 @@ def timed(model_chunk, name: str, log_level: int, barrier: bool = False, stop_ba
     timer.start(barrier=barrier)
     try:
         yield
-    finally:
-        timer.stop(barrier=stop_barrier)
+    except BaseException:  # no barrier: the other ranks may be inside a collective this rank left (a failed save)
+        timer.stop(barrier=False)
+        raise
+    timer.stop(barrier=stop_barrier)

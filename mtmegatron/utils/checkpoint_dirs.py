@@ -2,13 +2,17 @@
 ``os`` only, and the checks of ``--save``/``--load`` that run before any process group starts.
 
 Layout (Megatron-LM's): ``<root>/iter_0000010/`` (complete once ``metadata.json`` is in it and it is no longer
-``.partial``) and ``<root>/latest_checkpointed_iteration.txt`` naming the newest. ``check_paths`` refuses, with
-one ``ConfigError`` line each: a ``--save`` or ``--load`` that is a file, a ``--save`` that cannot be created
-or written (``check_writable_dir``, also used for ``--log-dir``), a ``--load`` directory that does not exist
-(unless it is the ``--save`` directory: the first run of ``--save X --load X``), a tracker naming an iteration
-whose checkpoint is missing or incomplete (the complete ones are listed), debris without a complete checkpoint,
-``--finetune`` or ``--exit-on-missing-checkpoint`` without a checkpoint. An existing directory holding nothing a
-save writes starts from scratch (Megatron-LM).
+``.partial``) and ``<root>/latest_checkpointed_iteration.txt`` naming the newest; non-persistent checkpoints
+(``--non-persistent-ckpt-type global``) in the same layout under ``<root>/non_persistent`` or
+``--non-persistent-global-ckpt-dir``. ``resume_point`` says which checkpoint ``--load`` resumes (the newer
+complete one of the two; a tie goes to the non-persistent one). ``check_paths`` refuses, with one
+``ConfigError`` line each: a ``--save`` or ``--load`` that is a file, a ``--save`` that cannot be created or
+written (``check_writable_dir``, also used for ``--log-dir``), a ``--load`` directory that does not exist
+(unless it is the ``--save`` directory: the first run of ``--save X --load X``), a tracker (persistent or
+non-persistent) naming an iteration whose checkpoint is missing or incomplete (the complete ones of both are
+listed), debris without a complete checkpoint, non-persistent checkpoints only while
+``--non-persistent-ckpt-type global`` is not given, ``--finetune`` or ``--exit-on-missing-checkpoint`` without
+a checkpoint. Only a directory holding nothing a save writes starts from scratch (Megatron-LM).
 May assume: nothing beyond ``os`` (imported at flag validation, before torch or megatron-core).
 """
 
@@ -18,6 +22,7 @@ import os
 import re
 
 TRACKER = "latest_checkpointed_iteration.txt"
+NON_PERSISTENT_SUBDIR = "non_persistent"  # Megatron-LM's _NON_PERSISTENT_CKPT_SUBDIR
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 
 
@@ -64,23 +69,58 @@ def complete_iterations(root: str) -> list[int]:
     return sorted(it for it in found if is_complete(checkpoint_dir(root, it)))
 
 
-def latest_complete_iteration(root: str) -> int | None:
+def _describe_complete(roots: list[str]) -> str:
+    found = [checkpoint_dir(root, it) for root in dict.fromkeys(roots) for it in complete_iterations(root)]
+    return ", ".join(found) if found else "none"
+
+
+def _refuse_tracker(root: str, tracked: int, load: str, listed: list[str]) -> None:
+    directory = checkpoint_dir(root, tracked)
+    state = "is incomplete (an interrupted save)" if os.path.isdir(directory) else "is missing"
+    complete = _describe_complete(listed)
+    advice = (f"to resume from one, write its iteration into its directory's {TRACKER}, and remove a tracker "
+              f"whose checkpoint is gone" if complete != "none" else
+              f"remove {os.path.join(root, TRACKER)} and the iter_* debris to start from scratch, or pass another "
+              f"--load")
+    raise CheckpointError(f"--load {load}: {os.path.join(root, TRACKER)} names iteration {tracked} but "
+                          f"{directory} {state}; complete checkpoints: {complete} ({advice})")
+
+
+def latest_complete_iteration(root: str, also_list: tuple[str, ...] = (), load: str | None = None) -> int | None:
     """The tracker's iteration, else (no tracker: a tracker lost in a crash or removed by hand) the newest
     complete checkpoint, else None. A tracker naming a checkpoint that is missing or incomplete is an error
-    listing the complete ones: loading another iteration than the one named would resume silently from an
-    older point."""
+    listing the complete ones (here and under ``also_list``): loading another iteration than the one named
+    would resume silently from an older point, and starting from scratch would drop the ones on disk. ``load``:
+    the ``--load`` directory the message names (default ``root``)."""
     tracked = latest_iteration(root)
-    complete = complete_iterations(root)
     if tracked is None:
+        complete = complete_iterations(root)
         return complete[-1] if complete else None
     if is_complete(checkpoint_dir(root, tracked)):
         return tracked
-    if not complete:
-        return None  # debris only: the caller names it
-    state = "is incomplete" if os.path.isdir(checkpoint_dir(root, tracked)) else "is missing"
-    raise CheckpointError(f"--load {root}: {TRACKER} names iteration {tracked} but {checkpoint_dir(root, tracked)} "
-                          f"{state}; complete checkpoints: {', '.join(map(str, complete))} (write one of these "
-                          f"numbers into {os.path.join(root, TRACKER)} to resume from it)")
+    _refuse_tracker(root, tracked, load or root, [root, *also_list])
+
+
+def non_persistent_dir(args, root: str) -> str:
+    """Where Megatron-LM keeps the non-persistent checkpoints of ``root`` (``--save`` or ``--load``):
+    ``--non-persistent-global-ckpt-dir``, else ``<root>/non_persistent``."""
+    return getattr(args, "non_persistent_global_ckpt_dir", None) or os.path.join(root, NON_PERSISTENT_SUBDIR)
+
+
+def resume_point(load: str, args) -> tuple[str, int] | None:
+    """``(directory, iteration)`` that ``--load`` resumes: the newer complete checkpoint of the persistent one
+    under ``load`` and, with ``--non-persistent-ckpt-type global``, the non-persistent one (on a tie the
+    non-persistent one, as Megatron-LM); None when neither holds one. A tracker in either naming a missing or
+    incomplete checkpoint is a CheckpointError listing the complete checkpoints of both."""
+    if getattr(args, "non_persistent_ckpt_type", None) != "global":
+        iteration = latest_complete_iteration(load)
+        return None if iteration is None else (load, iteration)
+    other = non_persistent_dir(args, load)
+    persistent = latest_complete_iteration(load, (other,))
+    newest = latest_complete_iteration(other, (load,), load)
+    if newest is not None and (persistent is None or newest >= persistent):
+        return other, newest
+    return None if persistent is None else (load, persistent)
 
 
 def checkpoint_debris(root: str) -> list[str]:
@@ -135,18 +175,24 @@ def check_load(load: str, args, error: type[Exception]) -> None:
     if not os.access(load, os.R_OK | os.X_OK):
         raise error(f"--load {load}: the directory is not readable")
     try:
-        iteration = latest_complete_iteration(load)
+        tracked = latest_iteration(load)
+        foreign = foreign_format(checkpoint_dir(load, tracked)) if tracked is not None else None
+        if foreign:
+            raise error(f"--load {load}: {checkpoint_dir(load, tracked)} is a '{foreign}' checkpoint: "
+                        f"{FORMAT_REFUSALS[foreign]}")
+        if resume_point(load, args) is not None:
+            return
+        other = non_persistent_dir(args, load)
+        unread = complete_iterations(other) if getattr(args, "non_persistent_ckpt_type", None) != "global" else []
+        if unread:  # Megatron-LM would start from scratch (it reads them only with the flag)
+            raise error(f"--load {load}: no persistent checkpoint, but {other} holds the non-persistent checkpoint "
+                        f"of iteration {unread[-1]}: pass --non-persistent-ckpt-type global to resume from it, or "
+                        f"remove {other} to start from scratch")
+        debris = checkpoint_debris(load) + [os.path.relpath(os.path.join(other, name), load)
+                                            for name in checkpoint_debris(other)]
     except CheckpointError as e:
         raise error(str(e)) from None
-    if iteration is not None:
-        return
-    debris = checkpoint_debris(load)
     reason = _no_checkpoint_reason(args)
-    tracked = latest_iteration(load)
-    foreign = foreign_format(checkpoint_dir(load, tracked)) if tracked is not None else None
-    if foreign:
-        raise error(f"--load {load}: {checkpoint_dir(load, tracked)} is a '{foreign}' checkpoint: "
-                    f"{FORMAT_REFUSALS[foreign]}")
     if debris or reason:
         found = f"it holds {', '.join(debris[:3])}{' ...' if len(debris) > 3 else ''} but" if debris else "there is"
         raise error(f"--load {load}: {found} no complete checkpoint (no {TRACKER} naming a finished iter_* "
