@@ -40,7 +40,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_baselines import bound_step_ms, plain_step_ms, synchronize  # noqa: E402
+import peer_megatron_lm  # noqa: E402
+import peer_torchtitan  # noqa: E402
+from step_baselines import bound_step_ms, flop_shares, plain_step_ms, synchronize  # noqa: E402
 
 COMMON = ["--mock-data", "--lr", "1e-4", "--lr-decay-style", "constant", "--log-interval", "1000",
           "--hidden-dropout", "0", "--attention-dropout", "0"]
@@ -56,13 +58,32 @@ CPU_MODELS = {"dense": ["--model", "llama3", *CPU_SHAPE],
               "moe": ["--model", "mixtral", *CPU_SHAPE, "--num-experts", "4", "--moe-router-topk", "2"]}
 CPU_TINY_MODELS = {"dense": ["--model", "llama3", *CPU_TINY_SHAPE],
                    "moe": ["--model", "mixtral", *CPU_TINY_SHAPE, "--num-experts", "4", "--moe-router-topk", "2"]}
+# as real training runs: the distributed optimizer, and gradient accumulation so the optimizer step is amortised
+# (GPU: 8 micro-batches of 1 x 4096 tokens; cpu: 2 micro-batches, so the path is the same)
+REPRESENTATIVE = ["--use-distributed-optimizer"]
+CPU_GLOBAL_BATCH = "4"  # with the cpu shapes' --micro-batch-size 2: 2 micro-batches
+def _set(flags: list[str], name: str, value: str) -> list[str]:
+    """``flags`` with ``name``'s value replaced."""
+    i = flags.index(name)
+    return [*flags[:i + 1], value, *flags[i + 2:]]
+
+
 # an 8B layer (hidden 4096, ffn 14336, 32 heads / 8 groups, vocab 128256) and Mixtral-8x7B's MoE layer
 GPU_MODELS = {"dense": ["--model", "llama3", "--model-size", "8b", "--seq-length", "4096",
-                        "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--global-batch-size", "1",
-                        "--bf16"],
+                        "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--global-batch-size", "8",
+                        "--bf16", *REPRESENTATIVE],
               "moe": ["--model", "mixtral", "--model-size", "8x7b", "--seq-length", "4096",
-                      "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--global-batch-size", "1",
-                      "--bf16"]}
+                      "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--global-batch-size", "8",
+                      "--bf16", *REPRESENTATIVE]}
+# --quick: the shapes of the first GPU runs (2026-11-28: 2 dense layers / 1 MoE layer, one micro-batch), so its
+# figures compare with theirs
+GPU_QUICK_MODELS = {k: [f for f in _set(v, "--global-batch-size", "1") if f not in REPRESENTATIVE]
+                    for k, v in GPU_MODELS.items()}
+# per-layer bytes at bf16 with the distributed optimizer (2 param + 4 main grad + 4 master + 8 Adam = 18 per
+# parameter) plus a layer's activations at seq 4096, micro-batch 1; and what every model holds besides its layers
+LAYER_GIB = {"dense": 5.0, "moe": 26.0}
+FIXED_GIB = {"dense": 25.0, "moe": 8.0}
+MAX_LAYERS = {"dense": 8, "moe": 2}  # more layers fit an H200 but lengthen each row past the step box
 FUSIONS_OFF = ["--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion",
                "--no-masked-softmax-fusion", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion"]
 # the fusion named in the start-up line -> what turns it off alone (cross-entropy: on only by its flag)
@@ -88,6 +109,37 @@ FUSION_AB = [
 ]
 
 
+def layers_that_fit(model: str, total_gib: float) -> int:
+    """As many layers of ``model``'s GPU shape as fit ``total_gib`` of device memory (85% of it, the rest for the
+    allocator and the loss), at most MAX_LAYERS[model], at least 1."""
+    return max(1, min(MAX_LAYERS[model], int((0.85 * total_gib - FIXED_GIB[model]) / LAYER_GIB[model])))
+
+
+def device_gib(backend: str) -> float:
+    module = torch.get_device_module(backend)
+    return module.get_device_properties(module.current_device()).total_memory / 2 ** 30
+
+
+def model_flags(backend: str, cpu_size: str, quick: bool, num_layers: str, moe_num_layers: str) -> dict:
+    """{"dense": flags, "moe": flags} of the benchmark models (see the module docstring); ``num_layers`` and
+    ``moe_num_layers``: a number or "auto" (GPU: layers_that_fit; --quick: 2 and 1, the first GPU runs' shapes)."""
+    if backend == "cpu":
+        models = CPU_TINY_MODELS if cpu_size == "tiny" else CPU_MODELS
+        return {k: _set(v, "--global-batch-size", CPU_GLOBAL_BATCH) + REPRESENTATIVE for k, v in models.items()}
+    if backend == "musa":
+        importlib.import_module("torch_musa")
+    gpu = GPU_QUICK_MODELS if quick else GPU_MODELS
+    layers = {}
+    for model, given in (("dense", num_layers), ("moe", moe_num_layers)):
+        if given != "auto":
+            layers[model] = int(given)
+        elif quick:
+            layers[model] = 2 if model == "dense" else 1
+        else:
+            layers[model] = layers_that_fit(model, device_gib(backend))
+    return {k: gpu[k] + ["--num-layers", str(layers[k])] for k in gpu}
+
+
 def available_impls() -> list[str]:
     impls = ["local", "mtmegatron"]
     if importlib.util.find_spec("transformer_engine") is not None:
@@ -102,7 +154,7 @@ def run_ours(flags: list[str], iters: int, warmup: int, threads: int, env_extra:
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
         env.update(OMP_NUM_THREADS=str(threads), **(env_extra or {}))
         cmd = [sys.executable, "-m", "mtmegatron.pretrain", *flags, "--train-iters", str(warmup + iters),
-               "--log-dir", log_dir]
+               "--log-dir", log_dir, "--log-memory-to-tensorboard"]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             return {"error": (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]}
@@ -111,8 +163,10 @@ def run_ours(flags: list[str], iters: int, warmup: int, threads: int, env_extra:
     fusions = next((l for l in done.stdout.splitlines() if "mtmegatron: fusions:" in l), "")
     running = fusions.split("running ", 1)[-1].split(" |", 1)[0] if fusions else "?"
     startup = sum(r["step_time_ms"] for r in rows[:warmup])  # compilation (jit fusions) lands here
+    # the device allocator's peak (GPU) or the process's resident memory (cpu: no device allocator)
+    peak = max((r.get("mem_max_allocated_bytes") or r.get("mem_rss_bytes") or 0 for r in rows), default=0)
     return {"ms": statistics.median(r["step_time_ms"] for r in rows[warmup:]), "fusions": running,
-            "warmup_ms": startup}
+            "warmup_ms": startup, "peak_gib": peak / 2 ** 30 if peak else None}
 
 
 def fusion_ab(base: list[str], a) -> None:
@@ -192,23 +246,34 @@ def matmul_tflops(device: torch.device, n: int, dtype: torch.dtype, reps: int = 
     return 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e12
 
 
-def rows_to_run(backend: str, impls: list[str], fp8: bool, quick: bool) -> list[tuple[str, str, list[str]]]:
-    """(row name, model, extra flags) for every "ours" row, most telling first (a run cut short by a time limit
-    keeps the impl comparison): fusions on per impl, fusions off per impl, FP8 vs bf16, MoE sequential vs grouped.
-    ``quick``: the first impl only."""
+PEERS = {"megatron-lm": "Megatron-LM pretrain_gpt.py, local", "torchtitan": "torchtitan Llama-3 train step"}
+
+
+def rows_to_run(backend: str, impls: list[str], fp8: bool, quick: bool,
+                peers: tuple[str, ...] = ()) -> list[tuple[str, str, list[str]]]:
+    """(row name, model, extra flags) for every row after the plain loop and the bound, most telling first (a run
+    cut short by a time limit keeps the comparisons that matter): fusions on per impl, the peers on the dense model
+    (``["@megatron-lm"]``, ``["@torchtitan"]``: their own trainers), FP8 vs bf16, MoE grouped GEMM per impl and
+    Megatron-LM's MoE (sequential experts: its local grouped GEMM needs the grouped_gemm package), fusions off,
+    MoE sequential per impl. ``quick``: the first impl and Megatron-LM only."""
     impls = impls[:1] if quick else impls
+    peers = tuple(p for p in peers if not quick or p == "megatron-lm")
     on = {impl: ["--transformer-impl", impl, "--cross-entropy-loss-fusion"] for impl in impls}
     rows = [(f"{impl}, fusions on", "dense", on[impl]) for impl in impls]
-    rows += [(f"{impl}, fusions off", "dense", ["--transformer-impl", impl, *FUSIONS_OFF]) for impl in impls]
+    rows += [(PEERS[peer], "dense", [f"@{peer}"]) for peer in peers]
     if fp8:
         for impl in impls:
             if backend == "cpu":  # the cpu models are fp32: FP8 is compared with bf16 parameters of its own
                 rows.append((f"{impl}, fusions on, bf16", "dense", on[impl] + ["--bf16"]))
             rows.append((f"{impl}, fusions on, FP8 tensorwise scaled_mm", "dense",
                          on[impl] + FP8 + (["--bf16"] if backend == "cpu" else [])))
-    for impl in impls:
-        rows.append((f"{impl}, MoE sequential experts", "moe", on[impl]))
-        rows.append((f"{impl}, MoE grouped GEMM", "moe", on[impl] + ["--moe-grouped-gemm"]))
+    rows += [(f"{impl}, MoE grouped GEMM", "moe", on[impl] + ["--moe-grouped-gemm"]) for impl in impls]
+    if "megatron-lm" in peers:
+        rows.append((f"{PEERS['megatron-lm']}, MoE sequential experts", "moe", ["@megatron-lm"]))
+    if quick:
+        return rows
+    rows += [(f"{impl}, fusions off", "dense", ["--transformer-impl", impl, *FUSIONS_OFF]) for impl in impls]
+    rows += [(f"{impl}, MoE sequential experts", "moe", on[impl]) for impl in impls]
     return rows
 
 
@@ -230,10 +295,19 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="OMP threads of every process (CPU)")
     p.add_argument("--repeats", type=int, default=1,
                    help="processes per row; the row shows the fastest (other load on the machine only slows)")
-    p.add_argument("--num-layers", type=int, default=2, help="layers of the GPU dense model")
+    p.add_argument("--num-layers", default="auto",
+                   help="layers of the GPU dense model; auto: as many as fit the device (layers_that_fit, at most "
+                        f"{MAX_LAYERS['dense']}; 2 with --quick)")
     p.add_argument("--cpu-size", choices=("small", "tiny"), default="small",
                    help="the cpu models: small (hidden 256, seq 256) or tiny (hidden 64, seq 64: each path in seconds)")
-    p.add_argument("--moe-num-layers", type=int, default=1, help="layers of the GPU MoE model (Mixtral-8x7B's)")
+    p.add_argument("--moe-num-layers", default="auto",
+                   help=f"layers of the GPU MoE model (Mixtral-8x7B's); auto: as many as fit, at most "
+                        f"{MAX_LAYERS['moe']} (1 with --quick)")
+    p.add_argument("--peers", type=lambda s: tuple(i for i in s.split(",") if i and i != "none"),
+                   default=tuple(PEERS), help=f"peer trainers on the same shapes: {','.join(PEERS)} or none")
+    p.add_argument("--megatron-lm", default=None,
+                   help="an extracted Megatron-LM core_v0.16.1 tree (default: .device/peers/megatron-lm, else a "
+                        "git archive of the local clone)")
     p.add_argument("--impls", type=lambda s: [i for i in s.split(",") if i], default=None,
                    help="comma-separated --transformer-impl values (default: every one that imports here)")
     p.add_argument("--fp8", choices=("auto", "on", "off"), default="auto",
@@ -249,19 +323,16 @@ def main(argv=None) -> int:
                         "medians and spread (the measurement behind models/fusions.py's cpu decisions)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    if a.backend == "cpu":
-        models = CPU_TINY_MODELS if a.cpu_size == "tiny" else CPU_MODELS
-    else:
-        models = {"dense": GPU_MODELS["dense"] + ["--num-layers", str(a.num_layers)],
-                  "moe": GPU_MODELS["moe"] + ["--num-layers", str(a.moe_num_layers)]}
+    unknown = [peer for peer in a.peers if peer not in PEERS]
+    if unknown:
+        p.error(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(PEERS)}, none)")
+    models = model_flags(a.backend, a.cpu_size, a.quick, a.num_layers, a.moe_num_layers)
     base = {k: ["--backend", a.backend, *COMMON, *v] for k, v in models.items()}
     if a.fusion_ab:
         print(f"backend {a.backend}, {a.iters} timed iterations after {a.warmup}, OMP_NUM_THREADS={a.threads}; "
               f"model: {' '.join(models['dense'])}", flush=True)
         fusion_ab(base["dense"], a)
         return 0
-    if a.backend == "musa":
-        importlib.import_module("torch_musa")
     device = torch.device(a.backend)
     peak = peak_tflops(a.backend)
     mm_size = a.matmul_size if a.matmul_size is not None else (2048 if a.backend == "cpu" else 8192)
@@ -286,47 +357,67 @@ def main(argv=None) -> int:
     for model, flags in base.items():
         args = parse(flags)
         tflop[model] = model_tflop(flags)
-        reference[model] = {"plain": plain_step_ms(args, device, a.iters, a.warmup), "bound": bound_step_ms(args, device)}
+        plain_ms, plain_gib = plain_step_ms(args, device, a.iters, a.warmup, with_peak=True)
+        reference[model] = {"plain": plain_ms, "plain_gib": plain_gib, "bound": bound_step_ms(args, device)}
         report["models"][model] = {"flags": models[model], "tflop_per_step": tflop[model],
-                                   "plain_ms": reference[model]["plain"], "bound_ms": reference[model]["bound"]}
+                                   "plain_ms": reference[model]["plain"], "bound_ms": reference[model]["bound"],
+                                   "layers": args.num_layers, "micro_batches": args.global_batch_size
+                                   // args.micro_batch_size, "flop_shares": flop_shares(args)}
         print(f"  {model}: {' '.join(models[model])}", flush=True)
     save()
 
     header = (f"{'row':<46} {'model':<6} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>6} {'MFU/mm':>7} {'/plain':>7} "
-              f"{'/bound':>7}  fusions running")
+              f"{'/bound':>7} {'peak GiB':>8}  fusions running")
     print(header)
     print("-" * len(header))
 
-    def show(name: str, model: str, ms: float, fusions: str = "") -> None:
+    def show(name: str, model: str, ms: float, fusions: str = "", peak_gib: float | None = None) -> None:
         tf = tflop[model] / (ms / 1000)
         mfu = 100 * tf / peak if peak else None
         mfu_mm = 100 * tf / mm_peak if mm_peak else None
         row = {"row": name, "model": model, "ms": ms, "tflops": tf, "mfu_datasheet_pct": mfu,
                "mfu_matmul_pct": mfu_mm, "vs_plain": ms / reference[model]["plain"],
-               "vs_bound": ms / reference[model]["bound"], "fusions": fusions}
+               "vs_bound": ms / reference[model]["bound"], "fusions": fusions, "peak_gib": peak_gib}
         report["rows"].append(row)
         save()
         pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
+        gib = "n/a" if peak_gib is None else f"{peak_gib:.2f}"
         print(f"{name:<46} {model:<6} {ms:9.1f} {tf:8.4g} {pct(mfu):>6} {pct(mfu_mm):>7} {row['vs_plain']:7.2f} "
-              f"{row['vs_bound']:7.2f}  {fusions}", flush=True)
+              f"{row['vs_bound']:7.2f} {gib:>8}  {fusions}", flush=True)
 
     for model in base:
-        show("plain PyTorch loop", model, reference[model]["plain"])
+        show("plain PyTorch loop", model, reference[model]["plain"], peak_gib=reference[model]["plain_gib"])
         show("GEMM + attention bound", model, reference[model]["bound"])
     impls = a.impls or available_impls()
     fp8 = a.fp8 == "on" or (a.fp8 == "auto" and a.backend != "cpu")
-    rows = rows_to_run(a.backend, impls, fp8, a.quick)
+    rows = rows_to_run(a.backend, impls, fp8, a.quick, a.peers)
+    peer_source = {}
+
+    def run_row(model: str, extra: list[str]) -> dict:
+        if extra[:1] == ["@megatron-lm"]:
+            if "megatron-lm" not in peer_source:
+                peer_source["megatron-lm"] = peer_megatron_lm.find_source(a.megatron_lm)
+                report["megatron_lm_source"] = peer_source["megatron-lm"][1]
+            mlm, why = peer_source["megatron-lm"]
+            if mlm is None:
+                return {"error": why}
+            flags = peer_megatron_lm.megatron_lm_flags(parse(base[model]), a.backend, a.warmup + a.iters)
+            return peer_megatron_lm.run(mlm, a.backend, flags, a.warmup, a.threads)
+        if extra[:1] == ["@torchtitan"]:
+            return peer_torchtitan.run(base[model], a.backend, a.iters, a.warmup, a.threads)
+        return run_ours(base[model] + extra, a.iters, a.warmup, a.threads)
+
     done = 0
     while done < len(rows):
         name, model, extra = rows[done]
-        runs = [run_ours(base[model] + extra, a.iters, a.warmup, a.threads) for _ in range(a.repeats)]
+        runs = [run_row(model, extra) for _ in range(a.repeats)]
         result = next((r for r in runs if "error" in r), None) or min(runs, key=lambda r: r["ms"])
         if "error" in result:
             report["rows"].append({"row": name, "model": model, "error": result["error"]})
             save()
             print(f"{name:<46} {model:<6} failed: {result['error']}", flush=True)
         else:
-            show(name, model, result["ms"], result["fusions"])
+            show(name, model, result["ms"], result["fusions"], result.get("peak_gib"))
             if name.endswith("fusions on") and not (a.quick or a.no_ablation):
                 rows += ablation_rows(name.split(",")[0], result["fusions"])
         done += 1

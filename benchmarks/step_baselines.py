@@ -116,8 +116,10 @@ def _median_ms(times: list[float]) -> float:
     return 1000 * statistics.median(times)
 
 
-def plain_step_ms(args, device: torch.device, iters: int, warmup: int = 2) -> float:
-    """Median step time of the plain-PyTorch loop (forward, backward, clip, AdamW) over ``iters`` steps."""
+def plain_step_ms(args, device: torch.device, iters: int, warmup: int = 2, with_peak: bool = False):
+    """Median step time of the plain-PyTorch loop (forward, backward, clip, AdamW) over ``iters`` steps; with
+    ``with_peak`` also the device allocator's peak in GiB over the timed steps (None on the cpu). Gradients of the
+    global batch's micro-batches accumulate before the optimizer step, as in the run compared with."""
     torch.manual_seed(0)
     model = PlainModel(args).to(device)
     for p in model.parameters():
@@ -126,14 +128,19 @@ def plain_step_ms(args, device: torch.device, iters: int, warmup: int = 2) -> fl
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                                   eps=args.adam_eps, weight_decay=args.weight_decay)
     b, s = args.micro_batch_size, args.seq_length
+    micro_batches = max(1, args.global_batch_size // b)
     tokens = torch.randint(0, args.vocab_size, (b, s + 1), device=device)
+    module = None if device.type == "cpu" else torch.get_device_module(device.type)
     times = []
     for step in range(warmup + iters):
         synchronize(device)
+        if step == warmup and module is not None:
+            module.reset_peak_memory_stats()
         start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(args.bf16)):
-            loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
+        for _ in range(micro_batches):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(args.bf16)):
+                loss = model(tokens[:, :-1], tokens[:, 1:]) / micro_batches
+            loss.backward()
         if args.clip_grad:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
         optimizer.step()
@@ -141,7 +148,9 @@ def plain_step_ms(args, device: torch.device, iters: int, warmup: int = 2) -> fl
         synchronize(device)
         if step >= warmup:
             times.append(time.perf_counter() - start)
-    return _median_ms(times)
+    if not with_peak:
+        return _median_ms(times)
+    return _median_ms(times), (None if module is None else module.max_memory_allocated() / 2 ** 30)
 
 
 def _time_ms(fn, device: torch.device, reps: int) -> float:
@@ -198,4 +207,23 @@ def bound_step_ms(args, device: torch.device, reps: int = 5) -> float:
     else:
         ffn = args.ffn_hidden_size
         layer += _linear_ms(tokens, h, 2 * ffn, dtype, device, reps) + _linear_ms(tokens, ffn, h, dtype, device, reps)
-    return args.num_layers * layer + _linear_ms(tokens, h, args.padded_vocab_size, dtype, device, reps)
+    micro_batches = max(1, args.global_batch_size // args.micro_batch_size)
+    return micro_batches * (args.num_layers * layer + _linear_ms(tokens, h, args.padded_vocab_size, dtype, device,
+                                                                 reps))
+
+
+def flop_shares(args) -> dict:
+    """Shares of one micro-batch's GEMM + attention FLOPs (the bound's pieces): the layers' and the output
+    layer's, so a row's MFU can be read per layer (the embedding and the optimizer do no GEMM)."""
+    h, heads, groups = args.hidden_size, args.num_attention_heads, args.num_query_groups
+    d = args.kv_channels or h // heads
+    s = args.seq_length
+    attn = h * (heads + 2 * groups) * d + heads * d * h + 2 * s * heads * d  # per token, causal SDPA counted whole
+    if args.num_experts:
+        ffn = args.moe_ffn_hidden_size or args.ffn_hidden_size
+        mlp = h * args.num_experts + args.moe_router_topk * 3 * h * ffn
+    else:
+        mlp = 3 * h * args.ffn_hidden_size
+    layers = args.num_layers * (attn + mlp)
+    output = h * args.padded_vocab_size
+    return {"layers": layers / (layers + output), "output_layer": output / (layers + output)}

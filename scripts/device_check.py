@@ -43,19 +43,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "scripts/device_manifest.txt"
-SECTIONS = ("install", "build", "conformance", "train_check", "step")
-# seconds per section; each plan's boxes add up to under its budget (full 9 min, quick 4 min on the device). Measured
-# on the first H200 runs (2026-11-28): install 15-20 s, build 40 s (kernels for sm90 included), conformance 35 s,
-# train_check 52 s for llama3 alone, step ~20 s a row (14 rows in the full plan); a box left unused goes to the next
+SECTIONS = ("install", "build", "conformance", "train_check", "step", "profile")
+# seconds per section; each plan's boxes add up to under its budget (full 8 min, quick 4 min on the device: a
+# session's window is 15 minutes, the machine's start included). Measured on the first H200 runs (2026-11-28):
+# install 15-20 s, build 40 s (kernels for sm90 included), conformance 35 s, train_check 52 s for llama3 alone, 91 s
+# for all three models; step: UNMEASURED at the representative shapes (8 layers x 8 micro-batches: estimated ~2 s a
+# step, ~20 s a row with its start-up, 8 rows); a box left unused goes to the next. --quick has no profile section.
 BOXES = {
-    "full": {"install": 25, "build": 75, "conformance": 50, "train_check": 150, "step": 220},
+    "full": {"install": 20, "build": 60, "conformance": 40, "train_check": 100, "step": 190, "profile": 40},
     "quick": {"install": 20, "build": 55, "conformance": 40, "train_check": 60, "step": 35},
-    "cpu-dry-run": {"install": 120, "build": 600, "conformance": 150, "train_check": 360, "step": 420},
+    "cpu-dry-run": {"install": 120, "build": 600, "conformance": 150, "train_check": 360, "step": 600,
+                    "profile": 120},
 }
-BUDGET_S = {"full": 540, "quick": 240, "cpu-dry-run": 1700}
+BUDGET_S = {"full": 480, "quick": 240, "cpu-dry-run": 2000}
 KILL_AFTER_S = 10  # `timeout -k`: SIGKILL this long after the SIGTERM
 REPORT_FILES = ("device_report.md", "device_report.json", "install.log", "build.log", "conformance.log",
-                "train_check.log", "step.log")  # + build_without_kernels.log when the kernel build failed
+                "train_check.log", "step.log", "profile.log", "profile.md", "profile.json",
+                "profile_trace.json.gz")  # + build_without_kernels.log when the kernel build failed
 
 
 @dataclass
@@ -95,8 +99,9 @@ def read_manifest(path: Path = MANIFEST) -> list[dict]:
             continue
         name, module, source, why = [c.strip() for c in line.split("|", 3)]
         row = {"name": name, "module": module, "source": source, "why": why}
-        if source.startswith("bundle=="):
-            row.update(source="bundle", version=source.split("==", 1)[1])
+        for kind in ("bundle", "peer", "git"):
+            if source.startswith(f"{kind}=="):
+                row.update(source=kind, version=source.split("==", 1)[1])
         rows.append(row)
     return rows
 
@@ -192,17 +197,22 @@ def interpreter(python: str) -> dict:
 def dry_run_venv(base_python: str, info: dict | None, venv: Path) -> list[list[str]]:
     """The commands that make the dry run's venv. ``--system-site-packages`` shows the *base* interpreter's packages
     only: when ``base_python`` is itself a venv (the usual developer set-up, torch installed in it), the new venv
-    is made from that venv's base interpreter and a .pth file puts the running venv's site-packages on its path
-    (plain directory lines: that venv's own .pth files, e.g. an editable mtmegatron, are not processed), ahead of
-    the base interpreter's."""
+    is made from that venv's base interpreter and a .pth file puts the running venv's site-packages on its path,
+    ahead of the base interpreter's, and processes that venv's .pth files but mtmegatron's editable hook."""
     info = info or {"venv": False, "base": base_python, "site": []}
     make_from = info["base"] if info["venv"] else base_python
     cmds = [[make_from, "-m", "venv", "--clear", "--system-site-packages", str(venv)]]
     if info["venv"] and info["site"]:
+        # the running venv's site-packages, then its .pth files (editable installs, path hooks) as site.py would
+        # process them, except mtmegatron's own editable hook: the dry run installs mtmegatron into its own venv
+        # (one line, as a .pth requires; names through __import__: site.py exec()s it in a function's scope)
+        hooks = ("import site; [__import__('site').addpackage(d, n, set()) for d in %r for n in "
+                 "sorted(__import__('os').listdir(d)) if n.endswith('.pth') and 'mtmegatron' not in n and not "
+                 "n.startswith('_mtm_')]" % info["site"])
         py = str(venv / "bin/python")
         cmds.append([py, "-c", "import pathlib, site, sys; pathlib.Path(site.getsitepackages()[0], "
                      "'_mtm_parent_venv.pth').write_text(sys.argv[1]); print('parent venv on the path:', "
-                     "sys.argv[1].split())", "\n".join(info["site"])])
+                     "sys.argv[1].splitlines()[:-1])", "\n".join([*info["site"], hooks]) + "\n"])
     return cmds
 
 
@@ -259,14 +269,17 @@ def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path,
     train = [[py, str(ROOT / "scripts/gpu_train_check.py"), "--backend-under-test", backend, *train_flags,
               "--jobs", str(jobs), "--work-dir", str(work / "train_check"), "--json", str(work / "train_check.json")]]
 
-    step_flags = ["--impls", "local,mtmegatron", "--no-ablation", "--fp8", "on", "--json", str(work / "step.json")]
-    if mode == "quick":
+    step_flags = ["--impls", "local,mtmegatron", "--no-ablation", "--fp8", "on", "--peers", "megatron-lm,torchtitan",
+                  "--json", str(work / "step.json")]
+    if mode == "quick":  # the first GPU runs' shapes (2 dense layers, one micro-batch)
         step_flags += ["--quick", "--iters", "4", "--warmup", "2"]
     elif dry:
         step_flags += ["--cpu-size", "tiny", "--iters", "2", "--warmup", "1", "--threads", str(cores)]
-    else:
-        step_flags += ["--iters", "4", "--warmup", "2", "--threads", "8"]
+    else:  # representative shapes: 8B layers as fit (at most 8), 8 micro-batches, distributed optimizer
+        step_flags += ["--iters", "2", "--warmup", "1", "--threads", "8"]
     step = [[py, str(ROOT / "benchmarks/step.py"), "--backend", backend, *step_flags]]
+    profile = [[py, str(ROOT / "benchmarks/profile_step.py"), "--backend", backend, "--out", str(out),
+                "--warmup", "1", "--threads", str(cores if dry else 8), *(["--cpu-size", "tiny"] if dry else [])]]
 
     sections = [
         Section("install", boxes["install"], install),
@@ -276,6 +289,8 @@ def make_plan(mode: str, backend: str, arch: str | None, device: str, out: Path,
         Section("train_check", boxes["train_check"], train, needs=("build",)),
         Section("step", boxes["step"], step, needs=("build",)),
     ]
+    if "profile" in boxes:
+        sections.append(Section("profile", boxes["profile"], profile, needs=("build",)))
     return Plan(mode, backend, arch, device, py, base_python, str(venv) if venv else None, str(site), str(wheels),
                 str(out), str(work), cores, BUDGET_S[mode], env, sections)
 
@@ -348,7 +363,7 @@ def section_figures(name: str, plan: Plan, log: Path) -> dict:
                                                          summary)}
             figures["pytest_s"] = float(seconds)
         return figures
-    path = work / f"{name}.json"
+    path = (Path(plan.out) if name == "profile" else work) / f"{name}.json"
     if path.is_file():
         try:
             return json.loads(path.read_text())
@@ -384,17 +399,29 @@ def render_report(plan: Plan, results: list[dict], wall_s: float) -> str:
             peak = fmt(fig.get("peak_datasheet_bf16_tflops"))
             lines += ["", f"device {fig.get('device')}; datasheet bf16 peak {peak} TFLOP/s; measured {mm.get('n')}^3 "
                       f"{mm.get('dtype')} matmul {mm.get('tflops') or 0:.4g} TFLOP/s; {fig.get('iters')} timed "
-                      f"iterations after {fig.get('warmup')}", "",
-                      "| row | model | ms/step | TFLOP/s | MFU (datasheet) | MFU (matmul) | / plain | / bound "
-                      "| fusions |", "|---|---|---|---|---|---|---|---|---|"]
+                      f"iterations after {fig.get('warmup')}"]
+            for model, m in (fig.get("models") or {}).items():
+                shares = m.get("flop_shares") or {}
+                lines.append(f"- {model}: {m.get('layers')} layers, {m.get('micro_batches')} micro-batches a step, "
+                             f"output layer {100 * shares.get('output_layer', 0):.0f}% of the GEMM+attention FLOPs: "
+                             f"`{' '.join(m.get('flags', []))}`")
+            if fig.get("megatron_lm_source"):
+                lines.append(f"- Megatron-LM from {fig['megatron_lm_source']}")
+            lines += ["", "| row | model | ms/step | TFLOP/s | MFU (datasheet) | MFU (matmul) | / plain | / bound "
+                      "| peak GiB | fusions |", "|---|---|---|---|---|---|---|---|---|---|"]
             for row in fig["rows"]:
                 if "error" in row:
-                    lines.append(f"| {row['row']} | {row['model']} | failed: {row['error']} | | | | | | |")
+                    lines.append(f"| {row['row']} | {row['model']} | failed: {row['error']} | | | | | | | |")
                     continue
                 pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
+                gib = "n/a" if row.get("peak_gib") is None else f"{row['peak_gib']:.2f}"
                 lines.append(f"| {row['row']} | {row['model']} | {row['ms']:.1f} | {row['tflops']:.4g} | "
                              f"{pct(row['mfu_datasheet_pct'])} | {pct(row['mfu_matmul_pct'])} | "
-                             f"{row['vs_plain']:.2f} | {row['vs_bound']:.2f} | {row['fusions']} |")
+                             f"{row['vs_plain']:.2f} | {row['vs_bound']:.2f} | {gib} | {row['fusions']} |")
+        elif r["name"] == "profile" and fig.get("top"):
+            md = Path(plan.out) / "profile.md"
+            lines += ["", md.read_text().rstrip() if md.is_file() else "", "",
+                      f"trace: {fig.get('trace')} (chrome://tracing, Perfetto)"]
         elif fig:
             lines += [""] + [f"- {k}: {v}" for k, v in fig.items()]
         if r["status"] not in ("PASS", "SKIPPED"):
@@ -414,6 +441,9 @@ def summarize(name: str, fig: dict) -> str:
         mm = (fig.get("matmul") or {}).get("tflops")
         return (f"{len(ok)} rows ({len(fig['rows']) - len(ok)} failed); matmul {mm or 0:.4g} TFLOP/s"
                 + (f"; best {best['row']} {best['tflops']:.4g} TFLOP/s" if best else ""))
+    if name == "profile" and fig.get("phases_pct"):
+        return f"{fig['steps']} steps, wall {fig['wall_ms']:.1f} ms: " + ", ".join(
+            f"{p} {v:.0f}%" for p, v in fig["phases_pct"].items())
     return ", ".join(f"{k} {v}" for k, v in fig.items() if not isinstance(v, (dict, list)))
 
 
@@ -431,6 +461,8 @@ def execute(plan: Plan) -> int:
     work.mkdir(parents=True, exist_ok=True)
     for stale in ("train_check.json", "step.json"):
         (work / stale).unlink(missing_ok=True)
+    for stale in ("profile.json", "profile.md", "profile_trace.json.gz"):
+        (out / stale).unlink(missing_ok=True)
     shutil.rmtree(plan.site, ignore_errors=True)
     start, spare, results, passed = time.monotonic(), 0.0, [], set()
     problems = check_wheels(Path(plan.wheels), read_manifest())

@@ -14,6 +14,7 @@ import math
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,11 @@ gtc = _load("gpu_train_check", "scripts/gpu_train_check.py")
 
 # ---- the bundle manifest -----------------------------------------------------------------------------------------
 RUNTIME = ["mtmegatron", "scripts/gpu_train_check.py", "scripts/gpu_kernels.py",
-           "scripts/device_check.py", "benchmarks/step.py", "benchmarks/step_baselines.py", "tests/conformance",
-           "tests/conftest.py", "tests/helpers"]
-LOCAL = {"mtmegatron", "helpers", "step_baselines", "conftest"}
+           "scripts/device_check.py", "benchmarks/step.py", "benchmarks/step_baselines.py",
+           "benchmarks/peer_megatron_lm.py", "benchmarks/peer_torchtitan.py", "benchmarks/profile_step.py",
+           "scripts/megatron_lm_host.py", "tests/conformance", "tests/conftest.py", "tests/helpers"]
+LOCAL = {"mtmegatron", "helpers", "step_baselines", "conftest", "step", "peer_megatron_lm", "peer_torchtitan",
+         "megatron_lm_host"}
 
 
 def _third_party_imports() -> dict[str, str]:
@@ -65,7 +68,8 @@ def test_manifest_names_every_module_the_device_imports():
     listed = {row["module"] for row in manifest}
     missing = {m: f for m, f in _third_party_imports().items() if m not in listed}
     assert not missing, f"add to scripts/device_manifest.txt (and the bundle if the device image lacks it): {missing}"
-    assert all(row["why"] and row["source"] in ("bundle", "image", "musa", "absent") for row in manifest)
+    assert all(row["why"] and row["source"] in ("bundle", "image", "musa", "absent", "peer", "git")
+               for row in manifest)
     bundle = [r for r in manifest if r["source"] == "bundle"]
     assert [(r["name"], r["module"]) for r in bundle] == [("megatron-core", "megatron")]
     # the pin lies in pyproject's range, and the bundle script downloads exactly the manifest's bundle rows
@@ -74,7 +78,13 @@ def test_manifest_names_every_module_the_device_imports():
     listing = subprocess.run(["bash", str(ROOT / "scripts/device_bundle.sh"), "--list"], capture_output=True,
                              text=True, timeout=30)
     assert listing.returncode == 0, listing.stderr
-    assert listing.stdout.split() == [f"{r['name']}=={r['version']}" for r in bundle]
+    peers = [r for r in manifest if r["source"] == "peer"]
+    assert listing.stdout.split() == [f"{r['name']}=={r['version']}" for r in bundle + peers] + [
+        "megatron-lm@core_v0.16.1"]
+    assert {r["module"] for r in peers} >= {"torchtitan", "spmd_types", "tyro"}
+    # the Megatron-LM tag the bundle extracts is the one the shared launcher runs (and megatron-core's version)
+    host = _load("megatron_lm_host", "scripts/megatron_lm_host.py")
+    assert host.TAG == "core_v" + bundle[0]["version"]
 
 
 def test_wheel_folder_is_checked_against_the_manifest(tmp_path):
@@ -127,8 +137,12 @@ def test_cpu_dry_run_plan(capsys):
     step = _commands(plan, "step")[0]
     assert "--backend cpu" in step and "--impls local,mtmegatron" in step and "--fp8 on" in step
     assert "--cpu-size tiny" in step  # where the scaled_mm FP8 row runs in seconds
+    assert "--peers megatron-lm,torchtitan" in step
+    profile = _commands(plan, "profile")[0]
+    assert "benchmarks/profile_step.py --backend cpu --out /tmp/unused-report" in profile and "--cpu-size tiny" in profile
     assert all(c.startswith(venv_py) for s in plan["sections"][1:] for c in s["commands"])
-    assert plan["boxes_total_s"] <= plan["budget_s"] and len(plan["report_files"]) <= 8
+    assert plan["boxes_total_s"] <= plan["budget_s"]
+    assert {"profile.md", "profile.json", "profile_trace.json.gz", "step.log"} <= set(plan["report_files"])
 
 
 def test_cpu_dry_run_from_a_venv_sees_that_venvs_packages(tmp_path):
@@ -140,13 +154,17 @@ def test_cpu_dry_run_from_a_venv_sees_that_venvs_packages(tmp_path):
     info = dc.interpreter(parent_py)
     assert info["venv"] and info["base"] != parent_py and len(info["site"]) == 1
     (Path(info["site"][0]) / "mtm_only_in_parent_venv.py").write_text("WHERE = 'parent venv'\n")
+    (tmp_path / "hooked").mkdir()  # what a .pth of the parent venv adds (an editable install, say)
+    (tmp_path / "hooked/mtm_via_parent_pth.py").write_text("")
+    (Path(info["site"][0]) / "hooked.pth").write_text(str(tmp_path / "hooked") + "\n")
     commands = dc.dry_run_venv(parent_py, info, tmp_path / "dry")
     assert commands[0][:4] == [info["base"], "-m", "venv", "--clear"]
     commands[0].insert(4, "--without-pip")  # pip plays no part in what the venv sees (and costs seconds)
     for command in commands:
         subprocess.run(command, check=True, timeout=120, capture_output=True)
-    seen = subprocess.run([str(tmp_path / "dry/bin/python"), "-c", "import mtm_only_in_parent_venv as m, torch; "
-                           "print(m.WHERE, m.__file__)"], capture_output=True, text=True, timeout=120)
+    seen = subprocess.run([str(tmp_path / "dry/bin/python"), "-c", "import mtm_only_in_parent_venv as m, torch, "
+                           "mtm_via_parent_pth; print(m.WHERE, m.__file__)"], capture_output=True, text=True,
+                          timeout=120)
     assert seen.returncode == 0, seen.stderr
     assert seen.stdout.split()[:2] == ["parent", "venv"] and info["site"][0] in seen.stdout
 
@@ -166,8 +184,11 @@ def test_device_plan_builds_for_the_device_arch_and_fits_its_time(capsys, quick)
     assert "--skip-kernels" not in train
     step = _commands(plan, "step")[0]
     assert "--backend cuda" in step and "--fp8 on" in step and ("--quick" in step) == quick
-    # every box plus its SIGKILL grace fits the budget: 9 minutes, 4 with --quick
-    assert plan["budget_s"] == (240 if quick else 540)
+    assert "--peers megatron-lm,torchtitan" in step
+    # the profile of the representative dense row: the full run only
+    assert [s["name"] for s in plan["sections"]] == [n for n in dc.SECTIONS if n != "profile" or not quick]
+    # every box plus its SIGKILL grace fits the budget: 8 minutes of the 15-minute window, 4 with --quick
+    assert plan["budget_s"] == (240 if quick else 480)
     assert plan["boxes_total_s"] + dc.KILL_AFTER_S * len(plan["sections"]) <= plan["budget_s"] + 30
 
 
@@ -271,18 +292,135 @@ def test_cpu_vs_cpu_run_passes(tmp_path, capsys):
 # ---- benchmarks/step.py ------------------------------------------------------------------------------------------
 def test_step_rows_put_the_comparisons_first():
     step = _load("step_benchmark", "benchmarks/step.py")  # it puts its own directory on sys.path (step_baselines)
-    rows = step.rows_to_run("cuda", ["local", "mtmegatron"], fp8=True, quick=False)
+    rows = step.rows_to_run("cuda", ["local", "mtmegatron"], fp8=True, quick=False,
+                            peers=("megatron-lm", "torchtitan"))
     assert [name for name, _, _ in rows] == [
-        "local, fusions on", "mtmegatron, fusions on", "local, fusions off", "mtmegatron, fusions off",
+        "local, fusions on", "mtmegatron, fusions on",
+        "Megatron-LM pretrain_gpt.py, local", "torchtitan Llama-3 train step",
         "local, fusions on, FP8 tensorwise scaled_mm", "mtmegatron, fusions on, FP8 tensorwise scaled_mm",
-        "local, MoE sequential experts", "local, MoE grouped GEMM",
-        "mtmegatron, MoE sequential experts", "mtmegatron, MoE grouped GEMM"]
+        "local, MoE grouped GEMM", "mtmegatron, MoE grouped GEMM",
+        "Megatron-LM pretrain_gpt.py, local, MoE sequential experts",
+        "local, fusions off", "mtmegatron, fusions off",
+        "local, MoE sequential experts", "mtmegatron, MoE sequential experts"]
+    assert [extra for _, model, extra in rows if extra[0].startswith("@")] == [
+        ["@megatron-lm"], ["@torchtitan"], ["@megatron-lm"]]
     fp8 = rows[4][2]
     assert fp8[fp8.index("--fp8-recipe") + 1] == "tensorwise" and fp8[fp8.index("--fp8-executor") + 1] == "scaled_mm"
-    assert "--moe-grouped-gemm" in rows[-1][2] and "--moe-grouped-gemm" not in rows[-2][2]
-    cpu = step.rows_to_run("cpu", ["local", "mtmegatron"], fp8=True, quick=True)
+    cpu = step.rows_to_run("cpu", ["local", "mtmegatron"], fp8=True, quick=True, peers=("megatron-lm", "torchtitan"))
     assert [name for name, _, flags in cpu if "--bf16" in flags] == [
         "local, fusions on, bf16", "local, fusions on, FP8 tensorwise scaled_mm"]
+    assert "torchtitan Llama-3 train step" not in [name for name, _, _ in cpu]  # --quick: Megatron-LM only
+    # the representative shapes: 8 micro-batches and the distributed optimizer on a GPU, 2 on the cpu; --quick
+    # keeps the first GPU runs' shapes (one micro-batch)
+    gpu = step.GPU_MODELS["dense"]
+    assert gpu[gpu.index("--global-batch-size") + 1] == "8" and "--use-distributed-optimizer" in gpu
+    quick = step.GPU_QUICK_MODELS["dense"]
+    assert quick[quick.index("--global-batch-size") + 1] == "1" and "--use-distributed-optimizer" not in quick
+    tiny = step.model_flags("cpu", "tiny", False, "auto", "auto")["dense"]
+    assert tiny[tiny.index("--global-batch-size") + 1] == "4" and tiny.count("--global-batch-size") == 1
+    assert [step.layers_that_fit("dense", gib) for gib in (79.2, 139.8, 40.0)] == [8, 8, 1]
+    assert [step.layers_that_fit("moe", gib) for gib in (79.2, 139.8)] == [2, 2]
+
+
+def test_megatron_lm_flags_describe_the_same_model():
+    peer = _load("peer_megatron_lm", "benchmarks/peer_megatron_lm.py")
+    # the fields of a parsed tiny Mixtral row (mtmegatron.training.arguments names; parsing itself costs ~20 s here,
+    # the dry run's Megatron-LM rows parse for real)
+    args = types.SimpleNamespace(
+        num_layers=2, hidden_size=64, ffn_hidden_size=192, num_attention_heads=4, num_query_groups=2, kv_channels=16,
+        seq_length=64, max_position_embeddings=64, position_embedding_type="rope", rotary_base=1000000.0,
+        normalization="RMSNorm", layernorm_epsilon=1e-5, padded_vocab_size=1024, micro_batch_size=2,
+        global_batch_size=4, lr=1e-4, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
+        clip_grad=1.0, init_method_std=0.02, seed=1234, swiglu=True, untie_embeddings_and_output_weights=True,
+        add_bias_linear=False, bf16=False, use_distributed_optimizer=True, num_experts=4, moe_router_topk=2,
+        moe_ffn_hidden_size=192, moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.01,
+        moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False)
+    mlm = peer.megatron_lm_flags(args, "cpu", 3)
+
+    def value(name):
+        return mlm[mlm.index(name) + 1]
+
+    assert (value("--hidden-size"), value("--ffn-hidden-size"), value("--num-attention-heads"),
+            value("--num-query-groups"), value("--seq-length"), value("--rotary-base")) == (
+        "64", "192", "4", "2", "64", "1000000")
+    # NullTokenizer's vocabulary is --vocab-size + 1; divisible-by 1 keeps it: the padded vocabulary is ours
+    assert value("--vocab-size") == "1023" and value("--make-vocab-size-divisible-by") == "1"
+    assert (value("--micro-batch-size"), value("--global-batch-size"), value("--train-iters")) == ("2", "4", "3")
+    assert {"--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
+            "--use-distributed-optimizer", "--no-rope-fusion"} <= set(mlm) and "--bf16" not in mlm
+    assert (value("--num-experts"), value("--moe-router-topk"), value("--transformer-impl")) == ("4", "2", "local")
+    assert "--moe-grouped-gemm" not in mlm and value("--distributed-backend") == "gloo"
+    on_gpu = peer.megatron_lm_flags(types.SimpleNamespace(**{**vars(args), "bf16": True}), "cuda", 3)
+    assert "--bf16" in on_gpu and "--no-rope-fusion" not in on_gpu  # Megatron-LM's own fusions on a GPU
+    assert on_gpu[on_gpu.index("--distributed-backend") + 1] == "nccl"
+
+
+def _trace_event(name, ts, dur, cat="cpu_op", tid=1, **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "pid": 1, "tid": tid, "args": args}
+
+
+def test_profile_phases_and_top_kernels():
+    prof = _load("profile_step", "benchmarks/profile_step.py")
+    py = "megatron/core/pipeline_parallel/schedules.py"
+    cpu = {"traceEvents": [
+        _trace_event("ProfilerStep#3", 0, 100, "user_annotation"),
+        _trace_event(f"{py}(400): forward_step", 0, 30, "python_function"),
+        _trace_event("aten::mm", 5, 20), _trace_event("aten::add", 10, 5),  # nested: mm's self time 15
+        _trace_event(f"{py}(500): backward_step", 30, 40, "python_function"),
+        _trace_event("aten::mm", 35, 30),
+        _trace_event("megatron/core/optimizer/optimizer.py(700): step", 75, 20, "python_function"),
+        _trace_event("aten::_foreach_add_", 76, 10),
+        _trace_event("gloo:all_reduce", 90, 4),
+    ]}
+    r = prof.analyze(cpu)
+    assert r["kind"] == "cpu ops (self time)" and r["steps"] == 1 and r["wall_ms"] == 0.1
+    ms = {k: round(v * 1000) for k, v in r["phases_ms"].items()}
+    assert ms == {"forward": 20, "backward": 30, "optimizer": 10, "communication": 4, "other": 0, "idle": 36}
+    assert [(k["name"], round(k["ms"] * 1000), k["calls"]) for k in r["top"][:2]] == [("aten::mm", 45, 2),
+                                                                                      ("aten::_foreach_add_", 10, 1)]
+    assert abs(sum(k["share_pct"] for k in r["top"]) - 100) < 1e-9
+    # a GPU trace: kernels take the phase of their launch (the runtime call with the same correlation id)
+    gpu = {"traceEvents": [
+        _trace_event("ProfilerStep#3", 0, 100, "user_annotation"),
+        _trace_event(f"{py}(400): forward_step", 0, 30, "python_function"),
+        _trace_event("autograd::engine::evaluate_function: MmBackward0", 40, 20, tid=2),
+        _trace_event("cudaLaunchKernel", 10, 1, "cuda_runtime", correlation=1),
+        _trace_event("cudaLaunchKernel", 45, 1, "cuda_runtime", correlation=2),
+        _trace_event("sm90_xmma_gemm_bf16", 20, 30, "kernel", tid=7, correlation=1),  # runs after forward_step ends
+        _trace_event("sm90_xmma_gemm_bf16", 60, 20, "kernel", tid=7, correlation=2),
+        _trace_event("ncclDevKernel_AllReduce", 85, 5, "kernel", tid=7),
+    ]}
+    r = prof.analyze(gpu)
+    ms = {k: round(v * 1000) for k, v in r["phases_ms"].items()}
+    assert ms == {"forward": 30, "backward": 20, "optimizer": 0, "communication": 5, "other": 0, "idle": 45}
+    assert r["top"][0]["name"] == "sm90_xmma_gemm_bf16" and r["top"][0]["calls"] == 2
+    with pytest.raises(ValueError, match="no ProfilerStep"):
+        prof.analyze({"traceEvents": []})
+
+
+def test_report_shows_the_peer_rows_and_the_profile(tmp_path):
+    plan = _plan_in(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out/profile.md").write_text("| phase | ms | share of wall |\n| forward | 1.0 | 10.0% |\n")
+    row = {"model": "dense", "ms": 10.0, "tflops": 1.0, "mfu_datasheet_pct": None, "mfu_matmul_pct": 5.0,
+           "vs_plain": 1.1, "vs_bound": 2.0, "fusions": "none (cpu)", "peak_gib": 0.5}
+    step_fig = {"device": "cpu", "matmul": {"n": 8, "dtype": "float32", "tflops": 1.0}, "iters": 2, "warmup": 1,
+                "megatron_lm_source": "git archive core_v0.16.1",
+                "models": {"dense": {"layers": 2, "micro_batches": 2, "flop_shares": {"output_layer": 0.25},
+                                     "flags": ["--model", "llama3"]}},
+                "rows": [{**row, "row": "Megatron-LM pretrain_gpt.py, local"},
+                         {"row": "torchtitan Llama-3 train step", "model": "dense", "error": "FlexAttention: no"}]}
+    results = [{"name": "step", "status": "PASS", "seconds": 1, "box_s": 2, "log": "step.log", "tail": "",
+                "figures": step_fig, "summary": dc.summarize("step", step_fig)},
+               {"name": "profile", "status": "PASS", "seconds": 1, "box_s": 2, "log": "profile.log", "tail": "",
+                "figures": {"top": [1], "trace": "profile_trace.json.gz", "steps": 2, "wall_ms": 10.0,
+                            "phases_pct": {"forward": 10.0, "idle": 90.0}}, "summary": ""}]
+    md = dc.render_report(plan, results, 3.0)
+    assert "| Megatron-LM pretrain_gpt.py, local | dense | 10.0 | 1 | n/a | 5.0% | 1.10 | 2.00 | 0.50 | none (cpu) |" in md
+    assert "| torchtitan Llama-3 train step | dense | failed: FlexAttention: no |" in md
+    assert "2 layers, 2 micro-batches a step, output layer 25%" in md and "Megatron-LM from git archive" in md
+    assert "| forward | 1.0 | 10.0% |" in md and "trace: profile_trace.json.gz" in md
+    assert dc.summarize("profile", results[1]["figures"]) == "2 steps, wall 10.0 ms: forward 10%, idle 90%"
 
 
 def test_a_failed_kernel_build_falls_back_to_one_without_kernels(tmp_path):
