@@ -10,6 +10,9 @@ wrote them, the vocabulary padding left out) into HF safetensors + config.json (
 conversion).
 LLaVA (convert/llava.py) also writes ``hf_unused_vision.safetensors`` beside the checkpoint: the CLIP layers after
 HF's feature layer and ``post_layernorm``, which LLaVA never reads, kept so that the way back is bit-exact.
+Qwen2-VL / Qwen2.5-VL: every vision field is a flag (models/packed_vision_args.py); the text config's
+bos/eos/pad token ids, which no flag holds, are recorded in the checkpoint (``hf_layout``) and written back.
+A damaged input file is one line naming it (hf_io.py: a safetensors file; streaming_export.py: a ``.distcp`` file).
 May assume: run as a plain single process (it creates a one-rank gloo group).
 """
 
@@ -64,6 +67,10 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
                      "before_marker": lambda staging: llava.write_carried(staging, hf_dir, plan)}
         else:
             flags = families.get(family).flags_from_hf(config, names=hf.names, source=hf_dir)
+        if families.get(family).vision_encoder == "packed":  # bos/eos/pad ids: written back on export
+            from mtmegatron.models.families.qwen2_vl import carried_text_fields
+
+            hf_layout[family] = carried_text_fields(config)
     except KeyError as e:
         raise ConversionError(f"{os.path.join(hf_dir, 'config.json')}: no field {e.args[0]!r}, which a "
                               f"{config.get('model_type')} config has") from None
@@ -111,6 +118,8 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
 
         config, hf_layout = llava.export_layout(args, common.get("hf_layout", {}).get(family.name, {}), load,
                                                 image_token_id)
+    elif family.vision_encoder == "packed":  # the token ids recorded at conversion (none: HF's defaults)
+        config, hf_layout = family.hf_config(args, record=common.get("hf_layout", {}).get(family.name)), None
     else:
         config, hf_layout = family.hf_config(args, rope_interleave=rope_interleave), None
     export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype,

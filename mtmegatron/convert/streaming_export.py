@@ -14,6 +14,9 @@ whole item is memory-mapped where it lies in its file (convert/stored_tensor.py)
 its offset. The vocabulary rows are read without their padding.
 Safety: everything is written under ``<out>.partial.<pid>`` and renamed to ``<out>`` when complete; the finished
 marker ``<out>/conversion_complete.json`` exists only in a complete output. Workers stop when the parent dies.
+A damaged input is one line naming the file: a ``.distcp`` file missing or shorter than its ``.metadata`` says
+(checked before any worker starts), or one whose bytes are not what ``torch.save`` wrote (zero-filled, overwritten:
+found when its tensor is read).
 Memory per worker: one group's inputs and outputs and one stored chunk being copied (about 2 x the largest
 parameter + the interpreter); the parent holds no tensor data.
 May assume: run as a plain process on Linux (workers are forked after the imports and the meta model).
@@ -24,7 +27,10 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import pickle
+import struct
 import time
+import zipfile
 
 import torch
 
@@ -32,6 +38,8 @@ from mtmegatron.models.families import ConversionError
 from mtmegatron.convert.streaming import (MARKER, _VOCAB_ROWS, BytesReporter, _follow, _reset_peak, _vm_hwm_bytes,
                                           exit_with_parent, staged, worker_failed)
 
+# what torch.load / zipfile / mmap raise on bytes that are not a saved tensor (a damaged .distcp file)
+_DAMAGED = (EOFError, RuntimeError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile, struct.error)
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
               torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 
@@ -92,7 +100,53 @@ class _Reader:
                     raise ConversionError(f"{c.key}: the checkpoint has shape {got}, the model from its flags "
                                           f"{want} (checkpoint and flags disagree)")
 
+    def check_files(self) -> None:
+        """Every file the ``.metadata`` places the model's tensors in is there and long enough for them (a
+        truncated or missing ``.distcp`` file: one line naming it, before any worker starts; the optimizer's files
+        of a training checkpoint are not read, so not checked)."""
+        keys = {c.key for chunks in self.chunks_of.values() for c in chunks}
+        ends: dict[str, int] = {}
+        for index, info in self.reader.storage_data.items():
+            if index.fqn not in keys:
+                continue
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+        for name, end in sorted(ends.items()):
+            path = os.path.join(str(self.reader.path), name)
+            if not os.path.isfile(path):
+                raise ConversionError(f"{path}: no such file, but the checkpoint's .metadata places tensor data in "
+                                      f"it (an incomplete copy?)")
+            size = os.path.getsize(path)
+            if size < end:
+                raise ConversionError(f"{path}: {size} bytes, but the checkpoint's .metadata places tensor data up "
+                                      f"to byte {end} in it (truncated?)")
+
     def read(self, local: str) -> torch.Tensor:
+        """``local`` as stored (module docstring); a stored item that is not what ``torch.save`` wrote (a damaged or
+        zero-filled ``.distcp`` file) is one line naming its file."""
+        try:
+            return self._read(local)
+        except ConversionError:
+            raise
+        except _DAMAGED as e:
+            files = sorted({self.reader.storage_data[item.storage_index].relative_path for item in self._items(local)})
+            where = ", ".join(os.path.join(str(self.reader.path), f) for f in files)
+            raise ConversionError(f"{where}: damaged: the bytes of {self.chunks_of[local][0].key} there are not "
+                                  f"a tensor torch.save wrote ({type(e).__name__} reading them)") from None
+
+    def _items(self, local: str) -> list:
+        """The DCP read items of ``local`` (whatever layout wrote it)."""
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+        items = []
+        for c in self.chunks_of[local]:
+            shape = (self.vocab_size, *c.shape[1:]) if _is_vocab_rows(local) else c.shape
+            sizes = torch.Size((1,) * c.prepend + tuple(shape))
+            items += create_read_items_for_chunk_list(c.key, self.metadata.state_dict_metadata[c.key],
+                                                      [ChunkStorageMetadata(torch.Size(c.offset), sizes)])
+        return items
+
+    def _read(self, local: str) -> torch.Tensor:
         from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
         from torch.distributed.checkpoint.planner import LoadPlan
         from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
@@ -281,6 +335,7 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
         chunks_of.setdefault(c.local, []).append(c)
     reader = _Reader(checkpoint_dir(load, iteration), chunks_of, shapes, args.vocab_size)
     reader.check()
+    reader.check_files()
     groups = hf_groups(family, args, rope_interleave, hf_layout)
     missing = sorted({n for names, _ in groups for n in names} - set(shapes))
     if missing:

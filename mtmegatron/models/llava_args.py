@@ -67,8 +67,10 @@ def fill_llava_fields(args: argparse.Namespace, given: dict, error: type[Excepti
     text model, refuse any LLaVA-only flag the user gave."""
     family = families.of(args)
     if not family.is_multimodal:
-        shared = (("freeze_LM", "freeze_ViT", "freeze_projection", "image_folder", "skip_bad_samples")
-                  if family.vision_encoder else ())  # models/qwen_vl.py, training/packed_vision_data.py
+        shared = (("freeze_LM", "freeze_ViT", "freeze_projection", "image_folder", "skip_bad_samples",
+                   "vision_num_layers", "vision_hidden_size", "vision_ffn_hidden_size", "vision_num_attention_heads",
+                   "patch_dim", "vision_norm_epsilon")
+                  if family.vision_encoder else ())  # models/qwen_vl.py (its tower), training/packed_vision_data.py
         named = [given[f] for f in (*LLAVA_FIELDS, *_LLAVA_ONLY_BOOLS, "image_folder")
                  if f in given and f not in shared]
         if named:

@@ -12,13 +12,14 @@ into bins as ``--sft`` packs (training/packed_vision_thd.py; ``info["padded_coll
 conversation files (not ``--mock-data``, not ``--sft``); other data (mock, Megatron indexed text) trains the language
 model alone, as before.
 ``prepare`` builds the train and held-out datasets before any process group starts. The tokenizer:
-``--tokenizer-model DIR`` (its special-token ids must be the preset's ``image_token_id`` / ``video_token_id``), else
+``--tokenizer-model DIR`` (its special-token ids must be the run's ``image_token_id`` etc.: preset or flags), else
 a byte-level BPE of at most ``--vocab-size`` tokens trained on the conversations with the chat template's special
 tokens (cached); the model then reads its ids (the run's ``image_token_id`` etc. are set from it). Every user
 mistake (bad record, missing image, tokenizer too large) is one ``ConfigError`` line naming file:line (exit 2).
 Held out: ``--valid-data-path`` (with ``--train-data-path``), else ``--split``'s valid share of ``--data-path``
 (seeded by ``--seed``).
-May assume: flags parsed and checked (the preset's ``vision_*``, ``patch_dim`` and token-id fields present); args
+Video time positions: ``--vision-tokens-per-second`` (Qwen2.5-VL; preset or the converted checkpoint's flags).
+May assume: flags parsed and checked (the ``vision_*``, ``patch_dim`` and token-id fields present); args
 still writable (called from ``pretrain.prepare`` before the run plan freezes them).
 """
 
@@ -67,12 +68,12 @@ def data_config(args: argparse.Namespace):
                    merge_size=args.vision_spatial_merge_size)
     image_area = {field: value for field in ("min_pixels", "max_pixels")  # --min-pixels / --max-pixels
                   if (value := getattr(args, field, None)) is not None}
-    # the second generation (windowed attention) places video frames by time: the released configs'
-    # tokens_per_second = 2; the first steps one position per temporal patch (None)
+    # Qwen2.5-VL places video frames by time (--vision-tokens-per-second: HF's vision_config.tokens_per_second,
+    # the released configs' 2); Qwen2-VL steps one position per temporal patch (None)
     return VisionDataConfig(seq_length=args.seq_length,
                             image=dataclasses.replace(IMAGE_PIXELS, **patches, **image_area),
                             video=dataclasses.replace(VIDEO_PIXELS, **patches),
-                            tokens_per_second=2 if args.vision_window_size else None,
+                            tokens_per_second=args.vision_tokens_per_second,
                             skip_bad_samples=bool(getattr(args, "skip_bad_samples", False)))
 
 
@@ -90,7 +91,8 @@ def _tokenizer(args: argparse.Namespace, paths: list[str]):
     for field, token in TOKEN_FIELDS.items():
         if model and ids[token] != getattr(args, field):
             raise ConfigError(f"--tokenizer-model {model}: {token} is id {ids[token]} but --model "
-                              f"{args.model} --model-size {args.model_size} reads id {getattr(args, field)}")
+                              f"{args.model} --model-size {args.model_size} reads id {getattr(args, field)} "
+                              f"(--{field.replace('_', '-')})")
         setattr(args, field, ids[token])  # a tokenizer trained here: the model reads its ids
     return tokenizer
 

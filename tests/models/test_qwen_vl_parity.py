@@ -37,6 +37,11 @@ import torch
 
 MAX_ABS = 1e-5
 FLAGS = ["--micro-batch-size", "1", "--global-batch-size", "1"]
+# the Qwen2.5-VL tower is no preset's: 3 layers, windows of 3x3 merge blocks, full attention in layers 0 and 2,
+# 4 temporal positions per second of video (the released checkpoints' 2, the tiny preset's 2 layers / 56 / [1])
+TOWERS = {"qwen2-vl": [], "qwen2.5-vl": ["--vision-num-layers", "3", "--vision-window-size", "84",
+                                        "--vision-full-attention-layers", "0", "2", "--vision-tokens-per-second", "4"]}
+CARRIED = {"bos_token_id": 3, "eos_token_id": 2}  # not transformers' defaults (151643 / 151645)
 
 
 def _images_and_grids(args):
@@ -89,7 +94,7 @@ def _worker(family_name: str, architecture: str, root: str):
     from mtmegatron.convert.model import build_model, init_single_rank, parse_flags
     from mtmegatron.models import families
 
-    args = parse_flags(["--model", family_name, "--model-size", "tiny", *FLAGS])
+    args = parse_flags(["--model", family_name, "--model-size", "tiny", *TOWERS[family_name], *FLAGS])
     init_single_rank(args)
     model = build_model(args).eval()
     family = families.get(family_name)
@@ -98,7 +103,7 @@ def _worker(family_name: str, architecture: str, root: str):
         frozen = build_model(parse_flags(["--model", family_name, "--model-size", "tiny", *FLAGS, *freeze]))
         trainable[" ".join(freeze)] = sorted({n.split(".")[1] for n, p in frozen.named_parameters() if p.requires_grad})
 
-    config = transformers.AutoConfig.for_model(**family.hf_config(args))
+    config = transformers.AutoConfig.for_model(**family.hf_config(args, record=CARRIED))
     torch.manual_seed(0)
     hf = getattr(transformers, architecture)(config).eval()
     with torch.no_grad():
@@ -145,7 +150,7 @@ def _worker(family_name: str, architecture: str, root: str):
     model(text_ids, torch.arange(24).expand(2, -1), None).sum().backward()
     text_only_encoder_grads = [None if p.grad is None else p.grad.abs().max().item()
                                for p in model.vision_model.parameters()]
-    converted = _through_the_converter(root, family, (input_ids, position_ids, pixels))
+    converted = _through_the_converter(root, family, (input_ids, position_ids, pixels), hf)
     vocab = args.vocab_size
     return {"missing": sorted(params - written), "unread": sorted(set(hf_state) - read),
             "grid_thw": grid_thw, "position_ids": position_ids, "image_tokens": int((token_type == 1).sum()),
@@ -157,6 +162,8 @@ def _worker(family_name: str, architecture: str, root: str):
             "scale": hf_logits.abs().max().item(),
             "converted_diff": (converted["logits"][..., :vocab] - hf_logits).abs().max().item(),
             "flags": converted["flags"], "round_trip_differs": converted["round_trip_differs"],
+            "config_differs": converted["config_differs"], "back_config": converted["back_config"],
+            "video_record": converted["video_record"], "damaged": converted["damaged"],
             "batch": (input_ids, position_ids, pixels), "hf_logits": hf_logits, "grad_diffs": grad_diffs,
             "labels": labels, "token_losses": token_losses, "trainable": trainable,
             "text_only_encoder_grads": text_only_encoder_grads}
@@ -190,9 +197,12 @@ def _gradient_diffs(model, hf, family, args, batch) -> dict:
     return diffs
 
 
-def _through_the_converter(root, family, batch):
+def _through_the_converter(root, family, batch, hf):
     """``hf_to_mcore`` of the saved HF model (flags from its config.json), our model built from those flags and
-    loaded from the checkpoint, its logits on ``batch``; and ``mcore_to_hf`` back: the HF tensors that differ."""
+    loaded from the checkpoint, its logits on ``batch`` and its loss on a video record; ``mcore_to_hf`` back: the
+    HF tensors and config values that differ; then damaged copies of the inputs through the command line."""
+    import json
+
     from megatron.core import parallel_state
     from safetensors.torch import load_file
 
@@ -206,12 +216,144 @@ def _through_the_converter(root, family, batch):
     load_model(model, f"{root}/mcore")
     with torch.no_grad():
         logits = model.eval()(input_ids, position_ids, None, **pixels)
+    video_record = _video_record_losses(root, family.name, flags, model, hf)
     parallel_state.destroy_model_parallel()
     mcore_to_hf(f"{root}/mcore", f"{root}/back")
     before, after = load_file(f"{root}/hf/model.safetensors"), load_file(f"{root}/back/model.safetensors")
     differs = sorted(n for n in set(before) | set(after) if n not in before or n not in after
                      or not torch.equal(before[n], after[n]))
-    return {"logits": logits, "flags": flags, "round_trip_differs": differs}
+    damaged = _damaged_inputs(root, family.name)
+    with open(f"{root}/back/config.json") as f:
+        back_config = json.load(f)
+    return {"logits": logits, "flags": flags, "round_trip_differs": differs, "video_record": video_record,
+            "config_differs": _config_differences(f"{root}/hf", f"{root}/back"), "back_config": back_config,
+            "damaged": damaged}
+
+
+def _config_differences(original: str, back: str) -> list[str]:
+    """``section.field: original != back`` for every value transformers reads from either config.json (its
+    config classes' ``to_dict``, defaults filled in) that differs; the version and dtype stamps aside."""
+    import transformers
+
+    ignored = {"transformers_version", "dtype", "torch_dtype", "_name_or_path", "architectures"}
+    configs = [transformers.AutoConfig.from_pretrained(path).to_dict() for path in (original, back)]
+    out = []
+    for section in ("text_config", "vision_config", None):
+        a, b = (c[section] if section else c for c in configs)
+        for field in sorted(set(a) | set(b)):
+            if field not in ignored and field not in ("text_config", "vision_config") and a.get(field) != b.get(field):
+                out.append(f"{section or 'top'}.{field}: {a.get(field)!r} != {b.get(field)!r}")
+    return out
+
+
+def _video_record_losses(root, family_name, flags, model, hf) -> dict:
+    """A video conversation (4 frames of 56x56 at 1 frame per second: 2 frame groups of 2 seconds) made into a
+    training sample by the data pipeline with the converted checkpoint's flags (training/packed_vision_data.py's
+    ``data_config``: its video time positions), through our model; and through HF's, which positions the video
+    with its own config's ``tokens_per_second`` and the sample's ``second_per_grid_ts``: the mean loss over the
+    answer tokens of both, and ours with the video placed at 2 positions per second instead (the time positions
+    must matter in this record)."""
+    import dataclasses
+    import json
+
+    import numpy as np
+    import torch.nn.functional as F
+    from PIL import Image
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "generate"))
+    from qwen_vl_reference import save_vision_tokenizer
+
+    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.data.multimodal.mrope_positions import rope_index, token_types
+    from mtmegatron.data.multimodal.vision_samples import load_vision_conversations
+    from mtmegatron.data.tokenizer import load_tokenizer
+    from mtmegatron.training.packed_vision_data import data_config
+
+    save_vision_tokenizer(f"{root}/tokenizer")
+    rng = np.random.default_rng(4)
+    os.makedirs(f"{root}/frames")
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(f"{root}/frames/f{i}.png")
+    turns = [{"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "Noise moves on."}]
+    with open(f"{root}/video.jsonl", "w") as f:
+        f.write(json.dumps({"id": "v", "video": "frames", "fps": 1.0, "conversations": turns}) + "\n")
+    args = parse_flags(flags + FLAGS)
+    config = data_config(args)
+    config = dataclasses.replace(config, seq_length=512, video=dataclasses.replace(
+        config.video, min_pixels=56 * 56, max_pixels=56 * 56))  # each frame as it is: 4x4 patches
+    sample = load_vision_conversations([f"{root}/video.jsonl"], root, load_tokenizer(f"{root}/tokenizer"),
+                                       config)[0]
+    tokens, labels, mask = sample["tokens"][None], sample["labels"][None], sample["loss_mask"][None]
+    video = {"pixel_values_videos": sample["pixel_values_videos"], "video_grid_thw": sample["video_grid_thw"]}
+    types = token_types(tokens, args.image_token_id, args.video_token_id)
+    timed = {"second_per_grid_ts": sample["second_per_grid_ts"]} if args.vision_tokens_per_second else {}
+    other, _ = rope_index(types, video_grid_thw=sample["video_grid_thw"], merge_size=args.vision_spatial_merge_size,
+                          tokens_per_second=2 if args.vision_tokens_per_second != 2 else 3,
+                          second_per_grid_ts=sample["second_per_grid_ts"])
+    targets = labels.clamp(min=0)  # masked out below
+
+    def mean(losses):
+        return ((losses.float() * mask).sum() / mask.sum()).item()
+
+    with torch.no_grad():
+        hf_logits = hf(input_ids=tokens, mm_token_type_ids=types, **video, **timed).logits
+        hf_loss = mean(F.cross_entropy(hf_logits[0], targets[0], reduction="none")[None])
+        ours = mean(model(tokens, sample["position_ids"][:, None], None, labels=targets, **video))
+        elsewhere = mean(model(tokens, other, None, labels=targets, **video))
+    return {"hf": hf_loss, "ours": ours, "other_positions": elsewhere, "grid": sample["video_grid_thw"].tolist(),
+            "seconds": sample["second_per_grid_ts"].tolist(), "tokens_per_second": args.vision_tokens_per_second}
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    """``mtmegatron.cli.main(argv)``: its status and everything written on file descriptor 2 (the converter's
+    worker processes' included)."""
+    import tempfile
+
+    from megatron.core import parallel_state
+
+    from mtmegatron import cli
+
+    parallel_state.destroy_model_parallel()
+    with tempfile.TemporaryFile() as err:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            status = cli.main(argv)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        return status, err.read().decode(errors="replace")
+
+
+def _damaged_inputs(root, family_name) -> dict:
+    """The command line on damaged copies: mcore-to-hf of the converted checkpoint with its largest ``.distcp``
+    file cut in half (qwen2-vl) or zero-filled (qwen2.5-vl), hf-to-mcore with the safetensors file's last 64 bytes
+    cut off: {case: (status, stderr, the damaged file, what is left of --out)}."""
+    import glob
+    import shutil
+
+    out = {}
+    shutil.copytree(f"{root}/mcore", f"{root}/damaged")
+    shard = max(glob.glob(f"{root}/damaged/iter_*/*.distcp"), key=os.path.getsize)
+    size = os.path.getsize(shard)
+    if family_name == "qwen2-vl":
+        os.truncate(shard, size // 2)
+    else:
+        with open(shard, "r+b") as f:
+            f.write(bytes(size))
+    case = "distcp_truncated" if family_name == "qwen2-vl" else "distcp_zero_filled"
+    status, err = _cli(["convert", "mcore-to-hf", "--load", f"{root}/damaged", "--out", f"{root}/damaged_hf"])
+    out[case] = (status, err, shard, glob.glob(f"{root}/damaged_hf*"))
+    shutil.copytree(f"{root}/hf", f"{root}/damaged_st")
+    file = f"{root}/damaged_st/model.safetensors"
+    os.truncate(file, os.path.getsize(file) - 64)
+    status, err = _cli(["convert", "hf-to-mcore", "--model", family_name, "--hf-dir", f"{root}/damaged_st", "--out",
+                        f"{root}/damaged_mcore"])
+    out["safetensors_truncated"] = (status, err, file, glob.glob(f"{root}/damaged_mcore*"))
+    return out
 
 
 CASES = {"qwen2-vl": "Qwen2VLForConditionalGeneration", "qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration"}
@@ -260,21 +402,57 @@ def test_images_of_three_sizes_and_a_video_give_hf_logits(result):
     assert r["diff"] < MAX_ABS, r["diff"]
     assert r["blank_moves"] > 1e3 * MAX_ABS, "blank images must change the logits"
     if name == "qwen2.5-vl":
-        assert r["windows"] == 2
+        assert r["windows"] == 3  # 84 pixels: 3x3 merge blocks (the 8x4-patch image: a window and a cut one)
         assert r["no_windows_moves"] > 1e3 * MAX_ABS, "window attention must matter in this batch"
     else:
         assert r["windows"] is None
 
 
 def test_converter_round_trip(result):
-    """The CLI's path: flags from config.json pick the preset's tower, the converted checkpoint gives HF's logits,
-    and the way back writes every HF tensor bit-exactly under its name."""
+    """The CLI's path: flags from config.json, every value explicit (Qwen2.5-VL's tower is no preset's: 3 layers,
+    another window and full-attention set, 4 tokens per second); the converted checkpoint gives HF's logits, and
+    the way back writes every HF tensor bit-exactly under its name and every config value transformers reads as it
+    was (tokens_per_second and the text config's bos/eos ids included)."""
     name, r, _ = result
     flags = r["flags"]
-    assert flags[:4] == ["--model", name, "--model-size", "tiny"]
+    assert flags[:2] == ["--model", name] and "--model-size" not in flags
     assert flags[flags.index("--mrope-section") + 1:][:3] == ["2", "3", "3"]
+    assert flags[flags.index("--image-token-id") + 1] == "1020"
+    if name == "qwen2.5-vl":
+        for flag, values in (("--vision-num-layers", ["3"]), ("--vision-window-size", ["84"]),
+                             ("--vision-full-attention-layers", ["0", "2"]), ("--vision-tokens-per-second", ["4"])):
+            assert flags[flags.index(flag) + 1:][:len(values)] == values, flag
+        assert r["back_config"]["vision_config"]["tokens_per_second"] == 4
     assert r["converted_diff"] < MAX_ABS, r["converted_diff"]
     assert r["round_trip_differs"] == []
+    assert {k: r["back_config"]["text_config"].get(k) for k in CARRIED} == CARRIED
+    assert r["config_differs"] == []
+
+
+def test_video_record_gives_hf_loss(result):
+    """A video conversation made into a sample by the training data pipeline with the converted checkpoint's
+    flags: our loss on its answer is HF's (HF positions the video by its own config: Qwen2.5-VL 4 tokens per second
+    here, 2 frame groups of 2 seconds: temporal positions 0 and 8; Qwen2-VL one step per group); the same sample
+    with the video placed at another rate moves the loss by far more than the tolerance."""
+    name, r, _ = result
+    v = r["video_record"]
+    print(name, v)
+    assert v["grid"] == [[2, 4, 4]] and v["seconds"] == [2.0]
+    assert v["tokens_per_second"] == (4 if name == "qwen2.5-vl" else None)
+    assert abs(v["ours"] - v["hf"]) < MAX_ABS, v
+    assert abs(v["other_positions"] - v["hf"]) > 20 * MAX_ABS, v  # measured: 1.2e-3 (qwen2.5-vl, rate 2)
+
+
+def test_a_damaged_input_file_is_one_line_naming_it(result):
+    """``convert mcore-to-hf`` with a ``.distcp`` file cut in half (qwen2-vl's run) or zero-filled (qwen2.5-vl's),
+    ``convert hf-to-mcore`` with a truncated safetensors file: exit 2, the whole of stderr one line naming the file
+    (no worker traceback), nothing left under --out."""
+    _, r, _ = result
+    assert len(r["damaged"]) == 2
+    for case, (status, err, path, left) in r["damaged"].items():
+        assert status == 2 and err.count("\n") == 1 and err.startswith("mtmegatron: error: "), (case, err)
+        assert path in err and "Traceback" not in err, (case, err)
+        assert left == [], (case, left)
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
@@ -364,19 +542,71 @@ def test_flag_refusals(flags, message):
         parse_flags(flags + FLAGS, world_size=2 if "--context-parallel-size" in flags else 1)
 
 
-def test_conversion_refuses_a_tower_no_preset_has():
-    from mtmegatron.models.families import ConversionError, get
+QWEN2_VL_CONFIG = {"model_type": "qwen2_vl", "vocab_size": 1024, "hidden_size": 1536, "intermediate_size": 8960,
+                   "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 2,
+                   "max_position_embeddings": 32768, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+                   "vision_config": {"depth": 24, "hidden_size": 1536}}
 
-    config = {"model_type": "qwen2_vl", "vocab_size": 1024, "hidden_size": 1536, "intermediate_size": 8960,
-              "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 2,
-              "max_position_embeddings": 32768, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-              "vision_config": {"depth": 24, "hidden_size": 1536}}
-    with pytest.raises(ConversionError, match=re.escape("vision_num_layers 24 (preset tiny: 2)")):
-        get("qwen2-vl").flags_from_hf(config)
-    config["vision_config"]["depth"] = 32  # the released tower: the 2b preset's, whatever the language depth
-    flags = get("qwen2-vl").flags_from_hf(config)
-    assert flags[:4] == ["--model", "qwen2-vl", "--model-size", "2b"]
-    assert flags[flags.index("--num-layers") + 1] == "2"
+
+def test_a_tower_no_preset_has_converts_with_its_own_flags():
+    """Every vision field becomes a flag (transformers' defaults where absent): no preset is looked for."""
+    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.models.families import get
+
+    flags = get("qwen2-vl").flags_from_hf(QWEN2_VL_CONFIG)
+    args = parse_flags(flags + FLAGS)
+    assert (args.vision_num_layers, args.vision_hidden_size, args.vision_ffn_hidden_size, args.num_layers) == (
+        24, 1280, 5120, 2)
+    config = {**QWEN2_VL_CONFIG, "model_type": "qwen2_5_vl", "vision_config": {
+        "depth": 3, "hidden_size": 64, "intermediate_size": 80, "num_heads": 2, "window_size": 56,
+        "fullatt_block_indexes": [], "out_hidden_size": 1536, "patch_size": 7, "temporal_patch_size": 1,
+        "spatial_merge_size": 4}}
+    args = parse_flags(get("qwen2.5-vl").flags_from_hf(config) + FLAGS)
+    assert (args.vision_num_layers, args.vision_hidden_size, args.vision_ffn_hidden_size,
+            args.vision_num_attention_heads, args.vision_window_size, args.vision_full_attention_layers,
+            args.patch_dim, args.vision_temporal_patch_size, args.vision_spatial_merge_size,
+            args.vision_tokens_per_second) == (3, 64, 80, 2, 56, [], 7, 1, 4, 4)  # tokens_per_second: HF's default
+    back = get("qwen2.5-vl").hf_config(args)["vision_config"]
+    assert {k: back[k] for k in config["vision_config"]} == config["vision_config"]
+
+
+@pytest.mark.parametrize("model_type, vision, message", [
+    ("qwen2_vl", {"hidden_act": "gelu"}, "vision_config.hidden_act 'gelu'"),
+    ("qwen2_vl", {"in_chans": 1}, "vision_config.in_channels 1"),
+    ("qwen2_vl", {"rope_parameters": {"rope_type": "axial", "rope_theta": 500.0}}, "vision_config.rope_parameters"),
+    ("qwen2_vl", {"mlp_ratio": 2.5}, "vision_config.mlp_ratio 2.5"),
+    ("qwen2_vl", {"hidden_size": 1024}, "vision_config.hidden_size 1024 (the merger's output)"),
+    ("qwen2_vl", {"embed_dim": 72, "num_heads": 4}, "the vision head dim must be a whole multiple of 4"),
+    ("qwen2_5_vl", {"tokens_per_second": 0}, "vision_config.tokens_per_second 0"),
+    ("qwen2_5_vl", {"patch_size": [14, 14]}, "vision_config.patch_size [14, 14]"),
+    ("qwen2_5_vl", {"window_size": 14}, "vision_config.window_size 14"),
+    ("qwen2_5_vl", {"fullatt_block_indexes": 3}, "vision_config.fullatt_block_indexes 3"),
+    ("qwen2_5_vl", {"out_hidden_size": 3584}, "vision_config.out_hidden_size 3584"),
+], ids=["hidden-act", "in-chans", "rope-theta", "mlp-ratio", "merger-out", "head-dim", "tokens-per-second",
+        "patch-size-list", "window", "full-attention-not-a-list", "out-hidden-size"])
+def test_a_vision_field_the_tower_cannot_take_is_refused_naming_it(model_type, vision, message):
+    from mtmegatron.models.families import ConversionError, by_hf_model_type
+
+    config = {**QWEN2_VL_CONFIG, "model_type": model_type,
+              "vision_config": {"hidden_size": 1536, "out_hidden_size": 1536, **vision}}
+    with pytest.raises(ConversionError, match=re.escape(message)):
+        by_hf_model_type(model_type).flags_from_hf(config)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "qwen2-vl", "--vision-window-size", "56"], "--vision-window-size: --model qwen2-vl's vision tower"),
+    (["--model", "qwen2-vl", "--vision-tokens-per-second", "2"], "--vision-tokens-per-second: --model qwen2-vl's"),
+    (["--model", "llama3", "--vision-temporal-patch-size", "2"], "--vision-temporal-patch-size: only the native"),
+    (["--model", "qwen2.5-vl", "--vision-hidden-size", "72"], "the vision head dim must be a whole multiple of 4"),
+    (["--model", "qwen2.5-vl", "--vision-window-size", "14"], "--vision-window-size 14: at least one 28x28"),
+    (["--model", "qwen2.5-vl", "--vision-full-attention-layers", "-1"], "layer indexes count from 0"),
+], ids=["window-on-qwen2-vl", "tokens-per-second-on-qwen2-vl", "tower-on-llama3", "head-dim", "window", "negative"])
+def test_tower_flag_refusals(flags, message):
+    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.utils.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_flags(flags + FLAGS)
 
 
 PRESETS = [("qwen2-vl", s) for s in ("tiny", "2b", "7b")] + [("qwen2.5-vl", s) for s in ("tiny", "3b", "7b")]
@@ -393,7 +623,7 @@ def test_every_preset_survives_its_hf_config(family_name, size):
     args = parse_flags(["--model", family_name, "--model-size", size, *FLAGS])
     flags = family.flags_from_hf(family.hf_config(args))
     back = parse_flags(flags + FLAGS)
-    assert flags[3] == size
+    assert "--model-size" not in flags  # every value explicit: the tiny preset underneath gives nothing
     assert fingerprint(back) == fingerprint(args)
     assert {k: getattr(back, k) for k in family.presets[size]} == {k: getattr(args, k) for k in family.presets[size]}
 

@@ -3,7 +3,11 @@ with a vision tower of RMSNorm + SwiGLU layers (biases on gate/up/down), windowe
 pixels a side) in every layer but the full-attention ones (``fullatt_block_indexes``), and an RMSNorm before the
 merger. Built by models/qwen_vl.py (``vision_encoder="packed"``).
 Map: as qwen2_vl.py, with ``gate_proj``/``up_proj`` -> ``linear_fc1`` (rows and biases concatenated),
-``down_proj`` -> ``linear_fc2``, weight-only norms. HF config -> flags as qwen2_vl.py (the tower must be a preset's).
+``down_proj`` -> ``linear_fc2``, weight-only norms. HF config -> flags as qwen2_vl.py, the tower's from
+``depth``, ``hidden_size``, ``intermediate_size``, ``num_heads``, ``patch_size``, ``temporal_patch_size``,
+``spatial_merge_size``, ``window_size``, ``fullatt_block_indexes`` and ``tokens_per_second`` (video time positions:
+``--vision-tokens-per-second``; transformers' default 4 where absent, the released configs say 2), all written back
+on export; ``out_hidden_size`` must be the language width.
 May assume: what qwen2_vl.py assumes.
 """
 
@@ -13,7 +17,7 @@ import mtmegatron.models.families.gpt as gpt
 import mtmegatron.models.families.qwen2_vl as qwen2_vl
 from mtmegatron.models.families.base import Entry, Family
 
-VIT = {**qwen2_vl.PATCHES, "vision_normalization": "RMSNorm", "vision_swiglu": True}
+VIT = {**qwen2_vl.PATCHES, "vision_normalization": "RMSNorm", "vision_swiglu": True, "vision_tokens_per_second": 2}
 VIT_RELEASED = {**VIT, "vision_num_layers": 32, "vision_hidden_size": 1280, "vision_ffn_hidden_size": 3420,
                 "vision_num_attention_heads": 16, "vision_window_size": 112,
                 "vision_full_attention_layers": [7, 15, 23, 31]}
@@ -37,32 +41,38 @@ PRESETS = {
 
 VISION_DEFAULTS = {"depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "num_heads": 16, "in_channels": 3,
                    "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "silu",
-                   "window_size": 112, "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]}
+                   "window_size": 112, "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31],
+                   "tokens_per_second": 4}  # transformers' Qwen2_5_VLVisionConfig (the released configs say 2)
 
 
 def flags_from_hf(config: dict, **_) -> list[str]:
-    vision = {**VISION_DEFAULTS, **(config.get("vision_config") or {})}
-    if vision["hidden_act"] != "silu" or vision["in_channels"] != 3:
-        qwen2_vl.fail(f"vision tower hidden_act {vision['hidden_act']!r} / channels: only silu on 3 channels")
-    fields = {"vision_num_layers": vision["depth"], "vision_hidden_size": vision["hidden_size"],
-              "vision_ffn_hidden_size": vision["intermediate_size"], "vision_num_attention_heads": vision["num_heads"],
-              "patch_dim": vision["patch_size"], "vision_spatial_merge_size": vision["spatial_merge_size"],
-              "vision_temporal_patch_size": vision["temporal_patch_size"], "vision_window_size": vision["window_size"],
-              "vision_full_attention_layers": list(vision["fullatt_block_indexes"])}
-    flags = qwen2_vl.text_flags(config)
-    hidden = int(flags[flags.index("--hidden-size") + 1])
-    if vision["out_hidden_size"] != hidden:
-        qwen2_vl.fail(f"vision_config.out_hidden_size {vision['out_hidden_size']} != the language model's "
-                      f"hidden_size {hidden}; not converted")
-    return ["--model", FAMILY.name, "--model-size", qwen2_vl.preset_for(FAMILY, config, fields, hidden), *flags]
+    vision = qwen2_vl.vision_section(config, VISION_DEFAULTS, "silu")
+    shape = {dest: qwen2_vl.integer(f"vision_config.{field}", vision[field]) for dest, field in (
+        ("vision_num_layers", "depth"), ("vision_hidden_size", "hidden_size"),
+        ("vision_ffn_hidden_size", "intermediate_size"), ("vision_num_attention_heads", "num_heads"),
+        ("patch_dim", "patch_size"), ("vision_temporal_patch_size", "temporal_patch_size"),
+        ("vision_spatial_merge_size", "spatial_merge_size"), ("vision_window_size", "window_size"),
+        ("vision_tokens_per_second", "tokens_per_second"))}
+    indexes = vision["fullatt_block_indexes"]
+    if not isinstance(indexes, (list, tuple)):
+        qwen2_vl.fail(f"vision_config.fullatt_block_indexes {indexes!r}: a list of layer indexes is expected; "
+                      f"not converted")
+    shape["vision_full_attention_layers"] = [qwen2_vl.integer("vision_config.fullatt_block_indexes", i, minimum=0)
+                                             for i in indexes]
+    block = shape["patch_dim"] * shape["vision_spatial_merge_size"]
+    if shape["vision_window_size"] < block:
+        qwen2_vl.fail(f"vision_config.window_size {shape['vision_window_size']}: less than one {block}x{block} merge "
+                      f"block (patch_size x spatial_merge_size pixels); not converted")
+    return qwen2_vl.vl_flags(FAMILY, config, shape, "out_hidden_size", vision["out_hidden_size"])
 
 
-def hf_config(args, **_) -> dict:
+def hf_config(args, record: dict | None = None, **_) -> dict:
     vision = {**qwen2_vl.vision_shape(args, "hidden_size", "num_heads"), "out_hidden_size": args.hidden_size,
               "intermediate_size": args.vision_ffn_hidden_size, "hidden_act": "silu",
               "window_size": args.vision_window_size,
-              "fullatt_block_indexes": list(args.vision_full_attention_layers)}
-    return qwen2_vl.vl_config(FAMILY, args, vision)
+              "fullatt_block_indexes": list(args.vision_full_attention_layers or []),
+              "tokens_per_second": args.vision_tokens_per_second}
+    return qwen2_vl.vl_config(FAMILY, args, vision, record)
 
 
 def _swiglu_mlp(m: str, h: str) -> list[Entry]:
