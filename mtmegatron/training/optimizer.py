@@ -2,7 +2,8 @@
 
 Adam's update is mtmegatron's FusedAdam (``mtmegatron::adam_step``; patches/optimizer_fused_adam.py) unless
 TransformerEngine/apex provide theirs. ``--optimizer-cpu-offload`` builds megatron-core's HybridDeviceOptimizer,
-made backend-neutral by patches/hybrid_optimizer_backend.py. Pinned host buffers are asked for only where the
+made backend-neutral by patches/hybrid_optimizer_backend.py. ``--optimizer muon|dist_muon`` builds megatron-core's
+``get_megatron_muon_optimizer`` (layer-wise distributed for ``dist_muon``), as Megatron-LM 0.16.1 does. Pinned host buffers are asked for only where the
 backend has pinned memory (not on the cpu backend, where host memory is the device memory); rank 0 prints one
 line saying what was offloaded. Test hook: ``MTMEGATRON_OPTIMIZER_STATS=DIR`` makes every rank write
 ``DIR/rank<R>.json`` (offload_stats after each optimizer step); with ``MTMEGATRON_TEST_DROP_GRAD=STEP`` as well,
@@ -47,8 +48,15 @@ def build_optimizer(args, model, params_dtype: torch.dtype):
     # the offloaded optimizer's param groups name its sub-optimizer classes; they are saved in the checkpoint's
     # common state, which megatron reads with torch.load(weights_only=True)
     torch.serialization.add_safe_globals([FusedAdam, torch.optim.AdamW])
-    optimizer = get_megatron_optimizer(optimizer_config(args, params_dtype), model,
-                                       dump_param_to_param_group_map=args.dump_param_to_param_group_map)
+    config = optimizer_config(args, params_dtype)
+    if "muon" in args.optimizer:  # emerging-optimizers checked at parse time (training_flags.check_muon)
+        from megatron.core.optimizer.muon import get_megatron_muon_optimizer
+
+        optimizer = get_megatron_muon_optimizer(config, model,
+                                                layer_wise_distributed_optimizer=args.optimizer == "dist_muon")
+    else:
+        optimizer = get_megatron_optimizer(config, model,
+                                           dump_param_to_param_group_map=args.dump_param_to_param_group_map)
     rank = torch.distributed.get_rank()
     if rank == 0:
         print(f"mtmegatron: {describe(optimizer, args)}", flush=True)
