@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -43,6 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peer_megatron_lm  # noqa: E402
 import peer_torchtitan  # noqa: E402
 from step_baselines import bound_step_ms, flop_shares, plain_step_ms, synchronize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 COMMON = ["--mock-data", "--lr", "1e-4", "--lr-decay-style", "constant", "--log-interval", "1000",
           "--hidden-dropout", "0", "--attention-dropout", "0"]
@@ -249,29 +252,53 @@ def matmul_tflops(device: torch.device, n: int, dtype: torch.dtype, reps: int = 
 PEERS = {"megatron-lm": "Megatron-LM pretrain_gpt.py, local", "torchtitan": "torchtitan Llama-3 train step"}
 
 
+PLAIN_COMPILED = "plain PyTorch loop, compiled layers"
+TORCHAO = ROOT / ".device/peers/torchao"
+
+
+def torchao_here() -> bool:
+    """torchao importable (installed, or unpacked by scripts/device_bundle.sh into .device/peers/torchao, which is
+    then put on sys.path)."""
+    if importlib.util.find_spec("torchao") is None and (TORCHAO / "torchao").is_dir():
+        sys.path.insert(0, str(TORCHAO))
+    return importlib.util.find_spec("torchao") is not None
+
+
 def rows_to_run(backend: str, impls: list[str], fp8: bool, quick: bool,
-                peers: tuple[str, ...] = ()) -> list[tuple[str, str, list[str]]]:
+                peers: tuple[str, ...] = (), torchao: bool = False) -> list[tuple[str, str, list[str]]]:
     """(row name, model, extra flags) for every row after the plain loop and the bound, most telling first (a run
     cut short by a time limit keeps the comparisons that matter): fusions on per impl, the peers on the dense model
-    (``["@megatron-lm"]``, ``["@torchtitan"]``: their own trainers), FP8 vs bf16, MoE grouped GEMM per impl and
-    Megatron-LM's MoE (sequential experts: its local grouped GEMM needs the grouped_gemm package), fusions off,
-    MoE sequential per impl. ``quick``: the first impl and Megatron-LM only."""
+    (``["@megatron-lm"]``, ``["@torchtitan"]``: their own trainers), the last impl's FP8 vs bf16, torchao's float8
+    training on the plain loop vs its bf16 (``["@plain", recipe]``; ``torchao``: where it imports), MoE grouped
+    GEMM per impl and Megatron-LM's MoE (sequential experts: its local grouped GEMM needs the grouped_gemm
+    package); then the other impls' FP8, fusions off, MoE sequential per impl. ``quick``: the first impl and
+    Megatron-LM only, no torchao."""
     impls = impls[:1] if quick else impls
     peers = tuple(p for p in peers if not quick or p == "megatron-lm")
+    torchao = torchao and not quick
     on = {impl: ["--transformer-impl", impl, "--cross-entropy-loss-fusion"] for impl in impls}
     rows = [(f"{impl}, fusions on", "dense", on[impl]) for impl in impls]
     rows += [(PEERS[peer], "dense", [f"@{peer}"]) for peer in peers]
+    fp8_rows = []
     if fp8:
         for impl in impls:
             if backend == "cpu":  # the cpu models are fp32: FP8 is compared with bf16 parameters of its own
-                rows.append((f"{impl}, fusions on, bf16", "dense", on[impl] + ["--bf16"]))
-            rows.append((f"{impl}, fusions on, FP8 tensorwise scaled_mm", "dense",
-                         on[impl] + FP8 + (["--bf16"] if backend == "cpu" else [])))
+                fp8_rows.append((f"{impl}, fusions on, bf16", "dense", on[impl] + ["--bf16"]))
+            fp8_rows.append((f"{impl}, fusions on, FP8 tensorwise scaled_mm", "dense",
+                             on[impl] + FP8 + (["--bf16"] if backend == "cpu" else [])))
+    # mtmegatron's (the last impl's) FP8 first, then torchao's float8 training on the plain loop: does FP8 without
+    # TransformerEngine beat bf16 on this device (compiled layers on a GPU, where its casts fuse)?
+    rows += fp8_rows[-(2 if backend == "cpu" else 1):] if fp8_rows else []
+    if fp8 and torchao:
+        plain = PLAIN_COMPILED if backend != "cpu" else "plain PyTorch loop, eager"
+        rows += [(f"{plain}, bf16", "dense", ["@plain", "bf16"])]
+        rows += [(f"{plain}, torchao float8 {r}", "dense", ["@plain", r]) for r in ("tensorwise", "rowwise")]
     rows += [(f"{impl}, MoE grouped GEMM", "moe", on[impl] + ["--moe-grouped-gemm"]) for impl in impls]
     if "megatron-lm" in peers:
         rows.append((f"{PEERS['megatron-lm']}, MoE sequential experts", "moe", ["@megatron-lm"]))
     if quick:
         return rows
+    rows += fp8_rows[:-(2 if backend == "cpu" else 1)]
     rows += [(f"{impl}, fusions off", "dense", ["--transformer-impl", impl, *FUSIONS_OFF]) for impl in impls]
     rows += [(f"{impl}, MoE sequential experts", "moe", on[impl]) for impl in impls]
     return rows
@@ -390,7 +417,7 @@ def main(argv=None) -> int:
         show("GEMM + attention bound", model, reference[model]["bound"])
     impls = a.impls or available_impls()
     fp8 = a.fp8 == "on" or (a.fp8 == "auto" and a.backend != "cpu")
-    rows = rows_to_run(a.backend, impls, fp8, a.quick, a.peers)
+    rows = rows_to_run(a.backend, impls, fp8, a.quick, a.peers, torchao=fp8 and torchao_here())
     peer_source = {}
 
     def run_row(model: str, extra: list[str]) -> dict:
@@ -403,6 +430,16 @@ def main(argv=None) -> int:
                 return {"error": why}
             flags = peer_megatron_lm.megatron_lm_flags(parse(base[model]), a.backend, a.warmup + a.iters)
             return peer_megatron_lm.run(mlm, a.backend, flags, a.warmup, a.threads)
+        if extra[:1] == ["@plain"]:  # in this process: torchao's float8 (or bf16) on the plain loop
+            recipe = None if extra[1] == "bf16" else extra[1]
+            try:
+                ms, gib = plain_step_ms(parse(base[model] + (["--bf16"] if a.backend == "cpu" else [])), device,
+                                        a.iters, a.warmup, with_peak=True, float8=recipe,
+                                        compile_layers=a.backend != "cpu")
+            except Exception as e:  # noqa: BLE001 -- the row says why
+                return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            return {"ms": ms, "peak_gib": gib, "fusions": "torch.compile per layer" if a.backend != "cpu" else
+                    "eager (cpu)"}
         if extra[:1] == ["@torchtitan"]:
             return peer_torchtitan.run(base[model], a.backend, a.iters, a.warmup, a.threads)
         return run_ours(base[model] + extra, a.iters, a.warmup, a.threads)

@@ -116,15 +116,35 @@ def _median_ms(times: list[float]) -> float:
     return 1000 * statistics.median(times)
 
 
-def plain_step_ms(args, device: torch.device, iters: int, warmup: int = 2, with_peak: bool = False):
+def to_float8(model: nn.Module, recipe: str) -> None:
+    """torchao's float8 training (``convert_to_float8_training``, dynamic scaling, ``recipe`` tensorwise or
+    rowwise) on every linear of ``model`` but the output layer, whose dims torch._scaled_mm takes (multiples of 16)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    def eligible(module: nn.Module, fqn: str) -> bool:
+        return (isinstance(module, nn.Linear) and fqn != "output" and module.in_features % 16 == 0
+                and module.out_features % 16 == 0)
+
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=eligible)
+
+
+def plain_step_ms(args, device: torch.device, iters: int, warmup: int = 2, with_peak: bool = False,
+                  float8: str | None = None, compile_layers: bool = False):
     """Median step time of the plain-PyTorch loop (forward, backward, clip, AdamW) over ``iters`` steps; with
     ``with_peak`` also the device allocator's peak in GiB over the timed steps (None on the cpu). Gradients of the
-    global batch's micro-batches accumulate before the optimizer step, as in the run compared with."""
+    global batch's micro-batches accumulate before the optimizer step, as in the run compared with. ``float8``:
+    torchao's float8 training with that recipe (``to_float8``); ``compile_layers``: each layer torch.compile'd (as
+    torchtitan does; where float8's casts fuse)."""
     torch.manual_seed(0)
     model = PlainModel(args).to(device)
     for p in model.parameters():
         if p.dim() > 1:
             nn.init.normal_(p, std=args.init_method_std)
+    if float8:
+        to_float8(model, float8)
+    if compile_layers:
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = torch.compile(layer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                                   eps=args.adam_eps, weight_decay=args.weight_decay)
     b, s = args.micro_batch_size, args.seq_length

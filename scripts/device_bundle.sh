@@ -5,6 +5,7 @@
 #   .device/host/    for this machine's python, used by `scripts/device_check.sh --cpu-dry-run` only (not carried);
 # and the step benchmark's peers (rows `peer==VERSION` and `git==TAG`), for both machines:
 #   .device/peers/torchtitan/    the pure-Python wheels unpacked into one folder (benchmarks/peer_torchtitan.py);
+#   .device/peers/torchao/       torchao's abi3 wheel unpacked (the float8 rows of benchmarks/step.py);
 #   .device/peers/megatron-lm/   Megatron-LM's trainer from a git archive of the tag (benchmarks/peer_megatron_lm.py),
 #                                from the bare clone $MEGATRON_LM_REPO (default /work/.mirror/NVIDIA+Megatron-LM/repo).
 # Then measures what would travel (tracked + untracked-not-ignored files + .device/wheels, limit 64 MiB), and prints
@@ -56,12 +57,16 @@ done
 (cd "$HOST" && sha256sum ./*.whl > SHA256SUMS)
 
 rm -rf "$PEERS"
-mkdir -p "$PEERS/torchtitan" "$PEERS/.wheels"
+mkdir -p "$PEERS/torchtitan" "$PEERS/torchao" "$PEERS/.wheels"
 for req in "${PEER_REQS[@]}"; do
-  echo "[bundle] $req (pure Python, for both machines) -> $PEERS/torchtitan"
-  "$PY" -m pip download --quiet --no-deps --only-binary=:all: -d "$PEERS/.wheels" "$req"
+  dest=torchtitan; [[ "$req" == torchao==* ]] && dest=torchao
+  echo "[bundle] $req (for the device's cp312, abi3 or pure Python) -> $PEERS/$dest"
+  "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$DEVICE_PYTHON_VERSION" \
+    --implementation cp "${platform_args[@]}" -d "$PEERS/.wheels/$dest" "$req"
 done
-for w in "$PEERS"/.wheels/*.whl; do "$PY" -m zipfile -e "$w" "$PEERS/torchtitan"; done
+for dest in torchtitan torchao; do
+  for w in "$PEERS/.wheels/$dest"/*.whl; do "$PY" -m zipfile -e "$w" "$PEERS/$dest"; done
+done
 rm -rf "$PEERS/.wheels"
 if [[ -n "$MLM_TAG" ]]; then
   echo "[bundle] Megatron-LM $MLM_TAG's trainer (git archive of $MEGATRON_LM_REPO, megatron/core removed) -> $PEERS/megatron-lm"

@@ -293,23 +293,30 @@ def test_cpu_vs_cpu_run_passes(tmp_path, capsys):
 def test_step_rows_put_the_comparisons_first():
     step = _load("step_benchmark", "benchmarks/step.py")  # it puts its own directory on sys.path (step_baselines)
     rows = step.rows_to_run("cuda", ["local", "mtmegatron"], fp8=True, quick=False,
-                            peers=("megatron-lm", "torchtitan"))
+                            peers=("megatron-lm", "torchtitan"), torchao=True)
     assert [name for name, _, _ in rows] == [
         "local, fusions on", "mtmegatron, fusions on",
         "Megatron-LM pretrain_gpt.py, local", "torchtitan Llama-3 train step",
-        "local, fusions on, FP8 tensorwise scaled_mm", "mtmegatron, fusions on, FP8 tensorwise scaled_mm",
+        "mtmegatron, fusions on, FP8 tensorwise scaled_mm",
+        "plain PyTorch loop, compiled layers, bf16", "plain PyTorch loop, compiled layers, torchao float8 tensorwise",
+        "plain PyTorch loop, compiled layers, torchao float8 rowwise",
         "local, MoE grouped GEMM", "mtmegatron, MoE grouped GEMM",
         "Megatron-LM pretrain_gpt.py, local, MoE sequential experts",
-        "local, fusions off", "mtmegatron, fusions off",
+        "local, fusions on, FP8 tensorwise scaled_mm", "local, fusions off", "mtmegatron, fusions off",
         "local, MoE sequential experts", "mtmegatron, MoE sequential experts"]
     assert [extra for _, model, extra in rows if extra[0].startswith("@")] == [
-        ["@megatron-lm"], ["@torchtitan"], ["@megatron-lm"]]
+        ["@megatron-lm"], ["@torchtitan"], ["@plain", "bf16"], ["@plain", "tensorwise"], ["@plain", "rowwise"],
+        ["@megatron-lm"]]
+    assert "plain PyTorch loop, compiled layers, bf16" not in [n for n, _, _ in step.rows_to_run(
+        "cuda", ["local", "mtmegatron"], fp8=True, quick=False, torchao=False)]
     fp8 = rows[4][2]
     assert fp8[fp8.index("--fp8-recipe") + 1] == "tensorwise" and fp8[fp8.index("--fp8-executor") + 1] == "scaled_mm"
-    cpu = step.rows_to_run("cpu", ["local", "mtmegatron"], fp8=True, quick=True, peers=("megatron-lm", "torchtitan"))
+    cpu = step.rows_to_run("cpu", ["local", "mtmegatron"], fp8=True, quick=True, peers=("megatron-lm", "torchtitan"),
+                           torchao=True)
     assert [name for name, _, flags in cpu if "--bf16" in flags] == [
         "local, fusions on, bf16", "local, fusions on, FP8 tensorwise scaled_mm"]
-    assert "torchtitan Llama-3 train step" not in [name for name, _, _ in cpu]  # --quick: Megatron-LM only
+    assert [name for name, _, _ in cpu if name.startswith(("torchtitan", "plain", "Megatron"))] == [
+        "Megatron-LM pretrain_gpt.py, local", "Megatron-LM pretrain_gpt.py, local, MoE sequential experts"]
     # the representative shapes: 8 micro-batches and the distributed optimizer on a GPU, 2 on the cpu; --quick
     # keeps the first GPU runs' shapes (one micro-batch)
     gpu = step.GPU_MODELS["dense"]
