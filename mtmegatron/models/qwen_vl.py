@@ -9,7 +9,8 @@ videos, ``position_ids`` ``[3, b, s]``; a 2-D ``[b, s]`` is text-only positions,
 merged image (video) embeddings replace the token embeddings at the ``image_token_id`` (``video_token_id``)
 positions in batch-major order (as HF's ``masked_scatter``); the rest is ``GPTModel``'s forward (logits, or the
 per-token loss with ``labels``).
-The vision fields come from the preset (``vision_*`` dests, ``patch_dim``, ``image_token_id``, ``video_token_id``):
+The vision fields come from the preset or their flags (models/packed_vision_args.py: ``vision_*`` dests,
+``patch_dim``, ``image_token_id``, ``video_token_id``; a converted checkpoint's flags name every one):
 the encoder layers are ``layer_spec.build_layer_spec``'s with the vision shape (LayerNorm + QuickGELU, or RMSNorm +
 SwiGLU with biases) and mtmegatron's SDPA core attention whatever the language model runs (it takes packed
 sequences).
