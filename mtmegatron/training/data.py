@@ -155,7 +155,10 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
         return multimodal_data.micro_batches(dataset, args, dp_rank, plan)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=MicroBatchIndices(plan, args, dp_rank), collate_fn=_stack,
-        num_workers=args.num_workers, worker_init_fn=data_worker_init(args))  # outlives the exit signal
+        num_workers=args.num_workers, worker_init_fn=data_worker_init(args),  # outlives the exit signal
+        # its own generator: iter() draws the workers' base seed from it, not from torch's default generator,
+        # which on the cpu backend is also the device generator that dropout draws from
+        generator=torch.Generator().manual_seed(args.seed))
     record = os.environ.get(TRAINED_SAMPLES_ENV)
     if record:
         name = f"valid{valid_set if valid_set is not None else ''}-" if validation else ""
