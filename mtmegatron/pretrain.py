@@ -16,6 +16,7 @@ from mtmegatron.backends import BackendUnavailableError, select_backend
 from mtmegatron.models import families
 from mtmegatron.patches import UnsupportedMegatronVersion
 from mtmegatron.training.arguments import parse_args
+from mtmegatron.training import megatron_core_checks
 from mtmegatron.utils.checkpoint_dirs import CheckpointError
 from mtmegatron.utils.errors import ConfigError, exit_with_user_error
 from mtmegatron.utils.quiet import quiet_known_noise
@@ -47,6 +48,7 @@ def prepare(argv):
     if backend.device_is_host:  # there are no CUDA connections to tune on the host
         warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS", category=UserWarning)
     mtmegatron.activate(backend)
+    megatron_core_checks.check_configs(args)  # megatron-core's config assertions as one line (with its patches)
     if args.fp8_format:  # the FP8 executor depends on the backend and is probed on this rank's device (set first)
         from mtmegatron.fp8.spec import resolve_executor
 

@@ -421,7 +421,7 @@ CHECKS = (
     ("checkpoints", check_checkpoint_args), ("training flags", training_flags.check),
     ("evaluation and samples", run_args.validate), ("sft", partial(check_sft_args, error=ConfigError)),
     ("fp8", _check_fp8),
-    ("megatron-core's own requirements", megatron_core_checks.check),  # last: builds the configs from all of it
+    ("megatron-core's own requirements", megatron_core_checks.check_rules),  # its configs: pretrain.prepare
 )
 
 
@@ -439,12 +439,13 @@ def validate_for_training(args: argparse.Namespace) -> None:
         check_writable_dir("--tensorboard-dir", args.tensorboard_dir, ConfigError)
 
 
-def parse_args(argv=None, world_size: int | None = None, for_training: bool = True) -> argparse.Namespace:
+def parse_args(argv=None, world_size: int | None = None, for_training: bool = True,
+               parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """The run's values: the user's flag, else the named preset's, else Megatron-LM's default
     (training/flag_sources.py); validated. ``args.value_sources`` holds dest -> where it came from and
     ``args.megatron_differences`` the start-up lines for values that differ from Megatron-LM's defaults."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = parser or build_parser()  # a caller parsing many command lines may pass one build_parser() result
     args = parser.parse_args(argv, namespace=RunArgs())
     given = flag_sources.given_dests(parser, argv)
     try:

@@ -3,13 +3,13 @@
 The run builds megatron-core's ``TransformerConfig`` (or ``MLATransformerConfig``), ``OptimizerConfig`` and
 ``DistributedDataParallelConfig`` from the flags (models/config_from_flags.py); their ``__post_init__`` asserts
 Megatron-LM's combinations (e.g. ``--batch-invariant-mode`` needs ``--attention-backend flash``, a ``--no-rope-freq``
-list as long as ``--num-layers``). ``check`` builds them here the same way, before any process group, and turns an
+list as long as ``--num-layers``). ``check_configs`` builds them the same way once the backend is active (its
+patches applied), before any process group (pretrain.prepare), and turns an
 AssertionError/ValueError into one line naming the flag that causes it (found by putting each given flag back to
 its default until the config builds). A few requirements megatron-core asserts later, in its modules' constructors
 or forward, are stated below (``RULES``) with the module that asserts them.
-The configs are built for the cpu backend's fusion and init choices (the backend is not active yet); only the
-fields those choices set differ from a device run, and none of them is asserted on by megatron-core.
-May assume: called last in training/arguments.CHECKS (every value resolved).
+May assume: ``check_rules``: called last in training/arguments.CHECKS; ``check_configs``: validated args and the
+backend active (pretrain.prepare).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import copy
 from mtmegatron.utils.errors import ConfigError
 
 
-def _builders():
+def config_builders():
+    """(name, function args -> that config), as the run builds them."""
     from mtmegatron.models.gpt import transformer_config
     from mtmegatron.training.optimizer import optimizer_config
     from mtmegatron.training.overlap import ddp_config
@@ -92,11 +93,18 @@ RULES = (
 )
 
 
-def check(args) -> None:
+def check_rules(args) -> None:
+    """The flag-only requirements (``RULES``): in the validation pass (training/arguments.CHECKS)."""
     for flag, applies, why in RULES:
         if applies(args):
             raise ConfigError(f"{flag}: {why}")
-    for name, builder in _builders():
+
+
+def check_configs(args) -> None:
+    """The configs built as the run builds them: after ``mtmegatron.activate`` (pretrain.prepare), whose patches
+    change what megatron-core accepts (e.g. patches/optimizer_fused_adam.py lets OptimizerConfig take
+    --use-precision-aware-optimizer without TransformerEngine) and whose backend decides the fusion fields."""
+    for name, builder in config_builders():
         message = _build(builder, args)
         if message is None:
             continue

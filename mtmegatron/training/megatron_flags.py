@@ -247,6 +247,8 @@ REFUSED = {
                                                   "--ckpt-format torch checkpoint (convert those with Megatron-LM)",
     **dict.fromkeys(("window_size", "window_attn_skip_freq"),
                     "sliding-window attention is not implemented in mtmegatron's attention yet"),
+    "check_for_large_grads": "megatron-core's in-DDP large-gradient check is not wired in: this loop handles NaN/Inf "
+                             "gradients itself (training/robustness.py, --no-check-for-nan-in-loss-and-grad)",
     "moe_per_layer_logging": "Megatron-LM's per-layer MoE metrics (its training loop's track_moe_metrics) are not "
                              "logged here; megatron-core reads the field nowhere",
     "enable_experimental": "megatron-core's experimental-feature switch: none of its experimental features is wired "

@@ -48,7 +48,8 @@ def _sample_argv(row, action) -> list[str]:
     elif row.choices:
         value = row.choices.split(",")[0].split(".")[-1]  # enum members: AttnBackend.flash -> flash
     else:
-        value = {"int": "3", "float": "0.5"}.get(row.type, "x")
+        value = {"int": "3", "float": "0.5", "tuple_type": "4,0", "moe_freq_type": "2", "no_rope_freq_type": "2",
+                 "la_freq_type": "2"}.get(row.type, "x")  # Megatron-LM's converters (training/megatron_lm_types.py)
     count = int(row.nargs) if row.nargs.isdigit() else 1
     return [row.flag, *[value] * count]
 
