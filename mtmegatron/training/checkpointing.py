@@ -466,6 +466,9 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         _say(f"--load {root}: {non_persistent.directory(args, root)} holds a newer non-persistent checkpoint "
              f"(iteration {unread[-1]}), read only with --non-persistent-ckpt-type global (as Megatron-LM)")
     root, iteration = point
+    if newer := [it for it in complete_iterations(root) if it > iteration]:  # a crash between rename and tracker
+        _say(f"--load {root}: {checkpoint_dir(root, newer[-1])} is complete but {TRACKER} names {iteration}: "
+             f"loading {iteration} (write {newer[-1]} into the tracker to resume from it)")
     directory = checkpoint_dir(root, iteration)
     common = dist_checkpointing.load_common_state_dict(directory)
     saved = _saved_facts(common, args)
