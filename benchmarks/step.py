@@ -1,8 +1,12 @@
 """Training step time of mtmegatron, one run, one table: each ``--transformer-impl`` available here (local,
 mtmegatron; transformer_engine where TransformerEngine imports), Megatron-LM's fusions on / off / each one off,
-FP8 (hybrid, tensorwise, torch._scaled_mm) vs bf16, grouped-GEMM MoE experts on / off, against a plain-PyTorch
-training loop of the same model and against the GEMM + attention bound measured in the same run
-(benchmarks/step_baselines.py).
+FP8 (hybrid, tensorwise, torch._scaled_mm) vs bf16, grouped-GEMM MoE experts on / off, against its peers on the
+same shapes and device (``--peers``: Megatron-LM core_v0.16.1's own pretrain_gpt.py with --transformer-impl local,
+benchmarks/peer_megatron_lm.py; torchtitan 0.3's Llama-3 model and step, benchmarks/peer_torchtitan.py, or the
+reason it cannot run), a plain-PyTorch training loop of the same model (bf16, and with torchao's float8 training
+where torchao imports: FP8 without TransformerEngine) and the GEMM + attention bound measured in the same run
+(benchmarks/step_baselines.py). Every row has its peak memory (the device allocator's peak on a GPU; on the cpu
+the process's resident memory, n/a for the in-process plain loop).
 
 Each "ours" row is one ``python -m mtmegatron.pretrain`` process (one rank, mock data) whose per-iteration
 ``step_time_ms`` (metrics.jsonl) is read back; the row shows the median after ``--warmup`` iterations (the fastest
@@ -13,13 +17,16 @@ and which fusions the run's start-up line says ran. Rows run most telling first 
 FP8 vs bf16, MoE sequential vs grouped), so a run cut short by a time limit keeps the comparisons that matter;
 ``--json`` rewrites every figure to a file after each row for the same reason.
 Models: on CPU a small (``--cpu-size tiny``: tiny) Llama-3 (dense) and Mixtral (MoE) of the same layer shapes,
-fp32 (FP8 rows, with ``--fp8 on``, get bf16 parameters and a bf16 row of their own); on a GPU (``--backend
-cuda|musa``) a Llama-3-8B-shaped model with ``--num-layers`` layers, bf16, and Mixtral-8x7B's layer
-(``--moe-num-layers``).
+fp32 (FP8 rows, with ``--fp8 on``, get bf16 parameters and a bf16 row of their own), 2 micro-batches a step; on a
+GPU (``--backend cuda|musa``) the representative shapes: a Llama-3-8B-shaped model with ``--num-layers`` layers
+(auto: as many as fit the device, at most 8), Mixtral-8x7B's layers (``--moe-num-layers``), bf16, 8 micro-batches
+of 1 x 4096 tokens (gradient accumulation: the optimizer step amortised as in real training), the distributed
+optimizer; ``--quick`` keeps the first GPU runs' shapes (2 dense / 1 MoE layer, one micro-batch).
 ``--fusion-ab``: only the fusions table: each fusion the backend can run on vs off, processes interleaved (on, off,
 on, off, ...) ``--repeats`` times, medians, spread, and the faster-or-equal verdict models/fusions.py applies.
 Usage: python benchmarks/step.py [--backend cpu] [--cpu-size small|tiny] [--iters 6] [--threads 1] [--quick]
-       [--impls local,mtmegatron] [--fp8 auto|on|off] [--no-ablation] [--matmul-size N] [--json F]
+       [--impls local,mtmegatron] [--peers megatron-lm,torchtitan|none] [--megatron-lm DIR] [--fp8 auto|on|off]
+       [--num-layers auto|N] [--moe-num-layers auto|N] [--no-ablation] [--matmul-size N] [--json F]
        [--fusion-ab --repeats 5]
 Exit status 1 when a row's run failed (the table still shows every other row).
 May assume: mtmegatron installed; torch >= 2.6; no launcher variables needed.
@@ -31,6 +38,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -398,19 +406,24 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
 
-    def show(name: str, model: str, ms: float, fusions: str = "", peak_gib: float | None = None) -> None:
-        tf = tflop[model] / (ms / 1000)
+    def show(name: str, model: str, ms: float, fusions: str = "", peak_gib: float | None = None,
+             model_tflop_step: float | None = None) -> None:
+        """``model_tflop_step``: the row ran another size of ``model`` (fewer layers): its own FLOPs, and no ratio to
+        the plain loop or the bound (those are of the full size)."""
+        tf = (model_tflop_step or tflop[model]) / (ms / 1000)
         mfu = 100 * tf / peak if peak else None
         mfu_mm = 100 * tf / mm_peak if mm_peak else None
         row = {"row": name, "model": model, "ms": ms, "tflops": tf, "mfu_datasheet_pct": mfu,
-               "mfu_matmul_pct": mfu_mm, "vs_plain": ms / reference[model]["plain"],
-               "vs_bound": ms / reference[model]["bound"], "fusions": fusions, "peak_gib": peak_gib}
+               "mfu_matmul_pct": mfu_mm, "vs_plain": None if model_tflop_step else ms / reference[model]["plain"],
+               "vs_bound": None if model_tflop_step else ms / reference[model]["bound"], "fusions": fusions,
+               "peak_gib": peak_gib}
         report["rows"].append(row)
         save()
         pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
         gib = "n/a" if peak_gib is None else f"{peak_gib:.2f}"
-        print(f"{name:<46} {model:<6} {ms:9.1f} {tf:8.4g} {pct(mfu):>6} {pct(mfu_mm):>7} {row['vs_plain']:7.2f} "
-              f"{row['vs_bound']:7.2f} {gib:>8}  {fusions}", flush=True)
+        ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+        print(f"{name:<46} {model:<6} {ms:9.1f} {tf:8.4g} {pct(mfu):>6} {pct(mfu_mm):>7} {ratio(row['vs_plain']):>7} "
+              f"{ratio(row['vs_bound']):>7} {gib:>8}  {fusions}", flush=True)
 
     for model in base:
         show("plain PyTorch loop", model, reference[model]["plain"], peak_gib=reference[model]["plain_gib"])
@@ -420,7 +433,8 @@ def main(argv=None) -> int:
     rows = rows_to_run(a.backend, impls, fp8, a.quick, a.peers, torchao=fp8 and torchao_here())
     peer_source = {}
 
-    def run_row(model: str, extra: list[str]) -> dict:
+    def run_row(model: str, extra: list[str], flags: list[str] | None = None) -> dict:
+        flags = flags or base[model]
         if extra[:1] == ["@megatron-lm"]:
             if "megatron-lm" not in peer_source:
                 peer_source["megatron-lm"] = peer_megatron_lm.find_source(a.megatron_lm)
@@ -428,8 +442,8 @@ def main(argv=None) -> int:
             mlm, why = peer_source["megatron-lm"]
             if mlm is None:
                 return {"error": why}
-            flags = peer_megatron_lm.megatron_lm_flags(parse(base[model]), a.backend, a.warmup + a.iters)
-            return peer_megatron_lm.run(mlm, a.backend, flags, a.warmup, a.threads)
+            mlm_flags = peer_megatron_lm.megatron_lm_flags(parse(flags), a.backend, a.warmup + a.iters)
+            return peer_megatron_lm.run(mlm, a.backend, mlm_flags, a.warmup, a.threads)
         if extra[:1] == ["@plain"]:  # in this process: torchao's float8 (or bf16) on the plain loop
             recipe = None if extra[1] == "bf16" else extra[1]
             try:
@@ -441,20 +455,31 @@ def main(argv=None) -> int:
             return {"ms": ms, "peak_gib": gib, "fusions": "torch.compile per layer" if a.backend != "cpu" else
                     "eager (cpu)"}
         if extra[:1] == ["@torchtitan"]:
-            return peer_torchtitan.run(base[model], a.backend, a.iters, a.warmup, a.threads)
-        return run_ours(base[model] + extra, a.iters, a.warmup, a.threads)
+            return peer_torchtitan.run(flags, a.backend, a.iters, a.warmup, a.threads)
+        return run_ours(flags + extra, a.iters, a.warmup, a.threads)
 
     done = 0
     while done < len(rows):
         name, model, extra = rows[done]
         runs = [run_row(model, extra) for _ in range(a.repeats)]
         result = next((r for r in runs if "error" in r), None) or min(runs, key=lambda r: r["ms"])
+        layers = int(base[model][base[model].index("--num-layers") + 1]) if "--num-layers" in base[model] else 0
+        if "error" in result and extra[0] in ("@megatron-lm", "@torchtitan") and layers > 1 and re.search(
+                r"out of memory|OutOfMemory", result["error"], re.IGNORECASE):
+            # a peer that does not fit at our size (Megatron-LM's local attention keeps the s x s scores): its
+            # figures at half the layers, against that size's FLOPs, no ratio to the full-size plain loop or bound
+            half = _set(base[model], "--num-layers", str(layers // 2))
+            retry = run_row(model, extra, half)
+            if "error" not in retry:
+                report["rows"].append({"row": f"{name}, {layers} layers", "model": model, "error": result["error"]})
+                name, result = f"{name}, {layers // 2} layers (out of memory at {layers})", retry
+                result["model_tflop_step"] = model_tflop(half)
         if "error" in result:
             report["rows"].append({"row": name, "model": model, "error": result["error"]})
             save()
             print(f"{name:<46} {model:<6} failed: {result['error']}", flush=True)
         else:
-            show(name, model, result["ms"], result["fusions"], result.get("peak_gib"))
+            show(name, model, result["ms"], result["fusions"], result.get("peak_gib"), result.get("model_tflop_step"))
             if name.endswith("fusions on") and not (a.quick or a.no_ablation):
                 rows += ablation_rows(name.split(",")[0], result["fusions"])
         done += 1

@@ -5,12 +5,15 @@ with (so the shapes are the same):
   linear + RoPE + SDPA (causal, grouped-query) + output projection + RMSNorm + SwiGLU MLP (or, for MoE, a
   softmax top-k router and one loop over the experts), final norm, untied output layer, cross-entropy; the
   optimizer is torch's AdamW with the run's lr, betas, eps and weight decay, gradients clipped to ``--clip-grad``.
-  bf16 runs use ``torch.autocast`` over fp32 parameters (the plain-PyTorch way to train in bf16).
+  bf16 runs use ``torch.autocast`` over fp32 parameters (the plain-PyTorch way to train in bf16). The global batch's
+  micro-batches accumulate gradients before the optimizer step. Optionally torchao's float8 training
+  (``convert_to_float8_training``, tensorwise or rowwise dynamic scaling) on its linears and torch.compile per layer.
 - ``bound_step_ms``: the GEMM + attention bound: the time of the model's matrix multiplies alone (forward and the
   two backward GEMMs of every linear, the experts' at balanced routing, the router and the output layer) plus
   SDPA's forward and backward, each timed on its own on random tensors and summed over the layers. Everything
   else a training step does (norms, activations, RoPE, permutation, loss, optimizer, communication) is overhead
-  over this bound.
+  over this bound; one per micro-batch of the global batch.
+- ``flop_shares``: the layers' and the output layer's shares of those FLOPs (to read a row's MFU per layer).
 May assume: torch >= 2.6 (``torch.accelerator``); ``args`` parsed by mtmegatron.training.arguments.parse_args.
 """
 

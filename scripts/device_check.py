@@ -7,13 +7,21 @@ hides none of the others:
   1. conformance  the `-m gpu` backend conformance tests (tests/conformance, as scripts/gpu_conformance.sh);
   2. train_check  scripts/gpu_train_check.py: tiny Llama-3, Mixtral, DeepSeek-V3 on the device vs the cpu
                   backend (first loss, fp32 and bf16), falling loss, kernels vs CPU reference, FP8 executors;
-  3. step         benchmarks/step.py: a Llama-3-8B-shaped model (few layers, bf16), TFLOP/s and MFU against the
-                  datasheet peak and an 8192^3 bf16 matmul of the same run, local vs mtmegatron, fusions on/off,
-                  FP8 (tensorwise, scaled_mm) vs bf16, grouped-GEMM vs sequential MoE;
+  3. step         benchmarks/step.py: a Llama-3-8B-shaped model (as many layers as fit, at most 8; 8 micro-batches
+                  of 4096 tokens; bf16; distributed optimizer) and Mixtral-8x7B's layers, TFLOP/s, MFU against the
+                  datasheet peak and an 8192^3 bf16 matmul of the same run, ratio to the GEMM + attention bound,
+                  peak memory: mtmegatron and local vs their peers on the same shapes and device (Megatron-LM
+                  core_v0.16.1's own pretrain_gpt.py, torchtitan 0.3's Llama-3 step, a plain PyTorch loop), FP8
+                  (mtmegatron's tensorwise scaled_mm; torchao's float8 training on the plain loop) vs bf16,
+                  grouped-GEMM vs sequential MoE, fusions off (--quick: the 2026-11-28 shapes, few rows);
+  4. profile      benchmarks/profile_step.py: torch.profiler over two steps of the dense row; top 20 kernels,
+                  forward / backward / optimizer / communication / idle, the trace gzipped (full and dry run only);
 
-and writes device_report.md, device_report.json (every figure) and one log per section (6 files) into --out
-($OUT when set, else ./device-report). Time: the sections' boxes add up to under 9 minutes (--quick: under 4);
-what a section leaves unused goes to the next one.
+and writes device_report.md, device_report.json (every figure), one log per section, profile.md, profile.json and
+profile_trace.json.gz into --out ($OUT when set, else ./device-report). Time: the sections' boxes add up to under
+8 minutes (--quick: under 4); what a section leaves unused goes to the next one. The peers come from
+.device/peers (scripts/device_bundle.sh: Megatron-LM's trainer, torchtitan and torchao unpacked), carried with
+.device/wheels.
 
 The backend is what the machine has: musa where torch_musa imports and mcc is found (UNTRIED: no MUSA machine has
 run this; its build step is mtmegatron.ops.musa_build), else cuda where a CUDA device answers. --cpu-dry-run runs
@@ -414,10 +422,12 @@ def render_report(plan: Plan, results: list[dict], wall_s: float) -> str:
                     lines.append(f"| {row['row']} | {row['model']} | failed: {row['error']} | | | | | | | |")
                     continue
                 pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
+                ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
                 gib = "n/a" if row.get("peak_gib") is None else f"{row['peak_gib']:.2f}"
                 lines.append(f"| {row['row']} | {row['model']} | {row['ms']:.1f} | {row['tflops']:.4g} | "
                              f"{pct(row['mfu_datasheet_pct'])} | {pct(row['mfu_matmul_pct'])} | "
-                             f"{row['vs_plain']:.2f} | {row['vs_bound']:.2f} | {gib} | {row['fusions']} |")
+                             f"{ratio(row.get('vs_plain'))} | {ratio(row.get('vs_bound'))} | {gib} | "
+                             f"{row['fusions']} |")
         elif r["name"] == "profile" and fig.get("top"):
             md = Path(plan.out) / "profile.md"
             lines += ["", md.read_text().rstrip() if md.is_file() else "", "",

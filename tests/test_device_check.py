@@ -444,3 +444,38 @@ def test_a_failed_kernel_build_falls_back_to_one_without_kernels(tmp_path):
     assert [(s["name"], s["status"]) for s in report["sections"]] == [
         ("install", "PASS"), ("build", "FAIL"), ("build_without_kernels", "PASS"), ("train_check", "PASS")]
     assert (tmp_path / "out/build_without_kernels.log").is_file()
+
+
+def test_a_peer_out_of_memory_is_measured_at_half_the_layers(monkeypatch, tmp_path, capsys):
+    """Megatron-LM's local attention keeps the s x s scores: where it does not fit at our size, its row runs at half
+    the layers, with that size's FLOPs and no ratio to the full-size plain loop or bound (all stubbed: no process)."""
+    step = _load("step_benchmark", "benchmarks/step.py")
+    peer = sys.modules["peer_megatron_lm"]
+    layers_of = lambda flags: int(flags[flags.index("--num-layers") + 1])  # noqa: E731
+    monkeypatch.setattr(step, "parse", lambda flags: types.SimpleNamespace(num_layers=layers_of(flags), micro_batch_size=1,
+                                                                         global_batch_size=8))
+    monkeypatch.setattr(step, "model_tflop", lambda flags: 10.0 * layers_of(flags))
+    monkeypatch.setattr(step, "flop_shares", lambda args: {"layers": 1.0, "output_layer": 0.0})
+    monkeypatch.setattr(step, "plain_step_ms", lambda *a, **k: (100.0, None))
+    monkeypatch.setattr(step, "bound_step_ms", lambda *a, **k: 50.0)
+    monkeypatch.setattr(step, "run_ours", lambda flags, *a: {"ms": 80.0, "fusions": "x", "peak_gib": None})
+    monkeypatch.setattr(peer, "find_source", lambda given: ("/mlm", "here"))
+    monkeypatch.setattr(peer, "megatron_lm_flags", lambda args, backend, iters: ["--num-layers", str(args.num_layers)])
+    tried = []
+
+    def megatron_lm(mlm, backend, flags, warmup, threads):
+        tried.append(layers_of(flags))
+        return ({"error": "torch.OutOfMemoryError: CUDA out of memory"} if layers_of(flags) > 2 else
+                {"ms": 40.0, "peak_gib": 70.0, "fusions": "Megatron-LM defaults"})
+
+    monkeypatch.setattr(peer, "run", megatron_lm)
+    monkeypatch.setattr(step, "model_flags", lambda *a: {"dense": ["--num-layers", "4"], "moe": ["--num-layers", "2"]})
+    rc = step.main(["--impls", "mtmegatron", "--peers", "megatron-lm", "--fp8", "off", "--matmul-size", "0",
+                    "--json", str(tmp_path / "step.json")])
+    rows = {r["row"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
+    assert rc == 1 and tried == [4, 2, 2]  # dense: 4 layers out of memory, then 2; the 2-layer MoE row fits
+    half = rows["Megatron-LM pretrain_gpt.py, local, 2 layers (out of memory at 4)"]
+    assert half["tflops"] == 20.0 / 0.04 and half["vs_plain"] is None and half["vs_bound"] is None
+    assert "out of memory" in rows["Megatron-LM pretrain_gpt.py, local, 4 layers"]["error"]
+    assert rows["mtmegatron, fusions on"]["vs_bound"] == 80.0 / 50.0 and rows["mtmegatron, fusions on"]["tflops"] == 500
+    assert "n/a" in capsys.readouterr().out
