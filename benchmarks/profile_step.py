@@ -104,7 +104,8 @@ def analyze(trace: dict, top: int = 20) -> dict:
     fwd, bwd, opt = windows(FORWARD), windows(BACKWARD), windows(OPTIMIZER)
     device = [e for e in events if e.get("cat") in DEVICE_CATS]
     if device:
-        launches = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "cuda_runtime"
+        # runtime launches (cudaLaunchKernel...) and driver ones (cuLaunchKernel: Triton's kernels)
+        launches = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
                     and "correlation" in e.get("args", {})}
         timed = [(e, float(e["dur"]), launches.get(e.get("args", {}).get("correlation"), e["ts"])) for e in device]
         busy = Windows((e["ts"], e["ts"] + e["dur"]) for e in device).total()

@@ -396,10 +396,12 @@ def test_profile_phases_and_top_kernels():
         _trace_event("sm90_xmma_gemm_bf16", 20, 30, "kernel", tid=7, correlation=1),  # runs after forward_step ends
         _trace_event("sm90_xmma_gemm_bf16", 60, 20, "kernel", tid=7, correlation=2),
         _trace_event("ncclDevKernel_AllReduce", 85, 5, "kernel", tid=7),
+        _trace_event("cuLaunchKernel", 50, 1, "cuda_driver", correlation=3),  # a Triton kernel's launch
+        _trace_event("triton_poi_fused_mul_silu", 62, 4, "kernel", tid=8, correlation=3),
     ]}
     r = prof.analyze(gpu)
     ms = {k: round(v * 1000) for k, v in r["phases_ms"].items()}
-    assert ms == {"forward": 30, "backward": 20, "optimizer": 0, "communication": 5, "other": 0, "idle": 45}
+    assert ms == {"forward": 30, "backward": 24, "optimizer": 0, "communication": 5, "other": 0, "idle": 45}
     assert r["top"][0]["name"] == "sm90_xmma_gemm_bf16" and r["top"][0]["calls"] == 2
     with pytest.raises(ValueError, match="no ProfilerStep"):
         prof.analyze({"traceEvents": []})
