@@ -35,6 +35,7 @@ May assume: mtmegatron installed; torch >= 2.6; no launcher variables needed.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -149,6 +150,15 @@ def model_flags(backend: str, cpu_size: str, quick: bool, num_layers: str, moe_n
         else:
             layers[model] = layers_that_fit(model, device_gib(backend))
     return {k: gpu[k] + ["--num-layers", str(layers[k])] for k in gpu}
+
+
+def release(backend: str) -> None:
+    """Give what this process's in-process rows (plain loop, bound, torchao) cached on the device back, so the
+    next row's own process has the device's memory: the 8B-shaped models need most of it."""
+    gc.collect()
+    torch._dynamo.reset()  # compiled layers hold their modules
+    if backend != "cpu":
+        torch.get_device_module(backend).empty_cache()
 
 
 def available_impls() -> list[str]:
@@ -394,6 +404,7 @@ def main(argv=None) -> int:
         tflop[model] = model_tflop(flags)
         plain_ms, plain_gib = plain_step_ms(args, device, a.iters, a.warmup, with_peak=True)
         reference[model] = {"plain": plain_ms, "plain_gib": plain_gib, "bound": bound_step_ms(args, device)}
+        release(a.backend)
         report["models"][model] = {"flags": models[model], "tflop_per_step": tflop[model],
                                    "plain_ms": reference[model]["plain"], "bound_ms": reference[model]["bound"],
                                    "layers": args.num_layers, "micro_batches": args.global_batch_size
@@ -452,6 +463,8 @@ def main(argv=None) -> int:
                                         compile_layers=a.backend != "cpu")
             except Exception as e:  # noqa: BLE001 -- the row says why
                 return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            finally:
+                release(a.backend)
             return {"ms": ms, "peak_gib": gib, "fusions": "torch.compile per layer" if a.backend != "cpu" else
                     "eager (cpu)"}
         if extra[:1] == ["@torchtitan"]:
