@@ -14,7 +14,8 @@ whole item is memory-mapped where it lies in its file (convert/stored_tensor.py)
 its offset. The vocabulary rows are read without their padding.
 Safety: everything is written under ``<out>.partial.<pid>`` and renamed to ``<out>`` when complete; the finished
 marker ``<out>/conversion_complete.json`` exists only in a complete output. Workers stop when the parent dies.
-A damaged input is one line naming the file: a ``.distcp`` file missing or shorter than its ``.metadata`` says
+A damaged input is one line naming the file: a ``.metadata`` that does not unpickle, a ``.distcp`` file missing or
+shorter than its ``.metadata`` says
 (checked before any worker starts), or one whose bytes are not what ``torch.save`` wrote (zero-filled, overwritten:
 found when its tensor is read).
 Memory per worker: one group's inputs and outputs and one stored chunk being copied (about 2 x the largest
@@ -72,7 +73,11 @@ class _Reader:
         from torch.distributed.checkpoint import FileSystemReader
 
         self.reader = FileSystemReader(directory)
-        self.metadata = self.reader.read_metadata()
+        try:
+            self.metadata = self.reader.read_metadata()
+        except _DAMAGED as e:  # a truncated or overwritten .metadata (a missing one: the OSError says so)
+            raise ConversionError(f"{os.path.join(directory, '.metadata')}: damaged: not the checkpoint index torch's "
+                                  f"distributed checkpoint wrote ({type(e).__name__} reading it)") from None
         self.reader.set_up_storage_reader(self.metadata, True)
         self.chunks_of, self.shapes, self.vocab_size = chunks_of, shapes, vocab_size
 

@@ -28,8 +28,9 @@ written, every HF tensor read), and runs one batch through both:
 * a video record (4 frames at 1 fps) made into a sample by the training data pipeline with the converted flags:
   our loss on its answer equals HF's (measured equal to 7 digits; with the video at the old hard-coded 2 tokens
   per second, 1.2e-3 off);
-* damaged inputs through ``mtmegatron convert``: a ``.distcp`` file cut in half (qwen2-vl's worker) or zero-filled
-  (qwen2.5-vl's), a safetensors file short of its last 64 bytes: exit 2 and one line naming the file;
+* damaged inputs through ``mtmegatron convert``: a ``.distcp`` file or the ``.metadata`` cut in half (qwen2-vl's
+  worker), a ``.distcp`` file zero-filled (qwen2.5-vl's), a safetensors file short of its last 64 bytes: exit 2
+  and one line naming the file;
 * ``--freeze-LM`` / ``--freeze-ViT`` / ``--freeze-projection`` leave the rest trainable;
 * pipeline: PP2 with the vision encoder and 1 language layer on stage 0, 3 layers on stage 1, through
   megatron-core's schedule: the one-rank per-token losses (measured 1.9e-6 on losses of ~7).
@@ -344,8 +345,8 @@ def _cli(argv: list[str]) -> tuple[int, str]:
 
 def _damaged_inputs(root, family_name) -> dict:
     """The command line on damaged copies: mcore-to-hf of the converted checkpoint with its largest ``.distcp``
-    file cut in half (qwen2-vl) or zero-filled (qwen2.5-vl), hf-to-mcore with the safetensors file's last 64 bytes
-    cut off: {case: (status, stderr, the damaged file, what is left of --out)}."""
+    file cut in half (qwen2-vl; its ``.metadata`` cut in half too) or zero-filled (qwen2.5-vl), hf-to-mcore with the
+    safetensors file's last 64 bytes cut off: {case: (status, stderr, the damaged file, what is left of --out)}."""
     import glob
     import shutil
 
@@ -361,6 +362,12 @@ def _damaged_inputs(root, family_name) -> dict:
     case = "distcp_truncated" if family_name == "qwen2-vl" else "distcp_zero_filled"
     status, err = _cli(["convert", "mcore-to-hf", "--load", f"{root}/damaged", "--out", f"{root}/damaged_hf"])
     out[case] = (status, err, shard, glob.glob(f"{root}/damaged_hf*"))
+    if family_name == "qwen2-vl":  # and its .metadata cut short
+        shutil.copytree(f"{root}/mcore", f"{root}/damaged_index")
+        index = glob.glob(f"{root}/damaged_index/iter_*/.metadata")[0]
+        os.truncate(index, os.path.getsize(index) // 2)
+        status, err = _cli(["convert", "mcore-to-hf", "--load", f"{root}/damaged_index", "--out", f"{root}/index_hf"])
+        out["metadata_truncated"] = (status, err, index, glob.glob(f"{root}/index_hf*"))
     shutil.copytree(f"{root}/hf", f"{root}/damaged_st")
     file = f"{root}/damaged_st/model.safetensors"
     os.truncate(file, os.path.getsize(file) - 64)
@@ -458,11 +465,11 @@ def test_video_record_gives_hf_loss(result):
 
 
 def test_a_damaged_input_file_is_one_line_naming_it(result):
-    """``convert mcore-to-hf`` with a ``.distcp`` file cut in half (qwen2-vl's run) or zero-filled (qwen2.5-vl's),
-    ``convert hf-to-mcore`` with a truncated safetensors file: exit 2, the whole of stderr one line naming the file
-    (no worker traceback), nothing left under --out."""
-    _, r, _ = result
-    assert len(r["damaged"]) == 2
+    """``convert mcore-to-hf`` with a ``.distcp`` file cut in half or a ``.metadata`` cut in half (qwen2-vl's run) or
+    a ``.distcp`` file zero-filled (qwen2.5-vl's), ``convert hf-to-mcore`` with a truncated safetensors file: exit 2,
+    the whole of stderr one line naming the file (no worker traceback), nothing left under --out."""
+    name, r, _ = result
+    assert len(r["damaged"]) == (3 if name == "qwen2-vl" else 2)
     for case, (status, err, path, left) in r["damaged"].items():
         assert status == 2 and err.count("\n") == 1 and err.startswith("mtmegatron: error: "), (case, err)
         assert path in err and "Traceback" not in err, (case, err)
