@@ -79,17 +79,64 @@ def test_defaults_are_megatron_lms(parser):
         assert getattr(args, row.dest) == row.default_value, f"{row.flag}: {getattr(args, row.dest)!r}"
 
 
-@pytest.mark.parametrize("flag, value, reason", [
-    ("--rl-use-sequence-packing", None, "reinforcement-learning training is not part of mtmegatron"),
-    ("--tp-comm-overlap", None, "needs TransformerEngine"),
-    ("--distributed-backend", "gloo", "follows --backend"),
-    ("--inference-max-requests", "4", "inference-server flag"),
-    ("--use-legacy-models", None, "legacy (non-megatron-core) models were removed"),
+# (a refused flag with a non-default value is one line naming it: every refused flag, tests/flags/test_flag_effects.py)
+
+
+@pytest.mark.parametrize("extra, says", [
+    # found by trying flags with non-default values: each was a traceback (or a hang) before issue 35
+    (["--window-size", "4,0"], "--window-size: sliding-window attention is not implemented"),
+    (["--window-attn-skip-freq", "2"], "--window-attn-skip-freq: sliding-window attention is not implemented"),
+    (["--window-size", "4,x"], "argument --window-size: invalid tuple_type value: '4,x'"),
+    (["--no-rope-freq", "3"], "--no-rope-freq 3: megatron-core's TransformerConfig refuses it: no_rope_freq=3 should be"),
+    (["--no-rope-freq", "__import__"], "argument --no-rope-freq: invalid freq_type value"),
+    (["--moe-latent-size", "64", "--num-experts", "4"], "--moe-latent-size: MoE latent projections are "
+                                                        "TransformerEngine linears"),
+    (["--batch-invariant-mode"], "--batch-invariant-mode: megatron-core's TransformerConfig refuses it: Batch "
+                                 "invariant mode only supports FlashAttention"),
+    (["--main-params-dtype", "fp16"], "--main-params-dtype fp16: megatron-core's OptimizerConfig refuses it"),
+    (["--moe-apply-probs-on-input", "--num-experts", "4", "--moe-router-topk", "2"],
+     "--moe-apply-probs-on-input: works only with --moe-router-topk 1"),
 ])
-def test_refused_flag_is_one_line_naming_it(flag, value, reason):
+def test_megatron_core_requirements_are_one_line(extra, says):
+    """megatron-core's and TE's assertions as one ConfigError line naming the flag, before any process group (the
+    config part as pretrain.prepare checks it, after activation)."""
+    import mtmegatron
+    from mtmegatron.backends import select_backend
+    from mtmegatron.training.megatron_core_checks import check_configs
+
+    mtmegatron.activate(select_backend("cpu"))
     with pytest.raises(ConfigError) as e:
-        parse_args(MEGATRON_GPT + [flag] + ([value] if value else []), world_size=1)
-    assert str(e.value).startswith(f"{flag}: ") and reason in str(e.value) and "\n" not in str(e.value)
+        check_configs(parse_args(MEGATRON_GPT + extra, world_size=1))
+    assert str(e.value).startswith(says) and "\n" not in str(e.value), str(e.value)
+
+
+def test_megatron_lm_value_types():
+    """Megatron-LM's tuple_type / no_rope_freq_type: the config gets what Megatron-LM's would."""
+    args = parse_args(MEGATRON_GPT + ["--no-rope-freq", "([0]*3+[1])"], world_size=1)
+    assert args.no_rope_freq == [0, 0, 0, 1]
+    assert parse_args(MEGATRON_GPT + ["--no-rope-freq", "2"], world_size=1).no_rope_freq == 2
+    from mtmegatron.training.megatron_lm_types import tuple_type
+
+    assert tuple_type("(4,0)") == tuple_type("4,0") == (4, 0)
+
+
+def test_flags_command_looks_up_and_helps(capsys):
+    """``mtmegatron flags --flag X`` (as docs/flags.md and the README give it) and ``--help``."""
+    from mtmegatron.cli import main
+
+    assert main(["flags", "--flag", "--window-size", "--flag", "lr", "--flag=--apply-residual-connection-post-"
+                 "layernorm", "--tp-comm-overlap"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "--window-size: refused unless at its default — sliding-window attention is not implemented in mtmegatron's "
+        "attention yet",
+        "--lr: honoured (read by mtmegatron)",
+        "--apply-residual-connection-post-layernorm: accepted, no effect (as in Megatron-LM 0.16) — "
+        + megatron_flags.NOOP["apply_residual_connection_post_layernorm"],
+        "--tp-comm-overlap: refused unless at its default — needs TransformerEngine, which this backend does not have "
+        "(userbuffers)"]
+    assert main(["flags", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: mtmegatron flags [--flag FLAG ...]")
 
 
 @pytest.mark.parametrize("dest, extra, says", [
