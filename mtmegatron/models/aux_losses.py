@@ -1,10 +1,12 @@
-"""Per-iteration MTP and MoE auxiliary losses for metrics.jsonl (``mtp_loss``, ``moe_aux_loss``).
+"""Per-iteration MTP and MoE auxiliary losses for metrics.jsonl (``mtp_loss``, ``moe_aux_loss``, ``moe_z_loss``).
 
-megatron-core accumulates both in trackers during the forward passes of one global batch: MTP per MTP layer
-(``MTPLossLoggingHelper``, on the last pipeline stage), the MoE load-balancing loss per MoE layer (the layer-wise
-aux-loss tracker, before its coefficient). ``aux_loss_stats`` reduces them the way Megatron-LM's training log
-does (mean over micro-batches and data-parallel ranks; MoE: mean over MoE layers, MTP: mean over MTP layers),
-makes the numbers visible on every rank, and clears the trackers for the next iteration.
+megatron-core accumulates them in trackers during the forward passes of one global batch: MTP per MTP layer
+(``MTPLossLoggingHelper``, on the last pipeline stage), the MoE load-balancing loss and, with
+``--moe-z-loss-coeff``, the router z-loss per MoE layer (the layer-wise aux-loss tracker, before their
+coefficients; Megatron-LM's training log tracks the same names: ``load_balancing_loss``, ``z_loss``).
+``aux_loss_stats`` reduces them the way Megatron-LM's training log does (mean over micro-batches and data-parallel
+ranks; MoE: mean over MoE layers, MTP: mean over MTP layers), makes the numbers visible on every rank, and clears
+the trackers for the next iteration.
 May assume: called once per iteration on every rank, after the forward/backward of all micro-batches.
 """
 
@@ -34,22 +36,29 @@ def _mtp_loss(args) -> float:
     return contribution.item()
 
 
-def _moe_aux_loss(args) -> float:
+def _moe_losses(args, names: dict[str, str]) -> dict:
+    """megatron-core's tracker name -> our row key, one ``track_moe_metrics`` call (it reduces and clears them)."""
     from megatron.core.transformer.moe.moe_utils import track_moe_metrics
 
-    name = _AUX_NAMES[args.moe_router_load_balancing_type]
     totals: dict = {}
     track_moe_metrics(loss_scale=1.0 / args.num_microbatches, iteration=0, total_loss_dict=totals,
-                      force_initialize=True, track_names=[name], num_layers=args.num_layers + (args.mtp_num_layers or 0),
+                      force_initialize=True, track_names=list(names),
+                      num_layers=args.num_layers + (args.mtp_num_layers or 0),
                       moe_layer_freq=args.moe_layer_freq, mtp_num_layers=args.mtp_num_layers)
-    return float(totals[name])
+    return {key: float(totals[name]) for name, key in names.items()}
 
 
 def aux_loss_stats(args) -> dict:
-    """``{"mtp_loss": ..., "moe_aux_loss": ...}`` for the features this run has (empty when none)."""
+    """``{"mtp_loss": ..., "moe_aux_loss": ..., "moe_z_loss": ...}`` for the features this run has (empty when
+    none)."""
     stats = {}
     if args.mtp_num_layers:
         stats["mtp_loss"] = _mtp_loss(args)
+    names = {}
     if args.num_experts and args.moe_router_load_balancing_type in _AUX_NAMES and args.moe_aux_loss_coeff:
-        stats["moe_aux_loss"] = _moe_aux_loss(args)
+        names[_AUX_NAMES[args.moe_router_load_balancing_type]] = "moe_aux_loss"
+    if args.num_experts and args.moe_z_loss_coeff is not None:  # Megatron-LM's condition
+        names["z_loss"] = "moe_z_loss"
+    if names:
+        stats.update(_moe_losses(args, names))
     return stats

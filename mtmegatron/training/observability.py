@@ -3,9 +3,11 @@ memory, parameter norm, world size, validation perplexity, the profiler, wandb, 
 
 ``log(row)`` completes the iteration's metrics row with what the flags ask for and hands it to metrics.jsonl /
 tensorboard (utils/metrics.py, rank 0) and wandb (the last rank); row keys (metrics.jsonl and tensorboard
-tags): ``throughput`` (TFLOP/s per device), ``mfu``, ``params_norm``, ``num_zeros_in_grad`` (from train_step),
-``world_size``, ``val_ppl``, ``mem_*_bytes``, and with --log-timers-to-tensorboard Megatron-LM's
-``<timer>-time`` tags at each log interval.
+tags): ``loss_scale`` (from train_step, as Megatron-LM logs it: 1.0 without --fp16; not to tensorboard/wandb with
+--no-log-loss-scale-to-tensorboard), ``moe_aux_loss``/``moe_z_loss``/``mtp_loss`` (models/aux_losses.py),
+``throughput`` (TFLOP/s per device), ``mfu``, ``params_norm``, ``num_zeros_in_grad`` (from train_step), ``world_size``,
+``val_ppl``, ``mem_*_bytes``, and with --log-timers-to-tensorboard Megatron-LM's ``<timer>-time`` tags at each log
+interval.
 ``--manual-gc`` as Megatron-LM: automatic collection off from the first step, a full collection at the start,
 every --manual-gc-interval iterations and before validation, a young-generation one after it; the automatic
 collector is switched back on by ``close``.
@@ -93,6 +95,8 @@ class ManualGC:
 class Observability:
     def __init__(self, args, backend, rank: int, model, optimizer, writer, first_done: int):
         self.args, self.rank, self.model, self.writer = args, rank, model, writer
+        if not args.log_loss_scale_to_tensorboard:  # Megatron-LM: neither tensorboard nor wandb get it
+            writer.tensorboard_skip.add("loss_scale")
         self.world_size = torch.distributed.get_world_size()
         self.device = compute_device()
         self.timers = StepTimers(args, model, optimizer)
@@ -111,7 +115,7 @@ class Observability:
                         "statistics; logging this process's resident memory (mem_rss_bytes) instead")
         tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
         self.profiler = StepProfiler(args, backend, rank, first_done, tensorboard_dir)
-        self.wandb = WandbSink(args, rank, self.world_size)
+        self.wandb = WandbSink(args, rank, self.world_size, skip=writer.tensorboard_skip)
         self.gc = ManualGC(args)
         if args.manual_gc:
             self._print(f"mtmegatron: --manual-gc: automatic garbage collection off; {self.gc.describe()}")

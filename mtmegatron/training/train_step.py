@@ -126,6 +126,8 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         "lr": lr,
         "skipped": not update_successful,
         **({"num_zeros_in_grad": None if num_zeros is None else int(num_zeros)} if args.log_num_zeros_in_grad else {}),
-        **aux_loss_stats(args),  # mtp_loss / moe_aux_loss when the model has them
+        # Megatron-LM's iteration line shows the loss scale after the step (1.0 without --fp16)
+        "loss_scale": float(optimizer.get_loss_scale()),
+        **aux_loss_stats(args),  # mtp_loss / moe_aux_loss / moe_z_loss when the model has them
         **({"image_tokens": data_iterators[0].image_tokens(iteration)} if families.of(args).is_multimodal else {}),
     }

@@ -14,8 +14,9 @@ import os
 
 
 class WandbSink:
-    def __init__(self, args, rank: int, world_size: int):
+    def __init__(self, args, rank: int, world_size: int, skip: set = frozenset()):
         self.run = None
+        self.skip = skip  # row keys the flags keep out of tensorboard and wandb
         if not args.wandb_project or rank != world_size - 1:
             return
         import wandb
@@ -32,7 +33,7 @@ class WandbSink:
 
     def log(self, row: dict) -> None:
         if self.run is not None:
-            self.run.log({k: v for k, v in row.items() if k != "iteration" and v is not None},
+            self.run.log({k: v for k, v in row.items() if k != "iteration" and k not in self.skip and v is not None},
                          step=row["iteration"])
 
     def close(self) -> None:

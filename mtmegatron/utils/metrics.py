@@ -31,6 +31,7 @@ class MetricsWriter:
         self._file = None
         self._tb = None
         self._bar = None
+        self.tensorboard_skip: set = set()  # row keys not written as tensorboard events (--no-log-loss-scale-...)
         if rank == 0:
             os.makedirs(log_dir, exist_ok=True)
             self.path = os.path.join(log_dir, "metrics.jsonl")
@@ -58,7 +59,8 @@ class MetricsWriter:
         it = row["iteration"]
         if self._tb is not None and it % self.tensorboard_log_interval == 0:
             for key, value in row.items():
-                if key != "iteration" and isinstance(value, (int, float)) and value is not None:
+                if (key != "iteration" and key not in self.tensorboard_skip and isinstance(value, (int, float))
+                        and value is not None):
                     self._tb.add_scalar(key, float(value), it)
         if self._bar is not None:
             self._bar.update(1)
@@ -66,8 +68,10 @@ class MetricsWriter:
         if it % self.log_interval == 0 or it == self.train_iters:
             grad_norm = row["grad_norm"]
             norm = "   n/a" if grad_norm is None or math.isnan(grad_norm) else f"{grad_norm:7.3f}"
-            extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss", "mtp_loss", "val_loss")
-                            if row.get(k) is not None)
+            extra = "".join(f" | {k} {row[k]:.4f}" for k in ("moe_aux_loss", "moe_z_loss", "mtp_loss",
+                                                              "val_loss") if row.get(k) is not None)
+            if row.get("loss_scale") is not None:  # Megatron-LM's wording (1.0 without --fp16)
+                extra += f" | loss scale: {row['loss_scale']:.1f}"
             extra += _observability_fields(row)
             if row.get("image_tokens") is not None:  # --model llava
                 extra += f" | image tokens {row['image_tokens']}"

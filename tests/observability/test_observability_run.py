@@ -7,6 +7,9 @@
 - ``tp``: the same model and data under TP 2 with the parameter norm and zero count, timers of every rank
   (--timing-log-option all), and --profile without --use-pytorch-profiler on rank 1 for iterations 3..4 of a
   4-iteration run (the trace is written when the run ends inside the window).
+
+And one single-rank run of its own (``moe_fp16``): a tiny MoE with --fp16, --moe-z-loss-coeff and
+--no-log-loss-scale-to-tensorboard, for what Megatron-LM's training log shows there (loss scale, z-loss).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import re
 
 import pytest
 
-from helpers.pretrain_runner import run_pretrain
+from helpers.pretrain_runner import TINY, run_pretrain
 from helpers.real_data import REAL, use_corpus_cache
 
 ITERS = 4
@@ -163,6 +166,52 @@ def test_wandb_offline_run_holds_the_metrics_rows(runs):
     for key in ("throughput", "step_time_ms", "mem_rss_bytes", "forward-backward-time"):  # the last rank's own
         assert key.encode() in data, key
     assert "wandb run 'dp-run' of project obs-test (offline)" in runs["dp"]["proc"].stdout
+
+
+def test_loss_scale_is_logged_as_megatron_lm_does(runs):
+    """Megatron-LM's iteration line has "loss scale: 1.0" without --fp16; tensorboard gets it by default."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert all(row["loss_scale"] == 1.0 for run in runs.values() for row in run["rows"])
+    printed = re.findall(r"iteration\s+\d+/\s*\d+ \|.*\| loss scale: 1\.0 \|", runs["dp"]["proc"].stdout)
+    assert len(printed) == 2, runs["dp"]["proc"].stdout[-3000:]  # --log-interval 2 of 4
+    events = EventAccumulator(str(runs["dp"]["log"] / "tensorboard"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("loss_scale")] == [1.0, 1.0]
+    assert not any("moe_z_loss" in row for run in runs.values() for row in run["rows"])  # dense: no MoE
+
+
+MOE_FP16 = TINY + ["--num-layers", "2", "--train-iters", "2", "--log-interval", "1", "--num-experts", "4",
+                   "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--fp16",
+                   "--no-log-loss-scale-to-tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def moe_fp16(tmp_path_factory):
+    log = tmp_path_factory.mktemp("moe_fp16")
+    proc, rows = run_pretrain(1, MOE_FP16 + ["--tensorboard-dir", str(log / "tb")], log, timeout=300)
+    return proc.stdout, rows, log / "tb"
+
+
+def test_moe_z_loss_and_fp16_loss_scale_in_line_rows_and_tensorboard(moe_fp16):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    stdout, rows, tensorboard = moe_fp16
+    printed = re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*\| moe_aux_loss ([0-9.]+) \| moe_z_loss ([0-9.]+) \|"
+                         r" loss scale: ([0-9.]+)", stdout)
+    assert [int(p[0]) for p in printed] == [1, 2], stdout[-3000:]
+    for (_, aux, z, scale), row in zip(printed, rows):
+        assert float(z) == pytest.approx(row["moe_z_loss"], abs=1e-4) and row["moe_z_loss"] > 0
+        assert float(aux) == pytest.approx(row["moe_aux_loss"], abs=1e-4)
+        assert float(scale) == row["loss_scale"]
+    # --fp16's dynamic scale starts at --initial-loss-scale (2**32); both steps overflow there, and with Megatron-LM's
+    # --hysteresis 2 the second overflow halves it: the line shows the scale after the step, as Megatron-LM's does
+    assert [(r["skipped"], r["loss_scale"]) for r in rows] == [(True, 2.0**32), (True, 2.0**31)]
+    events = EventAccumulator(str(tensorboard))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"moe_z_loss", "moe_aux_loss", "loss"} <= tags
+    assert "loss_scale" not in tags  # --no-log-loss-scale-to-tensorboard
 
 
 def test_manual_gc_is_announced(runs):
