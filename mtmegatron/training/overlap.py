@@ -32,7 +32,8 @@ def ddp_config(args) -> DistributedDataParallelConfig:
     ours = dict(
         # Megatron-LM aligns the parameter all-gathers of all pipeline stages only with the interleaved schedule
         # (the schedule then dispatches them through config.param_sync_func)
-        align_param_gather=args.overlap_param_gather and bool(args.virtual_pipeline_model_parallel_size),
+        align_param_gather=(args.overlap_param_gather and bool(args.virtual_pipeline_model_parallel_size)
+                            and args.align_param_gather),  # --no-align-param-gather: each chunk gathers itself
         bucket_size=args.ddp_bucket_size,  # None: megatron-core's default (>= 40M elements)
         check_for_nan_in_grad=False,
         check_for_large_grads=False,
