@@ -203,7 +203,9 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
     except (Exception, CheckpointException) as e:  # torch's CheckpointException is a BaseException
         if isinstance(e, CheckpointError):
             raise
-        line = _full_disk(e, root)
+        where = (f"--save {root}" if args.save and os.path.realpath(root) == os.path.realpath(args.save)
+                 else f"checkpoint directory {root}")  # the non-persistent one, or --ckpt-convert-save's
+        line = _full_disk(e, root, where)
         if line is None:
             raise
         raise CheckpointError(line) from e
@@ -231,7 +233,7 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def _full_disk(error: BaseException, root: str) -> str | None:
+def _full_disk(error: BaseException, root: str, where: str) -> str | None:
     """The one line for a save that failed on a full disk (or quota), else None. megatron-core's writer wraps
     the OSError in RuntimeError("Worker failure: ...") and torch's CheckpointException; torch.save of common.pt
     says only "file write failed": a failed save with under 1 MiB left on the device counts as a full disk. On
@@ -259,7 +261,7 @@ def _full_disk(error: BaseException, root: str) -> str | None:
     tracked = latest_complete_iteration(root) if complete else None
     size = (sum(e.stat().st_size for e in os.scandir(checkpoint_dir(root, tracked)) if e.is_file())
             if tracked is not None else None)
-    return (f"--save {root}: no space left on the device while saving a checkpoint ("
+    return (f"{where}: no space left on the device while saving a checkpoint ("
             f"{_mib(usage.free) + ' free of ' + _mib(usage.total) if usage else 'free space unknown'}"
             f"{'; a checkpoint here takes ' + _mib(size) if size else ''}): the unfinished save was removed; "
             + (f"iteration {tracked} stays the latest checkpoint" if tracked is not None else "no checkpoint there")
