@@ -3,8 +3,8 @@ the rank order given to megatron-core (``--use-tp-pp-dp-mapping``) and the root 
 (``--logging-level``) through setup.init_distributed with megatron-core's initialisation captured (in-process);
 one one-rank build (setup.build, as pretrain calls it) for the DDP buckets (``--ddp-num-buckets``), the schedule's
 grad-sync hook (``--no-align-grad-reduce``), the optimizer's weight-decay groups (``--no-weight-decay-cond-type``),
-the param-group map (``--dump-param-to-param-group-map``), the activation (``--quick-geglu``) and the dataset
-builder's fields.
+the param-group map (``--dump-param-to-param-group-map``), the activation (``--quick-geglu``), the dataset
+builder's fields and RoPE skipped on every second layer (``--no-rope-freq 2``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def _build_worker(rank, world_size, backend_name, tmp):
                               "--overlap-grad-reduce", "--ddp-num-buckets", "3", "--no-align-grad-reduce",
                               "--dump-param-to-param-group-map", dump, "--quick-geglu",
                               "--num-dataset-builder-threads", "2", "--mid-level-dataset-surplus", "0.01",
-                              "--allow-ambiguous-pad-tokens"], world_size=1)
+                              "--allow-ambiguous-pad-tokens", "--position-embedding-type", "rope",
+                              "--no-rope-freq", "2"], world_size=1)
     init_distributed(args, backend)
     model, optimizer, _, config = build(args)
     buffer = model[0].buffers[0]
@@ -89,7 +90,18 @@ def _build_worker(rank, world_size, backend_name, tmp):
             wd[param] = group["wd_mult"]
     names = {param: name for name, param in model[0].module.named_parameters()}
     dataset = build_mock_dataset(args, 4)
+    # --no-rope-freq 2: the second layer's attention ignores the rotary embedding, the first uses it
+    import torch
+
+    gpt = model[0].module.eval()  # no attention dropout
+    rotary = gpt.rotary_pos_emb(16)
+    hidden = torch.randn(16, 1, 64)
+    with torch.no_grad():
+        rope_changes = [not torch.equal(layer.self_attention(hidden, None, rotary_pos_emb=rotary)[0],
+                                        layer.self_attention(hidden, None, rotary_pos_emb=None)[0])
+                        for layer in gpt.decoder.layers]
     return {
+        "rope_changes": rope_changes,
         "bucket_size": model[0].ddp_config.bucket_size, "num_buckets": len(buffer.buckets), "numel": numel,
         "grad_sync_func": config.grad_sync_func is not None, "no_sync_func": config.no_sync_func is not None,
         "wd_mult": {names[p]: m for p, m in wd.items() if "layernorm" in names[p] or "norm" in names[p]},
@@ -115,6 +127,7 @@ def test_one_build_honours_the_flags(tmp_path):
     assert ".metadata" in result["dumped"], result["dumped"]  # megatron-core's param -> group map
     assert result["quick_geglu"]
     assert result["dataset"] == [2, 0.01, True]
+    assert result["rope_changes"] == [True, False]  # --no-rope-freq 2 honoured by our (megatron-core) attention
 
 
 def test_log_progress_memory_interval_and_skip_train(tmp_path):
