@@ -62,15 +62,15 @@ def flex_backward_problem(backend: str) -> str | None:
 
 
 def run(flags: list[str], backend: str, iters: int, warmup: int, threads: int, timeout: int = 1800) -> dict:
-    """One torchtitan process; {"ms", "peak_gib", "fusions"} or {"error"}."""
+    """One torchtitan process; {"ms", "peak_gib", "fusions"}, {"error"}, or {"skip": why it cannot run here}."""
     src, why = find_source()
     if src is None:
         return {"error": why}
     if backend == "cpu":  # a GPU compiles FlexAttention with Triton; the cpu's torch may refuse its backward
         problem = flex_backward_problem(backend)
-        if problem:
-            return {"error": "torchtitan 0.3's Llama-3 attends through FlexAttention (its language models refuse "
-                             f"sdpa), which cannot train here: {problem}"}
+        if problem:  # not a failure of the run: the row says why it cannot exist on this backend
+            return {"skip": "torchtitan 0.3's Llama-3 attends through FlexAttention (its language models refuse "
+                            f"sdpa), which cannot train here: {problem}"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}

@@ -419,8 +419,9 @@ def render_report(plan: Plan, results: list[dict], wall_s: float) -> str:
             lines += ["", "| row | model | ms/step | TFLOP/s | MFU (datasheet) | MFU (matmul) | / plain | / bound "
                       "| peak GiB | fusions |", "|---|---|---|---|---|---|---|---|---|---|"]
             for row in fig["rows"]:
-                if "error" in row:
-                    lines.append(f"| {row['row']} | {row['model']} | failed: {row['error']} | | | | | | | |")
+                if "error" in row or "skipped" in row:
+                    what = f"failed: {row['error']}" if "error" in row else f"not run: {row['skipped']}"
+                    lines.append(f"| {row['row']} | {row['model']} | {what} | | | | | | | |")
                     continue
                 pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
                 ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
@@ -446,11 +447,13 @@ def summarize(name: str, fig: dict) -> str:
         return (f"{sum(c['status'] == 'PASS' for c in res)} passed, {sum(c['status'] == 'FAIL' for c in res)} "
                 f"failed, {sum(c['status'] == 'SKIP' for c in res)} skipped")
     if name == "step" and fig.get("rows"):
-        ok = [r for r in fig["rows"] if "error" not in r]
+        ok = [r for r in fig["rows"] if "error" not in r and "skipped" not in r]
+        skipped = sum("skipped" in r for r in fig["rows"])
         best = max((r for r in ok if r["row"] not in ("plain PyTorch loop", "GEMM + attention bound")),
                    key=lambda r: r["tflops"], default=None)
         mm = (fig.get("matmul") or {}).get("tflops")
-        return (f"{len(ok)} rows ({len(fig['rows']) - len(ok)} failed); matmul {mm or 0:.4g} TFLOP/s"
+        return (f"{len(ok)} rows ({len(fig['rows']) - len(ok) - skipped} failed, {skipped} not run); matmul "
+                f"{mm or 0:.4g} TFLOP/s"
                 + (f"; best {best['row']} {best['tflops']:.4g} TFLOP/s" if best else ""))
     if name == "profile" and fig.get("phases_pct"):
         return f"{fig['steps']} steps, wall {fig['wall_ms']:.1f} ms: " + ", ".join(

@@ -418,7 +418,8 @@ def test_report_shows_the_peer_rows_and_the_profile(tmp_path):
                 "models": {"dense": {"layers": 2, "micro_batches": 2, "flop_shares": {"output_layer": 0.25},
                                      "flags": ["--model", "llama3"]}},
                 "rows": [{**row, "row": "Megatron-LM pretrain_gpt.py, local"},
-                         {"row": "torchtitan Llama-3 train step", "model": "dense", "error": "FlexAttention: no"}]}
+                         {"row": "torchtitan Llama-3 train step", "model": "dense", "skipped": "FlexAttention: no"},
+                         {"row": "local, fusions on", "model": "dense", "error": "boom"}]}
     results = [{"name": "step", "status": "PASS", "seconds": 1, "box_s": 2, "log": "step.log", "tail": "",
                 "figures": step_fig, "summary": dc.summarize("step", step_fig)},
                {"name": "profile", "status": "PASS", "seconds": 1, "box_s": 2, "log": "profile.log", "tail": "",
@@ -426,7 +427,9 @@ def test_report_shows_the_peer_rows_and_the_profile(tmp_path):
                             "phases_pct": {"forward": 10.0, "idle": 90.0}}, "summary": ""}]
     md = dc.render_report(plan, results, 3.0)
     assert "| Megatron-LM pretrain_gpt.py, local | dense | 10.0 | 1 | n/a | 5.0% | 1.10 | 2.00 | 0.50 | none (cpu) |" in md
-    assert "| torchtitan Llama-3 train step | dense | failed: FlexAttention: no |" in md
+    assert "| torchtitan Llama-3 train step | dense | not run: FlexAttention: no |" in md
+    assert "| local, fusions on | dense | failed: boom |" in md
+    assert dc.summarize("step", step_fig).startswith("1 rows (1 failed, 1 not run)")
     assert "2 layers, 2 micro-batches a step, output layer 25%" in md and "Megatron-LM from git archive" in md
     assert "| forward | 1.0 | 10.0% |" in md and "trace: profile_trace.json.gz" in md
     assert dc.summarize("profile", results[1]["figures"]) == "2 steps, wall 10.0 ms: forward 10%, idle 90%"
