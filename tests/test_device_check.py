@@ -463,6 +463,7 @@ def test_a_peer_out_of_memory_is_measured_at_half_the_layers(monkeypatch, tmp_pa
     monkeypatch.setattr(step, "flop_shares", lambda args: {"layers": 1.0, "output_layer": 0.0})
     monkeypatch.setattr(step, "plain_step_ms", lambda *a, **k: (100.0, None))
     monkeypatch.setattr(step, "bound_step_ms", lambda *a, **k: 50.0)
+    monkeypatch.setattr(step, "release", lambda backend: None)  # (importing dynamo to reset it: seconds)
     monkeypatch.setattr(step, "run_ours", lambda flags, *a: {"ms": 80.0, "fusions": "x", "peak_gib": None})
     monkeypatch.setattr(peer, "find_source", lambda given: ("/mlm", "here"))
     monkeypatch.setattr(peer, "megatron_lm_flags", lambda args, backend, iters: ["--num-layers", str(args.num_layers)])
