@@ -90,6 +90,9 @@ RULES = (
      "TransformerConfig imports them)"),
     ("--moe-apply-probs-on-input", lambda a: a.num_experts and a.moe_apply_probs_on_input and a.moe_router_topk != 1,
      "works only with --moe-router-topk 1 (megatron-core's experts assert it in the first forward)"),
+    ("--moe-shared-expert-intermediate-size", lambda a: a.num_experts and a.moe_shared_expert_intermediate_size
+     and a.add_bias_linear,
+     "shared experts take no linear biases: add --disable-bias-linear (megatron-core's SharedExpertMLP asserts it)"),
 )
 
 

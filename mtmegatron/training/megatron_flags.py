@@ -75,7 +75,6 @@ NOOP = {
                                           "tensors)",
     "exit_signal_handler_for_dataloader": "Megatron-LM 0.16.1 reads it nowhere (its data-loader workers take the "
                                           "handler with --exit-signal-handler, as here)",
-    "log_loss_scale_to_tensorboard": "mtmegatron writes no loss-scale scalar to TensorBoard: nothing to turn off",
     # megatron-core config fields that megatron-core 0.16.1 declares but reads nowhere (grep of the installed
     # package: only the dataclass field), so Megatron-LM 0.16.1's megatron-core models ignore them too
     "apply_residual_connection_post_layernorm": "a megatron-core TransformerConfig field that megatron-core 0.16.1 "
@@ -111,6 +110,7 @@ READ_BY_CODE = frozenset({
     "allow_ambiguous_pad_tokens", "dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap",
     "per_dataset_sequences_path",
     "log_progress",  # training/progress_log.py: <--save>/progress.txt
+    "log_loss_scale_to_tensorboard",  # training/observability.py: keeps loss_scale out of tensorboard and wandb
     "log_memory_interval", "log_device_memory_used",  # training/memory_report.py
     "check_weight_hash_across_dp_replicas_interval",  # training/weight_hash.py
     "distributed_timeout_seconds_after_init",  # training/pg_timeout.py

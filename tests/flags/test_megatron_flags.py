@@ -96,6 +96,8 @@ def test_defaults_are_megatron_lms(parser):
     (["--main-params-dtype", "fp16"], "--main-params-dtype fp16: megatron-core's OptimizerConfig refuses it"),
     (["--moe-apply-probs-on-input", "--num-experts", "4", "--moe-router-topk", "2"],
      "--moe-apply-probs-on-input: works only with --moe-router-topk 1"),
+    (["--moe-shared-expert-intermediate-size", "128", "--num-experts", "4"],
+     "--moe-shared-expert-intermediate-size: shared experts take no linear biases"),
 ])
 def test_megatron_core_requirements_are_one_line(extra, says):
     """megatron-core's and TE's assertions as one ConfigError line naming the flag, before any process group (the

@@ -25,6 +25,7 @@ import pytest
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DURATIONS = os.path.join(TESTS, "durations.json")
+DURATIONS_ENV = "MTMEGATRON_DURATIONS"  # another recording to read (tests/test_xdist_grouping.py)
 RECORD_ENV = "MTMEGATRON_RECORD_DURATIONS"
 UNKNOWN_S = 2.0
 
@@ -33,8 +34,9 @@ def _file_of(nodeid: str) -> str:
     return nodeid.split("@", 1)[0].split("::", 1)[0]
 
 
-def load_costs(path: str = DURATIONS) -> dict[str, float]:
+def load_costs(path: str | None = None) -> dict[str, float]:
     """``{test file (rootdir-relative): seconds}`` as recorded, or {} without a recording."""
+    path = path or os.environ.get(DURATIONS_ENV) or DURATIONS
     try:
         with open(path) as f:
             return {name: float(entry["seconds"]) for name, entry in json.load(f)["files"].items()}
@@ -82,7 +84,7 @@ class DurationLog:
         costs = load_costs()
         if config.getvalue("dist") != "loadgroup" or not costs:
             return None
-        self.order = f"longest first ({len(costs)} files in tests/durations.json)"
+        self.order = f"longest first ({len(costs)} recorded files)"
         return longest_first_scheduler(config, log, costs)
 
     def pytest_runtest_logreport(self, report):

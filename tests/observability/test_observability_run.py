@@ -3,7 +3,9 @@
 - ``dp``: DP 2 with --log-throughput, --log-params-norm, --log-num-zeros-in-grad, every timer (level 2) and
   --log-timers-to-tensorboard, --log-memory-to-tensorboard, --log-world-size-to-tensorboard,
   --log-validation-ppl-to-tensorboard, --tensorboard-log-interval 2, the torch profiler on iteration 2,
-  --manual-gc every 2 iterations, wandb offline (WANDB_MODE=offline, no network) and a final save.
+  --manual-gc every 2 iterations, wandb offline (WANDB_MODE=offline, no network), a final save,
+  --check-weight-hash-across-dp-replicas-interval 1 (megatron-core's cross-check of the two replicas) and
+  --distributed-timeout-seconds-after-init.
 - ``tp``: the same model and data under TP 2 with the parameter norm and zero count, timers of every rank
   (--timing-log-option all), and --profile without --use-pytorch-profiler on rank 1 for iterations 3..4 of a
   4-iteration run (the trace is written when the run ends inside the window).
@@ -31,7 +33,8 @@ COMMON = REAL + ["--train-iters", str(ITERS), "--log-interval", "2", "--eval-int
 DP = ["--log-timers-to-tensorboard", "--timing-log-level", "2", "--log-memory-to-tensorboard",
       "--log-world-size-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--tensorboard-log-interval", "2",
       "--profile", "--use-pytorch-profiler", "--profile-step-start", "2", "--profile-step-end", "3",
-      "--manual-gc", "--manual-gc-interval", "2"]
+      "--manual-gc", "--manual-gc-interval", "2",
+      "--check-weight-hash-across-dp-replicas-interval", "1", "--distributed-timeout-seconds-after-init", "77"]
 WANDB = ["--wandb-project", "obs-test", "--wandb-exp-name", "dp-run"]
 TP = ["--tensor-model-parallel-size", "2", "--timing-log-level", "1", "--timing-log-option", "all",
       "--profile", "--profile-ranks", "1", "--profile-step-start", "3", "--profile-step-end", "5"]
@@ -217,3 +220,12 @@ def test_moe_z_loss_and_fp16_loss_scale_in_line_rows_and_tensorboard(moe_fp16):
 def test_manual_gc_is_announced(runs):
     assert ("--manual-gc: automatic garbage collection off; collecting every 2 iterations and before and after "
             "validation") in runs["dp"]["proc"].stdout
+
+
+def test_weight_hashes_are_compared_across_replicas_and_the_timeout_changes_after_init(runs):
+    """megatron-core's cross-check before the first iteration and after each one, with Megatron-LM's line; the
+    data-parallel group's timeout read back from its backend after the first iteration."""
+    out = runs["dp"]["proc"].stdout
+    lines = [line for line in out.splitlines() if line.startswith(">>> Weight hashes match")]
+    assert lines == [f">>> Weight hashes match after {i} iterations..." for i in range(ITERS + 1)], out[-2000:]
+    assert "--distributed-timeout-seconds-after-init: process-group timeout now 0:01:17" in out, out[-2000:]
