@@ -23,9 +23,15 @@ TARGET = "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.__init__"
 
 
 def device_generator_is_graph_safe() -> bool:
-    """Whether the device generator (``torch.cuda.default_generators[0]`` under the bridge) has graph-safe state."""
+    """Whether the active backend's device generator (the one megatron-core's tracker swaps its states into: torch's
+    CPU generator where the device is the host) has graph-safe state."""
+    from mtmegatron.backends.active import active_backend
+
+    backend = active_backend()
+    generator = (torch.default_generator if backend.device_is_host
+                 else backend.device_module().default_generators[0])
     try:
-        torch.cuda.default_generators[0].graphsafe_get_state()
+        generator.graphsafe_get_state()
     except (NotImplementedError, RuntimeError):
         return False
     return True

@@ -81,11 +81,20 @@ def test_without_the_package_one_line_at_parse_time(monkeypatch):
     assert "mtmegatron[muon]" in message and "\n" not in message
 
 
-def test_the_renamed_api_of_newer_releases_is_refused(monkeypatch):
+@pytest.fixture
+def stand_in_importable(monkeypatch):
+    """The stand-in on sys.path for one test; its modules leave sys.modules afterwards (else a later test in this
+    worker would find emerging_optimizers importable: tests/flags/test_flag_effects.py's muon rows did)."""
     monkeypatch.syspath_prepend(str(STAND_IN))
     for name in list(sys.modules):
         if name.startswith("emerging_optimizers"):
             monkeypatch.delitem(sys.modules, name)
+    yield
+    for name in [n for n in sys.modules if n.startswith("emerging_optimizers")]:
+        del sys.modules[name]
+
+
+def test_the_renamed_api_of_newer_releases_is_refused(stand_in_importable, monkeypatch):
     import emerging_optimizers.orthogonalized_optimizers as module
 
     def __init__(self, params, lr, momentum_beta, weight_decay, *, nesterov, **kwargs):  # 0.2+'s signature
