@@ -168,7 +168,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             elif non_persistent.due(args, iteration):  # --non-persistent-save-interval: only the newest kept
                 params.sync()
                 with obs.saving():
-                    checkpointing.save(non_persistent.fresh_root(args), iteration, model, optimizer, scheduler, args,
+                    checkpointing.save(non_persistent.directory(args, args.save), iteration, model, optimizer, scheduler, args,
                                        state.train_state)
             reason = termination.requested()  # --exit-signal-handler / --exit-duration-in-mins
             if reason:

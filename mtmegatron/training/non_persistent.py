@@ -17,23 +17,18 @@ from __future__ import annotations
 
 import os
 
-from mtmegatron.utils.checkpoint_dirs import NON_PERSISTENT_SUBDIR as SUBDIR  # noqa: F401  (Megatron-LM's name)
 from mtmegatron.utils.checkpoint_dirs import non_persistent_dir
 
 
 def directory(args, root: str) -> str:
+    """Where the non-persistent checkpoints of ``root`` (``--save`` when saving, ``--load`` when loading) are;
+    nothing is removed before a save: it prunes the older ones once the new one is tracked (``kept``)."""
     return non_persistent_dir(args, root)
 
 
 def due(args, iteration: int) -> bool:
     interval = args.non_persistent_save_interval
     return bool(args.save and interval and iteration % interval == 0)
-
-
-def fresh_root(args) -> str:
-    """The directory a non-persistent save goes into. Nothing is removed here: the save prunes the older
-    checkpoints once the new one is complete and tracked (``kept``)."""
-    return directory(args, args.save)
 
 
 def kept(args, root: str) -> int | None:
