@@ -152,14 +152,19 @@ def _restore_legacy_rng(rng: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
 
 
-class _FullDiskReported(logging.Filter):
-    """megatron-core's writer logs a worker's ENOSPC before raising it; ``save`` reports it in its one line."""
+class _WorkerErrorRaised(logging.Filter):
+    """megatron-core's async writer logs "Local process N encountered an error: ..." and then raises that same
+    exception, which reaches ``save``: a full disk becomes its one line (whatever the writer's words: ENOSPC, or
+    torch's zip writer's "unexpected pos" after a short write), anything else is re-raised with its traceback. The
+    logged copy only adds a second, unexplained line, so it is dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "No space left on device" not in record.getMessage()
+        message = record.getMessage()
+        return not ("No space left on device" in message
+                    or (message.startswith("Local process ") and " encountered an error: " in message))
 
 
-logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async").addFilter(_FullDiskReported())
+logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async").addFilter(_WorkerErrorRaised())
 _SAVE_STRATEGY: dict = {}  # --ckpt-assume-constant-structure: the first save's strategy, reused by later ones
 
 
