@@ -18,7 +18,7 @@ is the first row of its prefix):
 * parameters, gathered weights, gradients and optimizer state this rank holds on the device when its optimizer
   steps (a step pre-hook: gradients reduced, before the update; benchmarks/state_bytes.py), and the bytes of those
   components on the host ("host MiB": what an offload moved there; n/a on the cpu backend, whose device is the host);
-* bytes the offloaded optimizer copied per step (D2H + H2D; ``mtmegatron.training.offload_stats``).
+* bytes the offloaded optimizer copied per step (D2H + H2D; ``mtmegatron.training.observability.offload_stats``).
 Every number is rank 0's. May assume: run from the repository (or with mtmegatron installed).
 """
 
@@ -113,9 +113,9 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
 
     import mtmegatron
     from mtmegatron.backends import select_backend
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.training.data import build_mock_dataset, micro_batches
-    from mtmegatron.training.offload_stats import inner_optimizers, offload_stats
+    from mtmegatron.training.observability.offload_stats import inner_optimizers, offload_stats
     from mtmegatron.training.overlap import ParamGather
     from mtmegatron.training.setup import build, init_distributed
     from megatron.core import parallel_state

@@ -135,7 +135,7 @@ def worker(src: str, backend: str, iters: int, warmup: int, out: str, flags: lis
     if importlib.util.find_spec("triton") is None:
         _stub_async_ep_kernels()
     import torch
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from torchtitan.components.loss import cross_entropy_loss
 
     args = parse_args(flags, world_size=1, for_training=False)

@@ -1,7 +1,7 @@
 """Where a training step's time goes: torch.profiler over two steps of benchmarks/step.py's dense row
 (``--transformer-impl mtmegatron``, fusions on, its representative shape: the 8B-shaped layers, 8 micro-batches and
 the distributed optimizer on a GPU; the tiny model on the cpu), through mtmegatron's own ``--profile
---use-pytorch-profiler`` (training/profiler.py: record_shapes and Python stacks on).
+--use-pytorch-profiler`` (training/observability/profiler.py: record_shapes and Python stacks on).
 
 From the chrome trace it reports: the top 20 kernels by time with their share of all kernel time (GPU: device
 kernels, memcpy and memset; cpu: the self time of each aten op), and a phase breakdown of the profiled steps'
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     models = step.model_flags(a.backend, a.cpu_size, quick=False, num_layers=a.num_layers, moe_num_layers="1")
     flags = ["--backend", a.backend, *step.COMMON, *models["dense"], "--transformer-impl", "mtmegatron",
              "--cross-entropy-loss-fusion"]
-    first, end = a.warmup + 1, a.warmup + 3  # iterations first, first+1 recorded (training/profiler.py)
+    first, end = a.warmup + 1, a.warmup + 3  # iterations first, first+1 recorded (training/observability/profiler.py)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

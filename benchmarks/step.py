@@ -10,7 +10,7 @@ the process's resident memory, n/a for the in-process plain loop).
 
 Each "ours" row is one ``python -m mtmegatron.pretrain`` process (one rank, mock data) whose per-iteration
 ``step_time_ms`` (metrics.jsonl) is read back; the row shows the median after ``--warmup`` iterations (the fastest
-of ``--repeats`` processes), the model TFLOP/s (Megatron-LM's FLOP formula, training/throughput.py), MFU against
+of ``--repeats`` processes), the model TFLOP/s (Megatron-LM's FLOP formula, training/observability/throughput.py), MFU against
 the device's datasheet bf16 peak where it is known and against an n^3 matrix product measured at the start of the
 same run (``--matmul-size``, 8192 bf16 on a GPU), the ratio to the plain loop and to the bound of the same model,
 and which fusions the run's start-up line says ran. Rows run most telling first (impls with fusions on, then off,
@@ -226,13 +226,13 @@ def fusion_ab(base: list[str], a) -> None:
 
 
 def parse(flags: list[str]):
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     return parse_args(flags, world_size=1, for_training=False)
 
 
 def model_tflop(flags: list[str]) -> float:
-    from mtmegatron.training.throughput import num_floating_point_operations
+    from mtmegatron.training.observability.throughput import num_floating_point_operations
 
     args = parse(flags)
     return num_floating_point_operations(args, args.global_batch_size) / 1e12
@@ -241,7 +241,7 @@ def model_tflop(flags: list[str]) -> float:
 def peak_tflops(backend: str) -> float | None:
     if backend == "cpu":
         return None
-    from mtmegatron.training.throughput import peak_bf16_tflops
+    from mtmegatron.training.observability.throughput import peak_bf16_tflops
 
     return peak_bf16_tflops(torch.get_device_module(backend).get_device_name())
 

@@ -14,7 +14,7 @@ with (so the shapes are the same):
   else a training step does (norms, activations, RoPE, permutation, loss, optimizer, communication) is overhead
   over this bound; one per micro-batch of the global batch.
 - ``flop_shares``: the layers' and the output layer's shares of those FLOPs (to read a row's MFU per layer).
-May assume: torch >= 2.6 (``torch.accelerator``); ``args`` parsed by mtmegatron.training.arguments.parse_args.
+May assume: torch >= 2.6 (``torch.accelerator``); ``args`` parsed by mtmegatron.config.arguments.parse_args.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ short question and answer each) train the same Qwen2.5-VL (or ``--model qwen2-vl
   contiguous slices, as Megatron-LM reads);
 * padded to the largest: ``--min-pixels`` set to the largest picture's area, so HF's resize scales every smaller
   picture up to that area — the cost of a fixed-size encoder input that fits the largest image.
-Rows: the median step time after ``--warmup`` steps and the vision tokens (after the 2x2 merge) of a step, computed from the pictures with the data path's own resize (data/multimodal/dynamic_resolution.py),
+Rows: the median step time after ``--warmup`` steps and the vision tokens (after the 2x2 merge) of a step, computed from the pictures with the data path's own resize (data/vision/dynamic_resolution.py),
 and vision tokens/s; the text of each conversation is the same in both runs. The ratio column is each row's step
 time over the native row's.
 The language model's sequence is padded to ``--seq-length`` in both (the pipeline's fixed shape), so the
@@ -31,7 +31,7 @@ import tempfile
 import numpy as np
 from PIL import Image
 
-from mtmegatron.data.multimodal.dynamic_resolution import IMAGE_PIXELS
+from mtmegatron.data.vision.dynamic_resolution import IMAGE_PIXELS
 
 QUESTION = "<image>\nIs the bright square on the left or the right?"
 

@@ -99,11 +99,11 @@ def main(argv=None) -> int:
 
     add_convert_parser(sub)
     from mtmegatron.generate.command import main_with_errors
-    from mtmegatron.generate.flags import add_arguments as add_generate_arguments
+    from mtmegatron.config.generate_flags import add_arguments as add_generate_arguments
 
     p = add_generate_arguments(sub.add_parser("generate", help="generate text from a checkpoint (KV cache, TP/PP)"))
     p.set_defaults(fn=main_with_errors)
-    from mtmegatron.training import flag_report
+    from mtmegatron.config import flag_report
 
     flag_report.add_parser(sub)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         return flag_report.run(argparse.Namespace(names=argv[1:]))
     args, extras = parser.parse_known_args(argv)
     if extras:
-        from mtmegatron.training.flag_help import unknown_flags_message
+        from mtmegatron.config.flag_help import unknown_flags_message
 
         command = sub.choices[args.command]
         if getattr(args, "direction", None):

@@ -15,8 +15,8 @@ import warnings
 from mtmegatron.backends import BackendUnavailableError, select_backend
 from mtmegatron.models import families
 from mtmegatron.patches import UnsupportedMegatronVersion
-from mtmegatron.training.arguments import parse_args
-from mtmegatron.training import megatron_core_checks
+from mtmegatron.config.arguments import parse_args
+from mtmegatron.config import megatron_core_checks
 from mtmegatron.utils.checkpoint_dirs import CheckpointError
 from mtmegatron.utils.errors import ConfigError, exit_with_user_error
 from mtmegatron.utils.quiet import quiet_known_noise
@@ -58,16 +58,16 @@ def prepare(argv):
             raise ConfigError(str(e)) from None
     progress = int(os.environ.get("RANK", "0")) == 0
     data = None
-    from mtmegatron.training.packed_vision_data import check_balance, reads_vision_data
+    from mtmegatron.tasks.qwen_vl.data import check_balance, reads_vision_data
 
     check_balance(args)
-    if reads_vision_data(args):  # native-resolution images/videos + conversations (training/packed_vision_data.py)
-        from mtmegatron.training.packed_vision_data import prepare as prepare_vision
+    if reads_vision_data(args):  # native-resolution images/videos + conversations (tasks/qwen_vl/data.py)
+        from mtmegatron.tasks.qwen_vl.data import prepare as prepare_vision
 
         data = prepare_vision(args, progress=progress)
         tokenizer = data.tokenizer
-    elif families.of(args).is_multimodal:  # images + conversations (training/multimodal_data.py)
-        from mtmegatron.training.multimodal_data import prepare as prepare_multimodal
+    elif families.of(args).is_multimodal:  # images + conversations (tasks/llava/data.py)
+        from mtmegatron.tasks.llava.data import prepare as prepare_multimodal
 
         data = prepare_multimodal(args, progress=progress)
         tokenizer = data.tokenizer
@@ -90,7 +90,7 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     import torch
     from megatron.core import parallel_state
 
-    from mtmegatron.training import checkpointing
+    from mtmegatron.training.checkpoint import checkpointing
     from mtmegatron.utils import checkpoint_dirs
     from mtmegatron.training.data import (SamplePlan, build_gpt_datasets, build_mock_dataset,
                                           build_mock_validation, describe_data, micro_batches)
@@ -117,7 +117,7 @@ def run(args, backend, tokenizer=None, data=None) -> int:
 
     state = RunState()
     if args.moe_use_upcycling:  # Megatron-LM: the dense --load becomes this MoE model, saved at 1; training from 0
-        from mtmegatron.training.upcycling import upcycle
+        from mtmegatron.training.checkpoint.upcycling import upcycle
 
         upcycle(args, model, optimizer, scheduler, rank)
     elif args.load:
@@ -147,13 +147,13 @@ def run(args, backend, tokenizer=None, data=None) -> int:
         print_rank0(rank, f"mtmegatron: {data.summary}")
         held_out_accuracy(model, data, args, "before", sft_results)
     elif data is not None:  # --model llava, or a packed-vision family on conversations
-        from mtmegatron.training.multimodal_data import Split
+        from mtmegatron.tasks.llava.data import Split
 
         dataset = Split(data.train, data.collate, shuffle=True)
         valid = Split(data.valid, data.collate, shuffle=False) if data.valid is not None else None
         print_rank0(rank, f"mtmegatron: {data.info['summary']} | tokenizer {tokenizer.source}")
         if args.balance_micro_batches and rank == 0:
-            from mtmegatron.training.multimodal_data import balance_summary
+            from mtmegatron.tasks.llava.data import balance_summary
 
             print(f"mtmegatron: {balance_summary(dataset, args, plan)}", flush=True)
     elif args.mock_data:
@@ -181,11 +181,11 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     elif state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
         write_outputs(model, None if state.terminated or data is not None else tokenizer, args)
         if data is not None and families.of(args).is_multimodal:
-            from mtmegatron.training.multimodal_finish import write_multimodal_outputs
+            from mtmegatron.tasks.llava.finish import write_multimodal_outputs
 
             write_multimodal_outputs(model, data, args, sample=not state.terminated)
         elif data is not None and not state.terminated:  # a packed-vision family on conversations
-            from mtmegatron.training.vision_answer_eval import write_answer_eval
+            from mtmegatron.tasks.qwen_vl.answer_eval import write_answer_eval
 
             write_answer_eval(model, data, args)
     torch.distributed.barrier()

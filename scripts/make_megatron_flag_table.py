@@ -1,4 +1,4 @@
-"""Writes mtmegatron/training/megatron_lm_flags.tsv: the shared flag table of Megatron-LM core_v0.16.1
+"""Writes mtmegatron/config/megatron_lm_flags.tsv: the shared flag table of Megatron-LM core_v0.16.1
 (`shared/megatron-lm-0.16.1-flags.tsv`: option string, dest, action, default, choices, type) with two more
 columns read from Megatron-LM's own parser, `nargs` and `const`, which the shared table lacks and which
 decide how many values an option takes.
@@ -18,7 +18,7 @@ import sys
 import types
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "mtmegatron" / "training" / "megatron_lm_flags.tsv"
+OUT = Path(__file__).resolve().parents[1] / "mtmegatron" / "config" / "megatron_lm_flags.tsv"
 
 
 def megatron_lm_parser(checkout: str) -> argparse.ArgumentParser:

@@ -1,8 +1,8 @@
 """What native (dynamic) resolution buys: the tiny Qwen2.5-VL trained on the embedded fine-detail task
-(mtmegatron/data/multimodal/textures.py: which of four one-pixel patterns fills a box in a 112-196 pixel picture)
+(mtmegatron/data/vision/textures.py: which of four one-pixel patterns fills a box in a 112-196 pixel picture)
 at native resolution and with every picture shrunk to at most 56x56 pixels (``--max-pixels 3136``, HF's image
 processor bound), the same recipe and seed otherwise; prints each run's held-out answer accuracy
-(``answer_eval.json``: every answer token the greedy choice, training/vision_answer_eval.py) and chance (the most
+(``answer_eval.json``: every answer token the greedy choice, tasks/qwen_vl/answer_eval.py) and chance (the most
 frequent held-out answer's share).
 
 Usage: python scripts/qwen_vl_resolution.py [--seeds 1 2 3] [--train-iters 80] [--work-dir DIR]
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from mtmegatron.data.multimodal import textures
+from mtmegatron.data.vision import textures
 
 TRAIN_ITERS = 80
 FIXED_PIXELS = 56 * 56

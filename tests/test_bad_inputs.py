@@ -190,7 +190,7 @@ def test_sft_cut_report_and_drop(in_process, tmp_path, capsys):
     """A cut that spoils some conversations: the summary gives the share of assistant tokens kept, a warning
     names the conversations without an answer and --sft-drop-unanswered; with it they are left out."""
     from mtmegatron.sft.prepare import prepare
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     argv = _sft_data(tmp_path, "chat.jsonl", _jsonl(*[GOOD_RECORD] * 8, LONG_PROMPT))
     args = parse_args(argv + ["--global-batch-size", "2"])
@@ -211,7 +211,7 @@ def test_sft_cut_report_and_drop(in_process, tmp_path, capsys):
 
 def test_sequence_parallel_at_tp1_is_said_not_listed():
     from mtmegatron.training.run_plan import startup_lines
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     args = parse_args(BASE + ["--sequence-parallel"], world_size=1)
     lines = startup_lines(args)
@@ -225,7 +225,7 @@ def test_sequence_parallel_at_tp1_is_said_not_listed():
 def test_args_are_read_only_once_frozen():
     import copy
 
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     args = parse_args(BASE, world_size=1).freeze()  # as pretrain.prepare returns them
     with pytest.raises(AttributeError, match="args.lr is read-only after start-up"):

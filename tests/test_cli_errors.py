@@ -64,7 +64,7 @@ def test_unsupported_megatron_version_is_refused():
 
 
 def test_moe_with_tp_needs_sequence_parallel():
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.utils.errors import ConfigError
 
     flags = ["--backend", "cpu", "--model", "mixtral", "--tensor-model-parallel-size", "2", "--mock-data"]
@@ -99,7 +99,7 @@ def test_user_error_under_torchrun_is_status_2_and_one_line(case):
 
 def test_crash_under_torchrun_keeps_torchrun_report():
     # Only pretrain's user errors (status 2) are quieted: another failure keeps torchrun's status and report.
-    from mtmegatron.training import torchrun_exit
+    from mtmegatron.training.resilience import torchrun_exit
 
     script = "import sys; sys.exit(3)"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
@@ -117,7 +117,7 @@ def test_unknown_flag_is_one_line_with_a_suggestion():
 
 
 def test_help_describes_every_flag_with_its_default_and_how_to_launch():
-    from mtmegatron.training.arguments import build_parser
+    from mtmegatron.config.arguments import build_parser
 
     parser = build_parser()
     undescribed = [a.option_strings[0] for a in parser._actions if not (a.help and a.help.strip())]

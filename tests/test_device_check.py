@@ -331,7 +331,7 @@ def test_step_rows_put_the_comparisons_first():
 
 def test_megatron_lm_flags_describe_the_same_model():
     peer = _load("peer_megatron_lm", "benchmarks/peer_megatron_lm.py")
-    # the fields of a parsed tiny Mixtral row (mtmegatron.training.arguments names; parsing itself costs ~20 s here,
+    # the fields of a parsed tiny Mixtral row (mtmegatron.config.arguments names; parsing itself costs ~20 s here,
     # the dry run's Megatron-LM rows parse for real)
     args = types.SimpleNamespace(
         num_layers=2, hidden_size=64, ffn_hidden_size=192, num_attention_heads=4, num_query_groups=2, kv_channels=16,

@@ -2,7 +2,7 @@
 #   MODEL_ARGS:  --model $MODEL (qwen2.5-vl unless MODEL=qwen2-vl is exported).
 #   QWEN_DATA_ARGS: empty when ARGS give --data-path or --train-data-path; --data-path $DATA_PATH
 #                [--image-folder $IMAGE_FOLDER] when DATA_PATH is exported; else the embedded fine-detail task
-#                (mtmegatron/data/multimodal/textures.py: generated once, cached; its train and held-out files).
+#                (mtmegatron/data/vision/textures.py: generated once, cached; its train and held-out files).
 #                Never --mock-data: it would train the language model alone.
 #   HF_ARGS:     HF_DIR set -> the converted checkpoint's flags and --load (from_hf_args $MODEL).
 qwen2vl_args() {
@@ -20,7 +20,7 @@ qwen2vl_args() {
     if [[ -n "${IMAGE_FOLDER:-}" ]]; then QWEN_DATA_ARGS+=(--image-folder "$IMAGE_FOLDER"); fi
   else
     local task
-    task=$(python -c 'from mtmegatron.data.multimodal import textures; print(textures.prepare())') || return 1
+    task=$(python -c 'from mtmegatron.data.vision import textures; print(textures.prepare())') || return 1
     QWEN_DATA_ARGS=(--train-data-path "$task/train.jsonl" --valid-data-path "$task/valid.jsonl")
   fi
   from_hf_args "$model"

@@ -38,7 +38,7 @@ from mtmegatron.attention.ring import ring_attention
 from mtmegatron.attention.sdpa import sdpa
 from mtmegatron.attention.thd_cp import thd_cp_attention
 
-from mtmegatron.attention.flags import CP_COMM_TYPES
+from mtmegatron.config.attention_flags import CP_COMM_TYPES
 
 
 class SDPADotProductAttention(MegatronModule):

@@ -12,14 +12,14 @@
 - ``"fused_softmax"``: ``--attention-backend local|unfused`` with ``--transformer-impl mtmegatron``;
 - ``"local"``: megatron-core's ``DotProductAttention`` (``local|unfused`` with ``--transformer-impl local``).
 ``models/layer_spec.py`` turns the kind into the class (and MLA's head-dims variant); nothing here edits a spec.
-May assume: argparse namespaces from mtmegatron.training.arguments; no megatron-core import needed.
+May assume: argparse namespaces from mtmegatron.config.arguments; no megatron-core import needed.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from mtmegatron.attention.flags import LOCAL_BACKENDS
+from mtmegatron.config.attention_flags import LOCAL_BACKENDS
 
 KINDS = ("te", "sdpa", "fused_softmax", "local")
 

@@ -10,7 +10,7 @@ wrote them, the vocabulary padding left out) into HF safetensors + config.json (
 conversion).
 LLaVA (convert/llava.py) also writes ``hf_unused_vision.safetensors`` beside the checkpoint: the CLIP layers after
 HF's feature layer and ``post_layernorm``, which LLaVA never reads, kept so that the way back is bit-exact.
-Qwen2-VL / Qwen2.5-VL: every vision field is a flag (models/packed_vision_args.py); the text config's
+Qwen2-VL / Qwen2.5-VL: every vision field is a flag (models/families/qwen2_vl/flags.py); the text config's
 bos/eos/pad token ids, which no flag holds, are recorded in the checkpoint (``hf_layout``) and written back.
 A damaged input file is one line naming it (hf_io.py: a safetensors file; streaming_export.py: a ``.distcp`` file).
 May assume: run as a plain single process (it creates a one-rank gloo group).
@@ -102,7 +102,7 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
     flags = flags or common.get("model_flags")
     if not flags:  # a training checkpoint: its model fingerprint gives the flags (convert/recorded_flags.py)
         from mtmegatron.convert.recorded_flags import flags_from_fingerprint
-        from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
+        from mtmegatron.training.checkpoint.megatron_lm_checkpoint import recorded_fingerprint
 
         flags = flags_from_fingerprint(recorded_fingerprint(common))
     args = parse_flags(list(flags))

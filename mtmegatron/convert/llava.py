@@ -1,4 +1,4 @@
-"""The LLaVA checkpoint's files around the family's config and map (models/families/llava.py): the HF key layout
+"""The LLaVA checkpoint's files around the family's config and map (models/families/llava/__init__.py): the HF key layout
 read, and the CLIP tower layers LLaVA never reads, carried beside the mcore checkpoint.
 
 Key layouts: transformers >= 4.52 keeps ``model.vision_tower.*``, ``model.multi_modal_projector.*``,
@@ -9,12 +9,12 @@ Key layouts: transformers >= 4.52 keeps ``model.vision_tower.*``, ``model.multi_
 Carried tensors: the HF layers after the feature layer and ``post_layernorm`` do not change LLaVA's outputs: they
 are carried verbatim in ``hf_unused_vision.safetensors`` beside the mcore checkpoint (names relative to the
 vision tower, the tower's layer count and feature layer in its metadata), so HF -> mcore -> HF is bit-exact.
-Without that file, mcore -> HF writes the equivalent tower with no extra layer (models/families/llava.py).
+Without that file, mcore -> HF writes the equivalent tower with no extra layer (models/families/llava/__init__.py).
 Tokens: our data puts one ``-200`` per image in ``input_ids`` and LLaVAModel expands it to the image embeddings;
 HF's ``image_token_index`` stays an ordinary row of our vocabulary, recorded so the way back writes it again (a
 checkpoint without it needs ``--image-token-id``). Nothing here holds the model; carried tensors stream one at a
 time.
-May assume: config.json as a plain dict; args from training/arguments.py.
+May assume: config.json as a plain dict; args from config/arguments.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the family's one map (``Family.hf_map``: mcore tensor, HF tensors, transform and
 ``mcore_sources(family, args)`` gives, per mcore tensor, the HF tensors it is computed from and how (the streaming
 hf-to-mcore reads one at a time); ``hf_groups(family, args)`` the way back in bounded groups (one entry each);
 ``hf_only_names`` the HF tensors written on the way back only (copies, stand-ins: ignorable on the way in).
-May assume: args from training/arguments.py for the same network; fp32 or any float dtype tensors.
+May assume: args from config/arguments.py for the same network; fp32 or any float dtype tensors.
 """
 
 from __future__ import annotations

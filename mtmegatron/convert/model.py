@@ -1,7 +1,7 @@
 """Our model on one CPU rank, for conversion: build it from pretrain flags, and write/read the model-only
 megatron-core distributed checkpoint that ``--load`` takes.
 
-The checkpoint uses training/checkpointing.py's layout (``<dir>/iter_0000000`` + tracker) and its saved
+The checkpoint uses training/checkpoint/checkpointing.py's layout (``<dir>/iter_0000000`` + tracker) and its saved
 ``args`` (the model fingerprint, models/fingerprint.py), plus ``model_only: True`` (no optimizer, scheduler or
 RNG state: a run loading it starts at iteration 0 with a fresh optimizer). Sharded tensors carry their global shapes, so any TP/PP/EP layout can
 load it; the layout given to the converter is validated, not baked in.
@@ -21,7 +21,7 @@ MODEL_ONLY_KEY = "model_only"
 
 
 def parse_flags(flags: list[str], world_size: int = 1):
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     # a multimodal family's data default is its embedded dataset (its rules refuse mock data); nothing is read here
     model = flags[flags.index("--model") + 1] if "--model" in flags else None
@@ -57,7 +57,7 @@ def build_model(args):
 
 
 def saved_args(args) -> dict:
-    """The model fingerprint (models/fingerprint.py) that training/checkpointing.py compares on ``--load``."""
+    """The model fingerprint (models/fingerprint.py) that training/checkpoint/checkpointing.py compares on ``--load``."""
     from mtmegatron.models.fingerprint import fingerprint
 
     return fingerprint(args)

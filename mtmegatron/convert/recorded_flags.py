@@ -5,14 +5,14 @@ The fingerprint holds every value that changes parameter shapes or the forward m
 flag. The family (``--model``) is not recorded: the registry reads it from the fields
 (``families.from_fingerprint``; a Mistral checkpoint comes back as the same network written as HF Llama). LLaVA
 checkpoints are not covered (their vision fields are not in the fingerprint).
-May assume: ``saved`` is a fingerprint dict as written by training/checkpointing.py or the converter.
+May assume: ``saved`` is a fingerprint dict as written by training/checkpoint/checkpointing.py or the converter.
 """
 
 from __future__ import annotations
 
 from mtmegatron.models import families
 from mtmegatron.models.families import ConversionError
-from mtmegatron.models.deepseek_args import _ZERO_IS_NONE
+from mtmegatron.models.families.deepseek_v3.flags import _ZERO_IS_NONE
 
 _DERIVED = {"padded_vocab_size"}  # given as --padded-vocab-size at the end (the rows the checkpoint holds)
 

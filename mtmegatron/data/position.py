@@ -7,7 +7,7 @@ start increment samples`` the ramped size for the samples consumed so far. An it
 iteration reported as ``N+1``; with ``--result-rejected-tracker-filename`` also the iterations megatron-core's
 rerun machine logged there as reproducibly rejected, as Megatron-LM adds them) consumes its batch untrained.
 ``SamplePlan`` walks these global batches from a checkpoint's (iteration, consumed samples); the data samplers
-(training/data.py, sft/dataset.py, training/multimodal_data.py) and the training loop (training/loop.py) each walk
+(training/data.py, sft/dataset.py, tasks/llava/data.py) and the training loop (training/loop.py) each walk
 their own copy, so they agree.
 May assume: ``args`` validated (global/micro batch size, data-parallel size; rampup checked by schedule_flags.py).
 """

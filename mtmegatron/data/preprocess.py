@@ -3,7 +3,7 @@
 The Megatron-LM ``tools/preprocess_data.py`` contract and flags: documents are tokenized in ``--workers``
 processes (order kept), each followed by the end-of-document token with ``--append-eod``, and written with
 megatron-core's ``IndexedDatasetBuilder`` to ``<output-prefix>_<key>_document.{bin,idx}``, one dataset per
-``--json-keys`` key. Tokenizer: Megatron-LM's ``--tokenizer-type`` flags (data/tokenizer_flags.py, the same
+``--json-keys`` key. Tokenizer: Megatron-LM's ``--tokenizer-type`` flags (config/tokenizer_flags.py, the same
 as pretrain's), ``--tokenizer-model DIR`` alone (a local HF tokenizer), or ``--train-tokenizer VOCAB`` (a
 byte-level BPE trained on the input, saved to ``<output-prefix>_tokenizer/``).
 Files are written under temporary names and renamed when complete (the ``.idx`` last), so a killed run never
@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mtmegatron.data.tokenizer import TokenizerError, train_bpe
-from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
+from mtmegatron.config.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 
 _OPENERS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 

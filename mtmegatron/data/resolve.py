@@ -9,7 +9,7 @@ with ``--mock-data``, as Megatron-LM builds it there too) the model's vocabulary
 Megatron-LM: ``args.vocab_size`` becomes the tokenizer's and ``padded_vocab_size`` is recomputed
 (models/vocab.py). Without it, a local HF tokenizer (``--tokenizer-model DIR``) must fit ``--vocab-size``.
 Every problem is one ``ConfigError``.
-May assume: flags parsed and validated (training/arguments.py); runs on every rank.
+May assume: flags parsed and validated (config/arguments.py); runs on every rank.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 
 from mtmegatron.data.indexed import DataError, check_indexed_dataset
 from mtmegatron.data.tokenizer import TokenizerError, load_tokenizer
-from mtmegatron.data.flags import empty_splits
+from mtmegatron.config.data_flags import empty_splits
 from mtmegatron.utils.errors import ConfigError
 
 

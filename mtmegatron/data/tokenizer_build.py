@@ -1,4 +1,4 @@
-"""Builds the tokenizer named by Megatron-LM's ``--tokenizer-type`` flags (data/tokenizer_flags.py).
+"""Builds the tokenizer named by Megatron-LM's ``--tokenizer-type`` flags (config/tokenizer_flags.py).
 
 megatron-core's own tokenizer library does the work where it serves offline: ``build_tokenizer`` of
 ``megatron.core.tokenizers`` for HuggingFaceTokenizer (transformers' AutoTokenizer on a local directory or hub

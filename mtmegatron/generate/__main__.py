@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from mtmegatron.generate.command import main_with_errors
-from mtmegatron.generate.flags import add_arguments
+from mtmegatron.config.generate_flags import add_arguments
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from mtmegatron.generate.flags import GenerateError, read_prompts, sampling_from
+from mtmegatron.config.generate_flags import GenerateError, read_prompts, sampling_from
 from mtmegatron.utils.quiet import quiet_checkpoint_noise
 
 

@@ -15,7 +15,7 @@ May assume: called on every rank; ``prepare`` before any process group, ``build_
 from __future__ import annotations
 
 from mtmegatron.convert.recorded_flags import flags_from_fingerprint
-from mtmegatron.generate.flags import GenerateError
+from mtmegatron.config.generate_flags import GenerateError
 from mtmegatron.models import families
 
 
@@ -32,10 +32,10 @@ def checkpoint_common(load: str) -> dict:
 
 def model_args(load: str, given_flags: list[str], layout: list[str], backend: str | None, world_size: int):
     """(validated pretrain namespace for the model, the checkpoint's common state)."""
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.utils.errors import ConfigError
 
-    from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
+    from mtmegatron.training.checkpoint.megatron_lm_checkpoint import recorded_fingerprint
 
     common = checkpoint_common(load)
     saved = recorded_fingerprint(common)  # whichever layout wrote it (a pretrain checkpoint: Megatron-LM's)

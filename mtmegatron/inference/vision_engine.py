@@ -1,5 +1,5 @@
 """Generation with images on megatron-core's static inference engine (engine.py: ``StaticInferenceEngine``, the KV
-cache of ``StaticInferenceContext``) for the native-resolution vision-language models (models/qwen_vl.py).
+cache of ``StaticInferenceContext``) for the native-resolution vision-language models (models/families/qwen2_vl/model.py).
 
 megatron-core's ``GPTInferenceWrapper`` carries tokens, 2-D positions and a mask; two small subclasses carry the
 rest, each request bringing its ``VisionPrompt`` (vision_prompts.py) as the attribute ``vision``:

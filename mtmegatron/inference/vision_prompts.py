@@ -1,10 +1,10 @@
-"""What a prompt for a native-resolution vision-language model (models/qwen_vl.py) carries besides its tokens, and
+"""What a prompt for a native-resolution vision-language model (models/families/qwen2_vl/model.py) carries besides its tokens, and
 the two things generation does with it: the M-RoPE positions of every token it will hold, and the prompt's image
 embeddings merged into the token embeddings.
 
 ``VisionPrompt``: the prompt's image patches and grids (``pixel_values`` ``[patches, C*T*P*P]``,
 ``image_grid_thw`` ``[images, 3]``; none for a text prompt) and the 3-D positions of its tokens (``positions``
-``[3, n]``, data/multimodal/mrope_positions.py: HF's ``get_rope_index``).
+``[3, n]``, data/vision/mrope_positions.py: HF's ``get_rope_index``).
 Positions while decoding (``continued_positions``), as HF's Qwen2-VL generation: the token at sequence index
 ``i >= n`` gets ``i + rope_delta`` on all three axes, ``rope_delta = max(prompt positions) + 1 - n``; so the first
 new token sits one past the prompt's largest position and each later one a step further.

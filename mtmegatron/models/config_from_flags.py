@@ -5,7 +5,7 @@ field that has a flag of the same dest takes the flag's value; the few renamed o
 Megatron-LM's ``core_transformer_config_from_args`` and ``get_model``. mtmegatron's own decisions (dtype,
 host-side initialisation, which fusions run on this backend, DeepSeek extras, FP8 through TE) are applied on
 top, except where the user gave that field's flag: the user's flag always wins.
-May assume: validated flags (training/arguments.py); the backend is active when ``transformer_config`` runs.
+May assume: validated flags (config/arguments.py); the backend is active when ``transformer_config`` runs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Everything here is megatron-core 0.16's own: ``MLATransformerConfig``, the layer
 ``moe_layer_freq`` (dense layers build ``MLP`` with ``ffn_hidden_size``, routed experts ``moe_ffn_hidden_size``,
 the shared expert ``moe_shared_expert_intermediate_size``), the MTP block layout of ``get_gpt_mtp_block_spec``;
 every layer spec comes from ``models/layer_spec.build_layer_spec``.
-May assume: flags validated (training/arguments.py); parallel state initialised when a spec is built.
+May assume: flags validated (config/arguments.py); parallel state initialised when a spec is built.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from mtmegatron.models.deepseek_args import moe_layer_pattern
+from mtmegatron.models.families.deepseek_v3.flags import moe_layer_pattern
 
 
 def config_fields(args: argparse.Namespace) -> dict:

@@ -6,7 +6,7 @@ it: flags that change how a model is trained or laid out (parallel sizes, dropou
 router's load-balancing loss, MTP loss scale, FP8) — a checkpoint may legitimately be resumed with other
 values of those. ``padded_vocab_size`` is derived (models/vocab.py), stored because it fixes the embedding's
 rows. Checkpoints written before a key was added simply lack it: only keys present on both sides are compared.
-May assume: ``args`` is a validated pretrain namespace (training/arguments.py).
+May assume: ``args`` is a validated pretrain namespace (config/arguments.py).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def _two_stage_interleaved(args) -> bool:
 
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP); for ``--model llava``
-    one LLaVAModel per stage (models/llava.py). Built where models/initialization.py says the weights are born."""
+    one LLaVAModel per stage (models/families/llava/model.py). Built where models/initialization.py says the weights are born."""
     with initialization.birth_device(args), llama3_scaling(args):
         return _build_model_chunks(args, config)
 
@@ -103,11 +103,11 @@ def llama3_scaling(args: argparse.Namespace):
 
 def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     if families.of(args).vision_encoder == "packed":
-        from mtmegatron.models.qwen_vl import build_qwen_vl_chunks
+        from mtmegatron.models.families.qwen2_vl.model import build_qwen_vl_chunks
 
         return build_qwen_vl_chunks(args, config)
     if families.of(args).is_multimodal:
-        from mtmegatron.models.llava import build_llava_chunks
+        from mtmegatron.models.families.llava.model import build_llava_chunks
 
         return build_llava_chunks(args, config)
     spec = build_layer_spec(args, "moe" if args.num_experts else "dense")

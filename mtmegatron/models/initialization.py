@@ -58,7 +58,7 @@ def birth_device(args: argparse.Namespace):
 
 def config_fields(args: argparse.Namespace) -> dict:
     """TransformerConfig fields: where the weights are built and whether they are filled at all."""
-    from mtmegatron.models.family_args import skip_initialization
+    from mtmegatron.config.family_args import skip_initialization
 
     return {"use_cpu_initialization": host_initialization(args),
             "perform_initialization": not skip_initialization(args)}  # --load/--finetune overwrite them
@@ -77,7 +77,7 @@ def rank_seed(args: argparse.Namespace) -> int:
 
 def describe(args: argparse.Namespace) -> str:
     """The start-up line: where the weights are born (or that a checkpoint fills them)."""
-    from mtmegatron.models.family_args import skip_initialization
+    from mtmegatron.config.family_args import skip_initialization
 
     if skip_initialization(args):
         return "mtmegatron: init: skipped (every weight comes from the checkpoint in --load)"

@@ -17,7 +17,7 @@ parameters at their old values, so training silently went on from the previous (
 optimizer hands the offloaded optimizer non-leaf views of them (``ValueError: can't optimize a non-leaf
 Tensor``): DistributedOptimizer._build_model_and_main_param_groups now hands over detached views of the same
 memory (same attributes) when offloading. Copies are counted per optimizer in
-``_mtm_counters`` (read by mtmegatron.training.offload_stats), and so are those made while one of the optimizer's
+``_mtm_counters`` (read by mtmegatron.training.observability.offload_stats), and so are those made while one of the optimizer's
 own non-default streams was current (what --overlap-cpu-optimizer-d2h-h2d promises).
 Versions: megatron-core 0.16.x.
 """

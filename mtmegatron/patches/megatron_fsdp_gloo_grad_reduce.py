@@ -6,7 +6,7 @@ Reason: it folds the 1/data-parallel-size of the gradient average into the colle
 ReduceOp.PREMUL_SUM with Gloo"), so every sharded strategy (optim, optim_grads, optim_grads_params) fails at its
 first reduce-scatter. The replacement takes megatron-core's own non-fused branch: multiply the gradients by the
 scaling factor in place and SUM. (``--ddp-average-in-collective`` asks for ReduceOp.AVG, which gloo lacks too:
-refused with Megatron-FSDP on this backend, training/fsdp_flags.py.)
+refused with Megatron-FSDP on this backend, config/fsdp_flags.py.)
 Versions: megatron-core 0.16.x. Backends: cpu (gloo) and musa: whether MCCL takes torch's NCCL-specific PREMUL_SUM
 op is unknown (none of Moore Threads' published material says), and scale-then-SUM is the same arithmetic.
 """

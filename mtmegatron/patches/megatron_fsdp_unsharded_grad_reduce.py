@@ -15,7 +15,7 @@ reduce-scatter into a fresh tensor) and copies the result into the slice, as Meg
 them reduced as megatron-core does. Sharded buckets, no_shard and hybrid (outer-DP) reduces go to megatron-core.
 Left to megatron-core too: an unsharded bucket under optim_grads(_params) whose scaling factor is not 1 (expert
 gradients over a one-rank expert group at data-parallel size > 1): it is reduced after every micro-batch, so the
-in-place scaling would compound over the micro-batches; training/fsdp_flags.py refuses that layout.
+in-place scaling would compound over the micro-batches; config/fsdp_flags.py refuses that layout.
 Versions: megatron-core 0.16.x. Backends: all. The reduce of these buckets runs on the current stream, synchronously.
 """
 

@@ -7,7 +7,7 @@ parameter's gradient into it, but the padding between and after the parameters (
 the bucket to a multiple of the data-parallel size) keeps whatever the allocator handed back. The whole bucket is
 reduce-scattered and added into this rank's persistent main-grad shard, padding too. The optimizer and the
 gradient norm read only the parameters' slices, but a check over the whole buffer does not: mtmegatron's inf/nan
-step check (training/robustness.py) saw stale non-finite bytes and skipped the step (it reads the parameters'
+step check (training/resilience/robustness.py) saw stale non-finite bytes and skipped the step (it reads the parameters'
 slices now too: with every new bucket filled with NaN and this patch off, the losses equal DDP's, where the
 whole-buffer check skipped every step; this patch keeps the padding clean for any other whole-buffer reader, e.g.
 --fsdp-double-buffer's buckets, which it does not cover). On the cpu backend,

@@ -10,7 +10,7 @@ is already in the checkpoint's global order, so the ShardedTensor megatron-core 
 FSDP2 slice's, megatron.core.utils' make_tp_sharded_tensor_for_checkpoint) is kept as it is. Only a fc1 that is
 sharded along its rows with TP1 and expert-TP1 (FSDP2's case; DDP's is one fragment, an expert's under expert
 TP is split by it) takes this path; FSDP2 with (expert) TP>1 and a gated MLP is refused for checkpoints
-(training/fsdp_flags.py).
+(config/fsdp_flags.py).
 Versions: megatron-core 0.16.x. Backends: all.
 """
 

@@ -6,7 +6,7 @@ record, a missing file, a template that cannot be used, a tokenizer larger than 
 ``ConfigError``; so is data that the cut to ``--seq-length`` leaves without any assistant token. The share of
 assistant tokens the cut keeps is in the summary, with a warning when it loses more than 5% of them or leaves
 a conversation without its answer.
-May assume: flags validated (sft/flags.py); runs on every rank.
+May assume: flags validated (config/sft_flags.py); runs on every rank.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ numbering: the number of iterations done before it) consumes its batch without t
 sees the same global batch. Validation reads samples ``[0, eval_iters*G)`` of its split each time. The samples
 are read by a torch DataLoader with ``--num-workers`` worker processes (Megatron-LM's default 2; 0 reads in the
 training process) over a batch sampler of exactly those indices, so workers change where samples are read, not
-which. Megatron-LM's data flags (data/flags.py) go to megatron-core's GPTDatasetConfig.
+which. Megatron-LM's data flags (config/data_flags.py) go to megatron-core's GPTDatasetConfig.
 Test hook: ``MTMEGATRON_TEST_TRAINED_SAMPLES=DIR`` makes each rank append one JSON line per training micro-batch
 it hands to the model, ``{"iteration": I, "samples": [...]}``, to ``DIR/rank<R>.jsonl`` (validation micro-batches
 to ``DIR/valid-rank<R>.jsonl``, or ``DIR/valid<i>-rank<R>.jsonl`` for set i of several).
@@ -31,11 +31,11 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
-from mtmegatron.data.flags import per_split_paths, requested_splits
+from mtmegatron.config.data_flags import per_split_paths, requested_splits
 from mtmegatron.data.position import SamplePlan, rank_micro_batches
 from mtmegatron.models import families
-from mtmegatron.training.robustness import data_worker_init
-from mtmegatron.training.training_flags import dataset_config_fields
+from mtmegatron.training.resilience.robustness import data_worker_init
+from mtmegatron.config.training_flags import dataset_config_fields
 
 
 class MockTokenizer:
@@ -84,7 +84,7 @@ def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fi
         eod_mask_loss=args.eod_mask_loss,
         create_attention_mask=args.reset_attention_mask and args.create_attention_mask_in_dataloader,
         mmap_bin_files=args.mmap_bin_files,
-        **dataset_config_fields(args),  # the builder's threads, surplus, caches (training/training_flags.py)
+        **dataset_config_fields(args),  # the builder's threads, surplus, caches (config/training_flags.py)
         **fields,
     )
     return BlendedMegatronDatasetBuilder(dataset_class, sizes, lambda: True, config).build()
@@ -147,10 +147,10 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
         from mtmegatron.sft.dataset import micro_batches as sft_micro_batches
 
         return sft_micro_batches(dataset.data, args, dp_rank, plan, dataset.pad_id)
-    from mtmegatron.training.packed_vision_data import reads_vision_data
+    from mtmegatron.tasks.qwen_vl.data import reads_vision_data
 
     if families.of(args).is_multimodal or reads_vision_data(args):  # image + conversation batches
-        from mtmegatron.training import multimodal_data
+        from mtmegatron.tasks.llava import data as multimodal_data
 
         return multimodal_data.micro_batches(dataset, args, dp_rank, plan)
     loader = torch.utils.data.DataLoader(

@@ -11,7 +11,7 @@ import os
 import torch
 
 from mtmegatron.utils.metrics import print_rank0
-from mtmegatron.training.plots import plot_loss
+from mtmegatron.training.observability.plots import plot_loss
 from mtmegatron.training.sampling import samples
 
 

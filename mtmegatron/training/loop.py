@@ -1,10 +1,10 @@
 """The iteration loop of ``mtmegatron.pretrain``: steps, metrics rows, validation, periodic and final saves, the
-skipped-step limit, the exit signal and time limit (training/robustness.py), and the placement check after the
+skipped-step limit, the exit signal and time limit (training/resilience/robustness.py), and the placement check after the
 first step on a device. The data position (consumed/skipped samples) advances by data/position.py's
 SamplePlan, whose ``--iterations-to-skip`` iterations consume their batch untrained; when ``--rampup-batch-size``
 changes the micro-batch count, a checkpoint is saved first (with ``--save``), as Megatron-LM does. With
 --overlap-param-gather the parameters are all-gathered before evaluation and every save and when the loop ends
-(training/overlap.py). ``--log-progress`` appends to ``<--save>/progress.txt`` (training/progress_log.py).
+(training/overlap.py). ``--log-progress`` appends to ``<--save>/progress.txt`` (training/observability/progress_log.py).
 ``--skip-train`` trains and saves nothing: it prints the validation loss at the loaded iteration (Megatron-LM).
 
 ``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
@@ -18,16 +18,22 @@ import math
 import time
 from dataclasses import dataclass
 
-from mtmegatron.training import (checkpointing, memory_report, non_persistent, pg_timeout, placement, rerun,
-                                 robustness, weight_hash)
+from mtmegatron.training import placement
+from mtmegatron.training.checkpoint import checkpointing
+from mtmegatron.training.observability import memory_report
+from mtmegatron.training.checkpoint import non_persistent
+from mtmegatron.training.resilience import pg_timeout
+from mtmegatron.training.resilience import rerun
+from mtmegatron.training.resilience import robustness
+from mtmegatron.training.resilience import weight_hash
 from mtmegatron.data.position import SamplePlan
 from mtmegatron.backends.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_losses, validation_sets
-from mtmegatron.training.memory_history import MemoryHistory
+from mtmegatron.training.observability.memory_history import MemoryHistory
 from mtmegatron.utils.metrics import print_rank0
-from mtmegatron.training.observability import Observability
+from mtmegatron.training.observability.run_hooks import Observability
 from mtmegatron.training.overlap import ParamGather
-from mtmegatron.training.progress_log import ProgressLog
+from mtmegatron.training.observability.progress_log import ProgressLog
 from mtmegatron.training.train_step import train_step
 
 
@@ -75,7 +81,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
     params.start()
     obs = Observability(args, backend, rank, model, optimizer, writer, state.start)  # --log-*, timers, profiler
-    rerun.start(args, state.start)  # --rerun-mode: result validation and re-runs (training/rerun.py)
+    rerun.start(args, state.start)  # --rerun-mode: result validation and re-runs (training/resilience/rerun.py)
     for line in [rerun.describe(args)] + non_persistent.startup_lines(args):
         print_rank0(rank, line)
     history = MemoryHistory(args, backend, rank)  # --record-memory-history

@@ -24,7 +24,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from mtmegatron.models.config_from_flags import optimizer_config_kwargs
 from mtmegatron.optim import FusedAdam
 from mtmegatron.backends.device import compute_device, on_host
-from mtmegatron.training.offload_stats import inner_optimizers, offload_stats
+from mtmegatron.training.observability.offload_stats import inner_optimizers, offload_stats
 
 STATS_ENV = "MTMEGATRON_OPTIMIZER_STATS"
 DROP_GRAD_ENV = "MTMEGATRON_TEST_DROP_GRAD"

@@ -27,7 +27,7 @@ from mtmegatron.models.config_from_flags import ddp_config_kwargs
 
 def ddp_config(args) -> DistributedDataParallelConfig:
     """Flags by field name (models/config_from_flags.py), with Megatron-LM's alignment rule and this loop's own
-    inf/nan handling (training/robustness.py skips and counts such steps instead of megatron's in-DDP check);
+    inf/nan handling (training/resilience/robustness.py skips and counts such steps instead of megatron's in-DDP check);
     with --use-torch-fsdp2 the FSDP2 wrapper's config (a DistributedDataParallelConfig) with its resharding."""
     ours = dict(
         # Megatron-LM aligns the parameter all-gathers of all pipeline stages only with the interleaved schedule

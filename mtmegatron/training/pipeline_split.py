@@ -4,7 +4,7 @@ the embedding and the loss as a layer each), uneven first/last stages, and virtu
 megatron-core does the split itself (``get_num_layers_to_build`` / ``get_transformer_layer_offset`` read
 ``num_layers_in_first/last_pipeline_stage`` and ``account_for_*_in_pipeline_split`` from the config); this module
 only refuses, with one message, the combinations it would reject later with an assertion.
-May assume: parsed flags with the preset applied; LLaVA's own first-stage rule is in models/llava_args.py.
+May assume: parsed flags with the preset applied; LLaVA's own first-stage rule is in models/families/llava/flags.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import dataclasses
 
 from mtmegatron.attention.spec import core_attention_choice
 from mtmegatron.backends.active import active_backend
-from mtmegatron.models import families, fusions, initialization, vision_stage_balance
+from mtmegatron.models import families, fusions, initialization
+from mtmegatron.models.families.qwen2_vl import stage_balance as vision_stage_balance
 
 
 @dataclasses.dataclass(frozen=True)

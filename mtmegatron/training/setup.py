@@ -23,7 +23,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy
 
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
-from mtmegatron.training import fsdp_flags, meta_init, overlap, training_flags
+from mtmegatron.training import meta_init, overlap
+from mtmegatron.config import fsdp_flags
+from mtmegatron.config import training_flags
 from mtmegatron.backends.device import compute_device, move_module, on_host
 from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
@@ -79,7 +81,7 @@ def seed_everything(seed: int) -> None:
 
 
 def build(args):
-    """Returns (model chunks wrapped in DDP, Megatron-FSDP or torch FSDP2 (training/fsdp_flags.py), optimizer,
+    """Returns (model chunks wrapped in DDP, Megatron-FSDP or torch FSDP2 (config/fsdp_flags.py), optimizer,
     scheduler, transformer config)."""
     config = transformer_config(args)
     with meta_init.birth(args):  # --init-model-with-meta-device: Megatron-FSDP materialises it (meta_init.py)

@@ -22,7 +22,7 @@ from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank
-from mtmegatron.training import rerun
+from mtmegatron.training.resilience import rerun
 from mtmegatron.backends.device import compute_device, to_compute_device
 
 
@@ -40,7 +40,7 @@ def packed_seq_params(batch: dict) -> PackedSeqParams | None:
 def per_token_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
-    total = rerun.validate_loss(torch.sum(losses * mask))  # pretrain_gpt's checks (training/rerun.py)
+    total = rerun.validate_loss(torch.sum(losses * mask))  # pretrain_gpt's checks (training/resilience/rerun.py)
     count = mask.sum()
     report = torch.stack([total.detach(), count]).double()
     # "lm loss": this micro-batch's mean (read by the inf/nan check); the global mean comes from the sums

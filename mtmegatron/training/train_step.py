@@ -2,7 +2,7 @@
 
 ``train_step`` runs forward/backward over all micro-batches (no pipelining, 1F1B or interleaved, chosen by
 megatron-core from the parallel state), the optimizer step and the LR schedule, and returns the LM loss
-averaged over the global batch on every rank. Megatron-LM's result validation (training/rerun.py) runs
+averaged over the global batch on every rank. Megatron-LM's result validation (training/resilience/rerun.py) runs
 forward/backward again when a loss or gradient is rejected, and may ask the loop to save and stop.
 May assume: DDP-wrapped model chunks, megatron optimizer and scheduler, parallel state initialised.
 """
@@ -16,10 +16,11 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
-from mtmegatron.training import rerun, robustness
+from mtmegatron.training.resilience import rerun
+from mtmegatron.training.resilience import robustness
 from mtmegatron.backends.device import compute_device, to_compute_device
-from mtmegatron.training.step_timers import timed
-from mtmegatron.training.packed_vision_data import reads_vision_data
+from mtmegatron.training.observability.step_timers import timed
+from mtmegatron.tasks.qwen_vl.data import reads_vision_data
 from mtmegatron.models.aux_losses import aux_loss_stats
 from mtmegatron.models import families
 
@@ -69,10 +70,10 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
     forward_backward = get_forward_backward_func()
     seq_length, micro_batch_size = args.seq_length, args.micro_batch_size
     if families.of(args).is_multimodal:
-        from mtmegatron.training.multimodal_step import forward_step as step
-    elif reads_vision_data(args):  # native-resolution vision conversations (training/packed_vision_step.py)
-        from mtmegatron.training.packed_vision_step import forward_step as step
-        from mtmegatron.training.packed_vision_step import schedule_shape as vision_shape
+        from mtmegatron.tasks.llava.step import forward_step as step
+    elif reads_vision_data(args):  # native-resolution vision conversations (tasks/qwen_vl/step.py)
+        from mtmegatron.tasks.qwen_vl.step import forward_step as step
+        from mtmegatron.tasks.qwen_vl.step import schedule_shape as vision_shape
 
         seq_length, micro_batch_size = vision_shape(args)
     elif args.calculate_per_token_loss:  # SFT hook: packed THD batches, per-token loss (mtmegatron/training/sft_step.py)

@@ -24,7 +24,7 @@ def exit_with_user_error(message: str, prog: str = "mtmegatron.pretrain") -> Non
 
     Every rank runs the same validation and gets here. Rank 0 prints and exits at once. Under torchrun the
     other ranks wait until the agent stops them after rank 0's exit, so the first failure the agent sees is
-    rank 0's status 2 (training/torchrun_exit.py then exits 2 without its report); a rank that rank 0 did not
+    rank 0's status 2 (training/resilience/torchrun_exit.py then exits 2 without its report); a rank that rank 0 did not
     follow (the error was not on every rank) prints the message itself after the wait and exits 2.
     """
     rank = int(os.environ.get("RANK", "0"))

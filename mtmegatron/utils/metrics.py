@@ -4,7 +4,7 @@ Rank 0 appends one JSON object per training iteration to ``<log-dir>/metrics.jso
 ``iteration``, ``loss`` (LM loss averaged over the global batch), ``grad_norm``, ``lr``, ``tokens_per_sec``
 (``--model llava``: also ``image_tokens``, the image embeddings in the step's global batch);
 and prints a Megatron-style progress line every ``--log-interval`` iterations (with what the --log-* flags
-added to the row: TFLOP/s per device, MFU, parameter norm, zeros in the gradients; training/observability.py).
+added to the row: TFLOP/s per device, MFU, parameter norm, zeros in the gradients; training/observability/run_hooks.py).
 Optionally: the same scalars as tensorboard events every ``--tensorboard-log-interval`` iterations (at most
 ``--tensorboard-queue-size`` events held before a write), and a tqdm progress bar (loss, tokens/s) when the
 console is a terminal. A resumed

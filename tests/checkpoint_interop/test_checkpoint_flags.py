@@ -1,4 +1,4 @@
-"""Megatron-LM's checkpoint flags at parse time (training/checkpoint_flags.py): Megatron-LM's defaults, the
+"""Megatron-LM's checkpoint flags at parse time (config/checkpoint_flags.py): Megatron-LM's defaults, the
 refusals with their reasons, and ``--use-checkpoint-args`` filling the model from the Megatron-LM fixture's
 saved Namespace. No process group is started."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "megatron_lm_ckpt"
@@ -93,7 +93,7 @@ def _megatron_lm_common(**fields) -> dict:
 ])
 def test_megatron_lm_checkpoint_compared_after_megatron_lm_derivations(ckpt_fields, flags, found):
     from mtmegatron.models.fingerprint import describe_mismatches, mismatches
-    from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
+    from mtmegatron.training.checkpoint.megatron_lm_checkpoint import recorded_fingerprint
 
     common = _megatron_lm_common(**{**GPT2_NAMESPACE, **ckpt_fields})
     args = parse_args(GPT2_FLAGS + flags, world_size=1)

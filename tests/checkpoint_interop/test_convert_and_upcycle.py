@@ -15,7 +15,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from helpers.pretrain_runner import TINY, run_pretrain
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 DECAY = ["--lr-decay-iters", "3"]  # one schedule for the 2-iteration save and the 3-iteration resumes

@@ -206,7 +206,7 @@ def test_optimizer_count_change_outside_the_fully_reshardable_format_is_refused_
     optimizers) into an EP1 run (one) is refused naming the layout to use; the fully reshardable one regroups."""
     from types import SimpleNamespace
 
-    from mtmegatron.training import checkpointing
+    from mtmegatron.training.checkpoint import checkpointing
     from mtmegatron.utils import checkpoint_dirs
 
     common = {"optimizer": {0: {"optimizer": {"param_groups": []}}, 1: {"optimizer": {"param_groups": []}}}}

@@ -26,7 +26,7 @@ from helpers.megatron_lm_fixture import FIXTURE_FLAGS
 
 def _setup(extra: list[str]):
     from mtmegatron.convert.model import init_single_rank
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.training.setup import build
 
     args = parse_args(FIXTURE_FLAGS + extra, world_size=1)
@@ -38,7 +38,7 @@ def _setup(extra: list[str]):
 def finetune(fixture: str) -> dict:
     from megatron.core import dist_checkpointing
 
-    from mtmegatron.training import checkpointing
+    from mtmegatron.training.checkpoint import checkpointing
     from mtmegatron.utils import checkpoint_dirs
 
     args, model, optimizer, scheduler = _setup(["--finetune", "--load", fixture])

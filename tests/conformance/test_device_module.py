@@ -22,7 +22,7 @@ _NOT_CALLS = {
     "memory.MemPool": "appears only inside an error-message string (inference/unified_memory.py)",
     # features mtmegatron refuses, so these names are never reached (a run that wanted them exits 2 first)
     **dict.fromkeys(("CUDAGraph", "graph", "graph_pool_handle"),
-                    "CUDA graphs: --enable-cuda-graph/--cuda-graph-* are refused (training/megatron_flags.py)"),
+                    "CUDA graphs: --enable-cuda-graph/--cuda-graph-* are refused (config/megatron_flags.py)"),
     **dict.fromkeys(("temperature", "power_draw", "utilization", "clock_rate"),
                     "only megatron-core's StragglerDetector reads them: --log-straggler is refused"),
 }

@@ -179,7 +179,7 @@ def test_more_embedding_rows_than_the_tokenizer_trains_with_padded_vocab_size(co
     from mtmegatron.convert.model import checkpoint_common
     from mtmegatron.data.resolve import resolve_data
     from mtmegatron.models.fingerprint import describe_mismatches, mismatches
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     _, mc_dir, _, _ = converted("llama3:rope-own-values")
     flags = (shlex.split((mc_dir / "model_flags.txt").read_text()) + TRAIN

@@ -165,7 +165,7 @@ def test_converted_llama_loads_under_tp2_pp2_with_the_tp1_loss_and_its_checkpoin
     run_cli("convert", "mcore-to-hf", "--load", str(trained), "--out", str(tmp_path / "back"), "--workers", "2")
     code = ("import sys, torch; from mtmegatron.convert.model import *; from mtmegatron.convert.mapping import "
             "hf_groups; from mtmegatron.convert.recorded_flags import flags_from_fingerprint; "
-            "from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint; "
+            "from mtmegatron.training.checkpoint.megatron_lm_checkpoint import recorded_fingerprint; "
             "args = parse_flags(flags_from_fingerprint(recorded_fingerprint(checkpoint_common(sys.argv[1])))); "
             "init_single_rank(args); m = build_model(args); load_model(m, sys.argv[1]); "
             "rows = ('embedding.word_embeddings.weight', 'output_layer.weight'); "

@@ -1,4 +1,4 @@
-"""Megatron-LM's data flags on real megatron-core GPT datasets, checked token by token (data/flags.py,
+"""Megatron-LM's data flags on real megatron-core GPT datasets, checked token by token (config/data_flags.py,
 training/data.py), without process groups:
 
 * ``--eod-mask-loss``: the loss mask is 0 exactly at end-of-document tokens; ``--reset-position-ids``: position
@@ -25,10 +25,10 @@ import torch
 
 from helpers.pretrain_runner import run_pretrain
 
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 from mtmegatron.training.data import MockTokenizer, build_gpt_datasets, micro_batches
-from mtmegatron.data.flags import empty_splits
+from mtmegatron.config.data_flags import empty_splits
 
 VOCAB, SEQ = 64, 32
 EOD = VOCAB - 1  # MockTokenizer's

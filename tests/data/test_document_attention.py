@@ -25,7 +25,7 @@ def _worker(rank, world_size, backend_name):
     from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
 
     import mtmegatron
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.training.setup import build, init_distributed
     from mtmegatron.training.train_step import forward_step
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mtmegatron.training import data
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.training.data import build_mock_dataset
 
 # vocab 64: megatron's mock documents count 1, 2, ... modulo the vocabulary, so label 0 (the pad id below) occurs

@@ -9,7 +9,7 @@ import pytest
 from mtmegatron.data.preprocess import preprocess
 from mtmegatron.data.resolve import resolve_data
 from mtmegatron.data.tokenizer import train_bpe
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 SMALL = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",

@@ -1,4 +1,4 @@
-"""Every flag ``mtmegatron.pretrain`` accepts, exercised from the table ``mtmegatron/training/flag_effects.tsv``.
+"""Every flag ``mtmegatron.pretrain`` accepts, exercised from the table ``mtmegatron/config/flag_effects.tsv``.
 
 Each accepted (honoured, config, no-op) Megatron-LM flag has at least one row: an example non-default value, the
 flags it needs beside it (``context``), the world size, and what shows its effect:
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from mtmegatron.training import megatron_flags
-from mtmegatron.training.arguments import build_parser, parse_args
+from mtmegatron.config import megatron_flags
+from mtmegatron.config.arguments import build_parser, parse_args
 from mtmegatron.utils.errors import ConfigError
 
 TABLE = Path(megatron_flags.__file__).with_name("flag_effects.tsv")
@@ -94,7 +94,7 @@ def _norm(value):
 
 def _snapshot(args) -> dict:
     from mtmegatron.models.gpt import gpt_model_kwargs
-    from mtmegatron.training.megatron_core_checks import config_builders
+    from mtmegatron.config.megatron_core_checks import config_builders
 
     names = {"TransformerConfig": "TransformerConfig", "OptimizerConfig": "OptimizerConfig",
              "DistributedDataParallelConfig": "DDPConfig"}
@@ -125,7 +125,7 @@ def _command_line(base: list[str], context: list[str]) -> list[str]:
 
 
 def _parse(argv, world, parser):
-    from mtmegatron.training.megatron_core_checks import check_configs
+    from mtmegatron.config.megatron_core_checks import check_configs
 
     args = parse_args(argv, world_size=world, parser=parser)
     check_configs(args)  # as pretrain.prepare does after activation

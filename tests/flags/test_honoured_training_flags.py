@@ -1,4 +1,4 @@
-"""Megatron-LM training flags honoured through training/training_flags.py, each checked where its effect shows:
+"""Megatron-LM training flags honoured through config/training_flags.py, each checked where its effect shows:
 the rank order given to megatron-core (``--use-tp-pp-dp-mapping``) and the root logger's level
 (``--logging-level``) through setup.init_distributed with megatron-core's initialisation captured (in-process);
 one one-rank build (setup.build, as pretrain calls it) for the DDP buckets (``--ddp-num-buckets``), the schedule's
@@ -15,7 +15,7 @@ import types
 import pytest
 
 from helpers.ranks import run_ranks
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 BASE = ["--backend", "cpu", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -68,7 +68,7 @@ def _build_worker(rank, world_size, backend_name, tmp):
     from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
     import mtmegatron
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.training.data import build_mock_dataset
     from mtmegatron.training.setup import build, init_distributed
 
@@ -137,7 +137,7 @@ def test_log_progress_memory_interval_and_skip_train(tmp_path):
     ``--log-memory-interval``: Megatron-LM's memory line in the resumed job."""
     from helpers.pretrain_runner import TINY, run_pretrain
 
-    from mtmegatron.training import throughput
+    from mtmegatron.training.observability import throughput
 
     save = tmp_path / "ckpt"
     common = TINY + ["--save", str(save), "--save-interval", "2", "--log-progress", "--num-workers", "0",
@@ -173,8 +173,8 @@ def test_log_progress_memory_interval_and_skip_train(tmp_path):
 def test_refusals_say_why():
     """At most 30 table flags keep the plain "not implemented" reason (those not built yet); the training-user
     flags named in Megatron-LM parity work are honoured, no-ops as in Megatron-LM, or refused with their reason."""
-    from mtmegatron.training import megatron_flags
-    from mtmegatron.training.arguments import build_parser
+    from mtmegatron.config import megatron_flags
+    from mtmegatron.config.arguments import build_parser
 
     parser = build_parser()
     rows = {row.flag: row for row in megatron_flags.table() if row.action != "HelpAction"}
@@ -228,7 +228,7 @@ def test_activation_offloading_on_a_device(monkeypatch, te_missing):
     """On a device backend: fine-grained offloading with or without TE (megatron-core's manager needs only a flag
     of TE's, patches/activation_offload_without_te.py; run on the simulated device in tests/musa_sim/test_lane.py),
     a start-up line saying what moves; --cpu-offloading-num-layers runs in TE's cpu_offload: refused without TE."""
-    from mtmegatron.training import memory_flags
+    from mtmegatron.config import memory_flags
 
     device = types.SimpleNamespace(name="musa", device_is_host=False, transformer_engine_missing=lambda: te_missing)
     monkeypatch.setattr(memory_flags, "select_backend", lambda name, warn: device)

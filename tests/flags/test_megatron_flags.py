@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtmegatron.training import megatron_flags
-from mtmegatron.training.arguments import build_parser, parse_args
+from mtmegatron.config import megatron_flags
+from mtmegatron.config.arguments import build_parser, parse_args
 from mtmegatron.utils.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def _sample_argv(row, action) -> list[str]:
         value = row.choices.split(",")[0].split(".")[-1]  # enum members: AttnBackend.flash -> flash
     else:
         value = {"int": "3", "float": "0.5", "tuple_type": "4,0", "moe_freq_type": "2", "no_rope_freq_type": "2",
-                 "la_freq_type": "2"}.get(row.type, "x")  # Megatron-LM's converters (training/megatron_lm_types.py)
+                 "la_freq_type": "2"}.get(row.type, "x")  # Megatron-LM's converters (config/megatron_lm_types.py)
     count = int(row.nargs) if row.nargs.isdigit() else 1
     return [row.flag, *[value] * count]
 
@@ -104,7 +104,7 @@ def test_megatron_core_requirements_are_one_line(extra, says):
     config part as pretrain.prepare checks it, after activation)."""
     import mtmegatron
     from mtmegatron.backends import select_backend
-    from mtmegatron.training.megatron_core_checks import check_configs
+    from mtmegatron.config.megatron_core_checks import check_configs
 
     mtmegatron.activate(select_backend("cpu"))
     with pytest.raises(ConfigError) as e:
@@ -117,7 +117,7 @@ def test_megatron_lm_value_types():
     args = parse_args(MEGATRON_GPT + ["--no-rope-freq", "([0]*3+[1])"], world_size=1)
     assert args.no_rope_freq == [0, 0, 0, 1]
     assert parse_args(MEGATRON_GPT + ["--no-rope-freq", "2"], world_size=1).no_rope_freq == 2
-    from mtmegatron.training.megatron_lm_types import tuple_type
+    from mtmegatron.config.megatron_lm_types import tuple_type
 
     assert tuple_type("(4,0)") == tuple_type("4,0") == (4, 0)
 
@@ -159,7 +159,7 @@ def test_flags_command_looks_up_and_helps(capsys):
 ])
 def test_partly_refused_flags_are_reported_and_really_refused(parser, dest, extra, says):
     """``mtmegatron flags`` says "some values refused" for exactly what validation refuses (one line each)."""
-    from mtmegatron.training.flag_report import describe
+    from mtmegatron.config.flag_report import describe
 
     assert set(megatron_flags.PARTLY_REFUSED) == {"moe_aux_loss_coeff", "moe_router_load_balancing_type",
                                                  "cp_comm_type", "fp16", "add_position_embedding",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.pretrain_runner import run_pretrain
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 LLAMA3_8B_FP8 = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.pretrain_runner import TINY
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 BASE = TINY + ["--train-iters", "1", "--vocab-size", "100"]

@@ -7,7 +7,7 @@ import pytest
 from helpers.pretrain_runner import TINY
 
 from mtmegatron.fp8 import BlockwiseScaling, DelayedScaling, MXFP8Scaling, recipe_from_args
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 BASE = [a for a in TINY if a != "--mock-data"] + ["--mock-data"]

@@ -83,7 +83,7 @@ def _generate_worker(rank, world_size, backend_name, load, tokenizer_dir, layout
     from mtmegatron.backends import get_backend
     from mtmegatron.generate.command import prepare
     from mtmegatron.inference.engine import Sampling, generate
-    from mtmegatron.generate.flags import add_arguments
+    from mtmegatron.config.generate_flags import add_arguments
     from mtmegatron.generate.model import build_and_load
     from mtmegatron.inference.recompute import generate_without_cache
     from mtmegatron.training.setup import init_distributed
@@ -204,7 +204,7 @@ def test_pretrain_checkpoint_flags_rebuild_the_same_model(model_flags):
     same model (every fingerprint field equal)."""
     from mtmegatron.convert.recorded_flags import flags_from_fingerprint
     from mtmegatron.models.fingerprint import fingerprint
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     def parsed(flags):
         return parse_args(flags + ["--mock-data", "--backend", "cpu"], world_size=1, for_training=False)

@@ -76,7 +76,7 @@ def _generate_worker(rank, world_size, backend_name, root, load, layout, greedy_
     import mtmegatron.inference.vision_prompts as vision_prompts_module
     from mtmegatron.backends import get_backend
     from mtmegatron.generate.command import prepare
-    from mtmegatron.generate.flags import add_arguments
+    from mtmegatron.config.generate_flags import add_arguments
     from mtmegatron.generate.images import vision_prompts
     from mtmegatron.generate.model import build_and_load
     from mtmegatron.inference.engine import Sampling
@@ -193,7 +193,7 @@ def test_pixel_bounds_resize_the_images(made):
     import argparse
 
     from mtmegatron.generate.command import prepare
-    from mtmegatron.generate.flags import add_arguments
+    from mtmegatron.config.generate_flags import add_arguments
     from mtmegatron.generate.images import vision_prompts
 
     root, load, reference = converted(made, "qwen2-vl")

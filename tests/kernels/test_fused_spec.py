@@ -49,7 +49,7 @@ def test_fused_spec_matches_local_spec(megatron_cpu):
 
     from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm, install_fused_loss
     from mtmegatron.models.layer_spec import build_layer_spec
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     fused_args = parse_args(["--transformer-impl", "mtmegatron", "--attention-backend", "local", "--mock-data"])
     local = _model(get_gpt_layer_local_spec(normalization="RMSNorm"))

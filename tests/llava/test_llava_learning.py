@@ -1,6 +1,6 @@
 """Issue 12's learning check: on the embedded shapes dataset a short ``--model llava`` run through the real
 command reads the images, i.e. the held-out answer loss with the images is below the same model's loss with
-every image blanked (``image_eval.json``, written by ``training/multimodal_finish.py``).
+every image blanked (``image_eval.json``, written by ``tasks/llava/finish.py``).
 
 The task is the default one (llama3 chat template, two questions per image about colours, shapes,
 positions and counts): within each question type the answers are balanced, so text alone gives the prior

@@ -12,7 +12,7 @@ wrapper, patches/torch_fsdp2_cpu_offload.py; the clipping of host gradients, pat
   optimizer takes the host shards; patches/tp_grad_sync_host_shards.py: the layer norms' TP all-reduce of host
   shards): the bf16 shards, the fp32 main params and Adam's moments leave the device (measured: 0 of 90,688 +
   544,128 bytes stay on rank 0; 634,924 on the host), peak 1.48 -> 0.75 MB, identical losses (torch's AdamW: see
-  TORCH_ADAMW); on the cpu backend bf16 DP2 with offload, saved half way and resumed (training/fsdp_checkpoint.py),
+  TORCH_ADAMW); on the cpu backend bf16 DP2 with offload, saved half way and resumed (training/checkpoint/fsdp_checkpoint.py),
   gives bf16 FSDP2's losses without it (fused Adam in both; measured: identical);
 * refused in one line: the flag without FSDP2; Megatron-FSDP with --optimizer-cpu-offload (megatron-core's
   HybridDeviceOptimizer cannot copy Megatron-FSDP's DTensor parameters).
@@ -34,7 +34,7 @@ import pytest
 from helpers.musa_sim import sim_env
 from helpers.ports import free_port
 from helpers.pretrain_runner import LAUNCHER_VARS, TINY, run_pretrain
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 ITERS = 4
@@ -125,7 +125,7 @@ def test_bf16_sequence_parallel_state_lives_on_the_host_with_the_same_losses(sim
 @pytest.mark.musa_sim
 def test_cpu_backend_bf16_offload_saved_and_resumed_equals_bf16_fsdp2(sim_runs):
     """Host to host, both step with the same CPU adam_step kernel; the offloaded run saved half way and resumed
-    (training/fsdp_checkpoint.py: the mixed-precision optimizer's state): the same losses (measured: identical)."""
+    (training/checkpoint/fsdp_checkpoint.py: the mixed-precision optimizer's state): the same losses (measured: identical)."""
     plain, offload = sim_runs["cpu_bf16"]["losses"], sim_runs["cpu_bf16_offload_resumed"]["losses"]
     assert _max_diff(plain, offload) <= ATOL, (plain, offload)
 

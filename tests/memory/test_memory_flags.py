@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from helpers.pretrain_runner import TINY
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 BANNER = "mtmegatron: backend"  # printed only after process groups and the model exist

@@ -7,7 +7,7 @@ from __future__ import annotations
 from mtmegatron.backends import cpu as fusions_env
 from mtmegatron.backends.musa import MUSA
 from mtmegatron.models import fusions
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 
 TINY = ["--model", "llama3", "--model-size", "tiny", "--mock-data", "--backend", "cpu"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from mtmegatron.models.layer_spec import build_layer_spec, describe_layer_spec
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 TE = "megatron.core.extensions.transformer_engine"

@@ -42,7 +42,7 @@ def test_rank_seed_is_megatron_lms(monkeypatch, dp_random, pp_rank, dp_rank, see
 
 
 def test_flags_parse_with_megatron_lms_defaults():
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     args = parse_args(["--backend", "cpu", "--mock-data"], world_size=1)
     assert args.use_cpu_initialization is None and args.data_parallel_random_init is False

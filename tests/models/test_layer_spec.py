@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import mtmegatron
 from mtmegatron.models.layer_spec import build_layer_spec, describe_layer_spec
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 
 from helpers.ports import free_port
 
@@ -235,7 +235,7 @@ def test_deepseek_fp8_model_has_mla_mtp_and_fp8_linears():
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_llava_language_layers_follow_the_impl_and_the_vision_encoder_stays_local(impl):
-    from mtmegatron.models.llava import vision_layer_spec
+    from mtmegatron.models.families.llava.model import vision_layer_spec
 
     args = make_args(impl, "auto", None, "llava")
     check_layer(build_layer_spec(args, "dense"), expected(impl, "auto", None, "llama3"), "llama3", moe=False)

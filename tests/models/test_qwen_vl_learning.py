@@ -1,9 +1,9 @@
-"""Issue 29's learning check: on the embedded fine-detail task (data/multimodal/textures.py: which of four one-pixel
+"""Issue 29's learning check: on the embedded fine-detail task (data/vision/textures.py: which of four one-pixel
 patterns fills a box in a 112-196 pixel picture) the tiny Qwen2.5-VL trained at native (dynamic) resolution answers
 the held-out questions far above chance, and the same model, recipe and seed with every picture shrunk to at most
 56x56 pixels (``--max-pixels 3136``) does no better than chance: the detail the answer needs is gone at the low
 resolution. The recipe and the runs are scripts/qwen_vl_resolution.py's (80 steps of 8 samples, one rank); the
-accuracy is ``answer_eval.json``'s (every answer token the greedy choice, training/vision_answer_eval.py) over the
+accuracy is ``answer_eval.json``'s (every answer token the greedy choice, tasks/qwen_vl/answer_eval.py) over the
 256 held-out samples; chance is the most frequent held-out answer's share (27.7%).
 
 Measured over seeds 1-3 (README, "Qwen2-VL"): native 96.1 / 98.4 / 98.4%, fixed 21.1 / 27.0 / 24.2%. The bounds
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from helpers.pretrain_runner import run_pretrain
-from mtmegatron.data.multimodal import textures
+from mtmegatron.data.vision import textures
 
 ROOT = Path(__file__).resolve().parents[2]
 MARGIN = 0.40  # accuracy points (fractions) native must be above chance and above fixed
@@ -78,7 +78,7 @@ def test_at_the_fixed_low_resolution_the_detail_is_gone(accuracy):
      "--min-pixels 6272 is more than --max-pixels 3136"),
 ])
 def test_bad_pixel_bounds_are_one_line(flags, message):
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.utils.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -86,8 +86,8 @@ def test_bad_pixel_bounds_are_one_line(flags, message):
 
 
 def test_the_pixel_bounds_reach_the_data():
-    from mtmegatron.training.arguments import parse_args
-    from mtmegatron.training.packed_vision_data import data_config
+    from mtmegatron.config.arguments import parse_args
+    from mtmegatron.tasks.qwen_vl.data import data_config
 
     args = parse_args(["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--mock-data",
                        "--max-pixels", "3136"])

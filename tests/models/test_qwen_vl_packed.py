@@ -1,6 +1,6 @@
 """Packed (THD) vision conversations and context parallelism for ``--model qwen2-vl|qwen2.5-vl``
-(``--vision-packing thd|padded``: training/packed_vision_thd.py; ``--context-parallel-size``: the vision embeddings
-merged into the whole sequence before it is cut over CP, training/packed_vision_step.py, models/qwen_vl.py).
+(``--vision-packing thd|padded``: tasks/qwen_vl/thd.py; ``--context-parallel-size``: the vision embeddings
+merged into the whole sequence before it is cut over CP, tasks/qwen_vl/step.py, models/families/qwen2_vl/model.py).
 
 Checked: the bins are SFT's plan (sft/packing.py) and hold every conversation once; the packed layout (cu_seqlens
 per conversation, padded ones under CP, each conversation's own 3-D positions, the same answer tokens and pictures
@@ -29,7 +29,7 @@ from PIL import Image
 
 from helpers.pretrain_runner import run_pretrain
 from mtmegatron.sft.packing import first_fit_decreasing
-from mtmegatron.training.packed_vision_thd import Bins, collate_packed, collate_padded_bins, cp_positions
+from mtmegatron.tasks.qwen_vl.thd import Bins, collate_packed, collate_padded_bins, cp_positions
 
 TOLERANCE = 1e-5
 FLAGS = ["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--seq-length", "384",
@@ -149,8 +149,8 @@ def test_each_cp_rank_holds_its_chunks_of_every_conversation():
 
 
 def test_packing_without_conversations_is_one_line():
-    from mtmegatron.training.arguments import parse_args
-    from mtmegatron.training.packed_vision_data import check_balance
+    from mtmegatron.config.arguments import parse_args
+    from mtmegatron.tasks.qwen_vl.data import check_balance
     from mtmegatron.utils.errors import ConfigError
 
     args = parse_args(["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--mock-data",
@@ -163,8 +163,8 @@ def test_a_resumed_run_reads_the_same_bins():
     """What a global batch holds is a function of the plan and the consumed count: a run resumed after
     iteration 3 reads what the uninterrupted run reads from iteration 4 on (across the epoch boundary)."""
     from mtmegatron.data.position import SamplePlan
-    from mtmegatron.training.arguments import parse_args
-    from mtmegatron.training.multimodal_data import MicroBatches
+    from mtmegatron.config.arguments import parse_args
+    from mtmegatron.tasks.llava.data import MicroBatches
 
     args = parse_args(["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--mock-data",
                        "--global-batch-size", "4", "--micro-batch-size", "2"])

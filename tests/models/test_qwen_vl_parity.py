@@ -263,7 +263,7 @@ def _config_differences(original: str, back: str) -> list[str]:
 
 def _video_record_losses(root, family_name, flags, model, hf) -> dict:
     """A video conversation (4 frames of 56x56 at 1 frame per second: 2 frame groups of 2 seconds) made into a
-    training sample by the data pipeline with the converted checkpoint's flags (training/packed_vision_data.py's
+    training sample by the data pipeline with the converted checkpoint's flags (tasks/qwen_vl/data.py's
     ``data_config``: its video time positions), through our model; and through HF's, which positions the video
     with its own config's ``tokens_per_second`` and the sample's ``second_per_grid_ts``: the mean loss over the
     answer tokens of both, and ours with the video placed at 2 positions per second instead (the time positions
@@ -279,10 +279,10 @@ def _video_record_losses(root, family_name, flags, model, hf) -> dict:
     from qwen_vl_reference import save_vision_tokenizer
 
     from mtmegatron.convert.model import parse_flags
-    from mtmegatron.data.multimodal.mrope_positions import rope_index, token_types
-    from mtmegatron.data.multimodal.vision_samples import load_vision_conversations
+    from mtmegatron.data.vision.mrope_positions import rope_index, token_types
+    from mtmegatron.data.vision.vision_samples import load_vision_conversations
     from mtmegatron.data.tokenizer import load_tokenizer
-    from mtmegatron.training.packed_vision_data import data_config
+    from mtmegatron.tasks.qwen_vl.data import data_config
 
     save_vision_tokenizer(f"{root}/tokenizer")
     rng = np.random.default_rng(4)

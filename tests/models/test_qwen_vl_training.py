@@ -1,6 +1,6 @@
 """``pretrain --model qwen2-vl|qwen2.5-vl --data-path conversations.jsonl`` trains with images end to end
-(training/packed_vision_data.py, training/packed_vision_step.py), on a small copy of the embedded fine-detail task
-(data/multimodal/textures.py: which of four one-pixel patterns fills a box in a 112-196 pixel picture, 16 to 49
+(tasks/qwen_vl/data.py, tasks/qwen_vl/step.py), on a small copy of the embedded fine-detail task
+(data/vision/textures.py: which of four one-pixel patterns fills a box in a 112-196 pixel picture, 16 to 49
 merged image tokens each; the JSONL here, the pictures in the cache: ``--image-folder``).
 
 Checked (tiny presets, 6 steps of 4 samples, loss on the answer tokens only): the loss falls at one rank for both
@@ -32,7 +32,7 @@ import pytest
 from PIL import Image
 
 from helpers.pretrain_runner import run_pretrain
-from mtmegatron.data.multimodal import textures
+from mtmegatron.data.vision import textures
 
 RED = (220, 30, 30)
 COMMON = ["--backend", "cpu", "--model-size", "tiny", "--train-iters", "6", "--global-batch-size", "4",
@@ -105,7 +105,7 @@ def test_a_missing_image_is_one_line_naming_file_and_record(tmp_path):
 
 
 def test_a_tokenizer_whose_image_id_the_model_does_not_read_is_refused(tmp_path):
-    from mtmegatron.data.multimodal.vision_chat import SPECIAL_TOKENS
+    from mtmegatron.data.vision.vision_chat import SPECIAL_TOKENS
     from mtmegatron.data.tokenizer import train_bpe
 
     Image.new("RGB", (56, 56), RED).save(tmp_path / "here.png")

@@ -20,7 +20,7 @@ from mtmegatron.backends.cpu import CPU, CpuBackend
 from mtmegatron.backends.cuda import CUDA
 from mtmegatron.backends.musa import MUSA
 from mtmegatron.models import transformer_impl
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 TINY = ["--model", "llama3", "--model-size", "tiny", "--mock-data"]

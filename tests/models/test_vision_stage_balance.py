@@ -1,4 +1,4 @@
-"""The pipeline-split advice for the native-resolution vision-language models (models/vision_stage_balance.py).
+"""The pipeline-split advice for the native-resolution vision-language models (models/families/qwen2_vl/stage_balance.py).
 
 The estimate's matmul FLOPs equal what torch's FlopCounterMode counts in the real tiny towers' forward (vision tower
 on one 16x16-patch image = the 64-token budget; one language layer on 64 tokens) exactly; the attention scores, which
@@ -16,13 +16,13 @@ import sys
 
 import pytest
 
-from mtmegatron.models import vision_stage_balance as balance
+from mtmegatron.models.families.qwen2_vl import stage_balance as balance
 
 COUNT = r"""
 import json, sys, torch
 from torch.utils.flop_counter import FlopCounterMode
 from mtmegatron.convert.model import build_model, init_single_rank, parse_flags
-from mtmegatron.models import vision_stage_balance as balance
+from mtmegatron.models.families.qwen2_vl import stage_balance as balance
 args = parse_flags(["--model", sys.argv[1], "--model-size", "tiny", "--micro-batch-size", "1", "--global-batch-size",
                     "1", "--seq-length", "64", "--max-position-embeddings", "64"])
 init_single_rank(args)

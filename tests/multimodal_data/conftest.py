@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtmegatron.data.multimodal.template import MULTIMODAL_SPECIAL_TOKENS
+from mtmegatron.data.vision.template import MULTIMODAL_SPECIAL_TOKENS
 from mtmegatron.data.tokenizer import train_bpe
 
 TEXT = ["What colour is the shape? red green blue. Describe the image. A cat sits on a mat.",

@@ -8,10 +8,10 @@ import types
 
 import torch
 
-from mtmegatron.data.multimodal.collate import Collator
-from mtmegatron.data.multimodal.images import ImageConfig
-from mtmegatron.data.multimodal.sample import combined_length, expand_image_tokens, fit_sample
-from mtmegatron.data.multimodal.template import IGNORE_INDEX, IMAGE_TOKEN_INDEX as IMG
+from mtmegatron.data.vision.collate import Collator
+from mtmegatron.data.vision.images import ImageConfig
+from mtmegatron.data.vision.sample import combined_length, expand_image_tokens, fit_sample
+from mtmegatron.data.vision.template import IGNORE_INDEX, IMAGE_TOKEN_INDEX as IMG
 
 ISL = 4  # image embeddings per tile
 

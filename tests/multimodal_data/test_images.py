@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mtmegatron.data.multimodal.images import NORMALIZATION, ImageConfig, choose_grid
+from mtmegatron.data.vision.images import NORMALIZATION, ImageConfig, choose_grid
 
 
 @pytest.mark.parametrize("size, max_tiles, grid", [

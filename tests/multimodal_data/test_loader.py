@@ -11,12 +11,12 @@ import pytest
 import torch
 from mm_samples import qa, write_jsonl, write_png
 
-from mtmegatron.data.multimodal.build import build_multimodal_datasets
-from mtmegatron.data.multimodal.conversations import ConversationDataset, LoaderConfig
-from mtmegatron.data.multimodal.images import ImageConfig
-from mtmegatron.data.multimodal.records import BadSample
-from mtmegatron.data.multimodal.sample import combined_length
-from mtmegatron.data.multimodal.template import IMAGE_TOKEN_INDEX as IMG
+from mtmegatron.data.vision.build import build_multimodal_datasets
+from mtmegatron.data.vision.conversations import ConversationDataset, LoaderConfig
+from mtmegatron.data.vision.images import ImageConfig
+from mtmegatron.data.vision.records import BadSample
+from mtmegatron.data.vision.sample import combined_length
+from mtmegatron.data.vision.template import IMAGE_TOKEN_INDEX as IMG
 from mtmegatron.utils.errors import ConfigError
 
 ISL = 4

@@ -1,4 +1,4 @@
-"""``--balance-micro-batches`` (data/multimodal/micro_batch_balance.py, training/multimodal_data.py): each global
+"""``--balance-micro-batches`` (data/vision/micro_batch_balance.py, tasks/llava/data.py): each global
 batch's samples are spread over DP ranks x micro-batches so the loads (text tokens + vision patches) even out,
 while every global batch keeps exactly its samples (the gradient and the data position do not change) and every
 rank computes the same assignment."""
@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from mtmegatron.data.multimodal.micro_batch_balance import balance, contiguous, peak_to_mean
+from mtmegatron.data.vision.micro_batch_balance import balance, contiguous, peak_to_mean
 from mtmegatron.data.position import SamplePlan
-from mtmegatron.training.multimodal_data import MicroBatches, Split, balance_summary
+from mtmegatron.tasks.llava.data import MicroBatches, Split, balance_summary
 
 
 @pytest.mark.parametrize("dp,mbs,micro", [(1, 2, 4), (2, 1, 4), (2, 2, 2), (4, 1, 8), (2, 4, 3)])
@@ -89,7 +89,7 @@ def test_the_start_up_line_reports_before_and_after():
 
 def test_the_flag_is_refused_where_there_is_nothing_to_balance():
     from mtmegatron.convert.model import parse_flags
-    from mtmegatron.training.packed_vision_data import check_balance
+    from mtmegatron.tasks.qwen_vl.data import check_balance
     from mtmegatron.utils.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--balance-micro-batches: only the native-resolution vision-language"):

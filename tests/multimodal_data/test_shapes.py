@@ -12,7 +12,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from mtmegatron.data.multimodal import shapes
+from mtmegatron.data.vision import shapes
 
 
 def _read(directory, name):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtmegatron.data.multimodal.sample import fit_sample
-from mtmegatron.data.multimodal.template import (IGNORE_INDEX as IGN, IMAGE_TOKEN_INDEX as IMG, TemplateError,
+from mtmegatron.data.vision.sample import fit_sample
+from mtmegatron.data.vision.template import (IGNORE_INDEX as IGN, IMAGE_TOKEN_INDEX as IMG, TemplateError,
                                                  Turn, check_template, render)
 
 TURNS = [Turn("user", "<image>\nWhat colour is the shape?"), Turn("assistant", "red"),

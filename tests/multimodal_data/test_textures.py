@@ -1,4 +1,4 @@
-"""The embedded fine-detail task (data/multimodal/textures.py): deterministic from its seed, train and held-out splits
+"""The embedded fine-detail task (data/vision/textures.py): deterministic from its seed, train and held-out splits
 disjoint, answers balanced and not in the question, pictures of several sizes that the encoders' data path keeps
 whole at native resolution, and the premise of the task: the four patterns differ at native resolution and are the
 same picture (within 2 of 255 levels) once shrunk to the ``--max-pixels 3136`` budget. Cost: ~5 s.
@@ -14,8 +14,8 @@ import os
 import numpy as np
 from PIL import Image
 
-from mtmegatron.data.multimodal import textures
-from mtmegatron.data.multimodal.dynamic_resolution import IMAGE_PIXELS, PatchConfig
+from mtmegatron.data.vision import textures
+from mtmegatron.data.vision.dynamic_resolution import IMAGE_PIXELS, PatchConfig
 
 
 def _read(directory, name):

@@ -24,12 +24,12 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
 
 from mm_samples import write_jsonl
-from mtmegatron.data.multimodal.dynamic_resolution import (IMAGE_PIXELS, VIDEO_PIXELS, PatchConfig, image_patches,
+from mtmegatron.data.vision.dynamic_resolution import (IMAGE_PIXELS, VIDEO_PIXELS, PatchConfig, image_patches,
                                                            normalized_frame, video_patches)
-from mtmegatron.data.multimodal.mrope_positions import rope_index
-from mtmegatron.data.multimodal.template import IGNORE_INDEX
-from mtmegatron.data.multimodal.vision_chat import IMAGE_PAD, SPECIAL_TOKENS, VIDEO_PAD
-from mtmegatron.data.multimodal.vision_samples import (VisionDataConfig, collate_padded, load_vision_conversations,
+from mtmegatron.data.vision.mrope_positions import rope_index
+from mtmegatron.data.vision.template import IGNORE_INDEX
+from mtmegatron.data.vision.vision_chat import IMAGE_PAD, SPECIAL_TOKENS, VIDEO_PAD
+from mtmegatron.data.vision.vision_samples import (VisionDataConfig, collate_padded, load_vision_conversations,
                                                        pack)
 from mtmegatron.data.tokenizer import train_bpe
 from mtmegatron.utils.errors import ConfigError

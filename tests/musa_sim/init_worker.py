@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import mtmegatron  # noqa: E402
 from mtmegatron.models.gpt import build_model_chunks, transformer_config  # noqa: E402
 from mtmegatron.models.initialization import rank_seed  # noqa: E402
-from mtmegatron.training.arguments import parse_args  # noqa: E402
+from mtmegatron.config.arguments import parse_args  # noqa: E402
 from mtmegatron.training.setup import init_distributed, seed_everything  # noqa: E402
 
 FLAGS = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import mtmegatron
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.training.setup import build, init_distributed
 
 FLAGS = ["--backend", "musa", "--model", "llama3", "--num-layers", "4", "--hidden-size", "64",

@@ -20,7 +20,7 @@ import os
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
 import torch
 import mtmegatron
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 backend = mtmegatron.activate("musa")
 args = parse_args(["--backend", "musa", "--mock-data", "--seed", "1234", "--tensor-model-parallel-size", "1"])
 """
@@ -101,7 +101,7 @@ def test_checkpoint_restores_the_device_generator(tmp_path):
     default generator) resumed from another state. Save, draw, load, draw again: the draws repeat."""
     out = _run(f"""
         from mtmegatron.training.setup import init_distributed, build
-        from mtmegatron.training import checkpointing
+        from mtmegatron.training.checkpoint import checkpointing
         args = parse_args(["--backend", "musa", "--mock-data", "--num-layers", "1", "--hidden-size", "16",
                            "--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "32",
                            "--seq-length", "8", "--max-position-embeddings", "8", "--vocab-size", "64",

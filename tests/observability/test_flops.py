@@ -1,4 +1,4 @@
-"""Megatron-LM's FLOP formula (training/throughput.py) against FLOPs counted independently here: each GEMM of
+"""Megatron-LM's FLOP formula (training/observability/throughput.py) against FLOPs counted independently here: each GEMM of
 the model written out by its weight shape (2 FLOPs per multiply-add x 3 for forward + two backward GEMMs =
 6 per weight element per token), plus the causal attention products; and the closed form of Narayanan et al.
 (2021) for GPT-3 175B. Also the device peak table used for MFU.
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mtmegatron.training.throughput import (num_floating_point_operations, peak_bf16_tflops, PEAK_ENV,
+from mtmegatron.training.observability.throughput import (num_floating_point_operations, peak_bf16_tflops, PEAK_ENV,
                                             tflops_per_device)
 
 

@@ -14,13 +14,13 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.pretrain_runner import TINY
-from mtmegatron.training.arguments import build_parser, parse_args
+from mtmegatron.config.arguments import build_parser, parse_args
 from mtmegatron.utils.errors import ConfigError
-from mtmegatron.training.observability import ManualGC
+from mtmegatron.training.observability.run_hooks import ManualGC
 from mtmegatron.backends.cpu import CPU
 from mtmegatron.backends.cuda import CUDA
 from mtmegatron.backends.musa import MUSA
-from mtmegatron.training.profiler import profiler_activities, profiler_kind
+from mtmegatron.training.observability.profiler import profiler_activities, profiler_kind
 
 FLAGS = ("--log-throughput", "--log-params-norm", "--log-num-zeros-in-grad", "--timing-log-level",
          "--timing-log-option", "--no-barrier-with-level-1-timing", "--log-timers-to-tensorboard",

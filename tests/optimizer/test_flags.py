@@ -1,4 +1,4 @@
-"""The memory flags' rules (training/memory_flags.py): each bad combination is one clear error from the pretrain
+"""The memory flags' rules (config/memory_flags.py): each bad combination is one clear error from the pretrain
 command before any process group starts."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from helpers.pretrain_runner import TINY, run_pretrain
-from mtmegatron.training import training_flags
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config import training_flags
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 STAND_IN = Path(__file__).with_name("muon_stand_in")

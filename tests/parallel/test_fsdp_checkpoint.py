@@ -7,12 +7,12 @@ position) by each engine at DP2. A run resumed from it continues the run that sa
 the distributed optimizer (its fully reshardable state: the same per-parameter moments, its step and param groups
 converted) within ATOL (measured <= 1.2e-7). Across layouts (the losses of one global batch under another TP/DP
 split differ by float rounding only, so the run that saved, continued, is the reference): DDP + the distributed
-optimizer takes FSDP2's DP2 checkpoint at DP1 and at TP2 (DP1) (training/plain_to_distributed_optimizer.py; measured
+optimizer takes FSDP2's DP2 checkpoint at DP1 and at TP2 (DP1) (training/checkpoint/plain_to_distributed_optimizer.py; measured
 <= 1.2e-7; with --no-load-optim the second loss is 0.08 off), and FSDP2 at DP2 takes that TP2 run's own checkpoint
 of iteration 6 (measured 1.2e-7). ``mcore-to-hf`` reads FSDP2's checkpoint (each tensor stored in per-rank row
 blocks): its HF weights equal megatron-core's own load of that checkpoint into a one-rank model exactly, and those
 exported from DDP's checkpoint of iteration 4 within 1e-5 (the two runs' weights differ by rounding: measured
-6.7e-7). Megatron-FSDP (optim_grads, DP2; training/megatron_fsdp_checkpoint.py: each rank's rows of the same global
+6.7e-7). Megatron-FSDP (optim_grads, DP2; training/checkpoint/megatron_fsdp_checkpoint.py: each rank's rows of the same global
 tensors, Adam's state in the distributed optimizer's fully reshardable format) resumes its own checkpoint exactly
 (measured 0), DDP + the distributed optimizer resumes it at DP2 and at TP2 (measured 1.2e-7 each), and Megatron-FSDP
 at DP2 resumes that TP2 run's checkpoint of iteration 6 (measured 0); ``mcore-to-hf`` reads it (equal to megatron-core's
@@ -37,7 +37,7 @@ import torch
 
 from helpers.cli_subprocess import ENV, run_cli
 from helpers.pretrain_runner import TINY, run_pretrain
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 ITERS, SAVED_AT, RESAVED_AT = 8, 4, 6
@@ -174,7 +174,7 @@ import sys, torch
 from mtmegatron.convert.mapping import hf_groups
 from mtmegatron.convert.model import build_model, checkpoint_common, init_single_rank, load_model, parse_flags
 from mtmegatron.convert.recorded_flags import flags_from_fingerprint
-from mtmegatron.training.megatron_lm_checkpoint import recorded_fingerprint
+from mtmegatron.training.checkpoint.megatron_lm_checkpoint import recorded_fingerprint
 args = parse_flags(flags_from_fingerprint(recorded_fingerprint(checkpoint_common(sys.argv[1]))))
 init_single_rank(args)
 model = build_model(args)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.pretrain_runner import TINY, run_pretrain
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 ITERS = 5

@@ -182,8 +182,8 @@ def test_a_tracker_naming_a_missing_checkpoint_is_refused_never_a_fresh_start(tm
 
 
 def test_prune_keeps_the_checkpoint_just_saved_and_the_save_dir_is_not_the_non_persistent_dir(tmp_path):
-    from mtmegatron.training.checkpointing import prune
-    from mtmegatron.training.resilience_flags import check_resilience_args
+    from mtmegatron.training.checkpoint.checkpointing import prune
+    from mtmegatron.config.resilience_flags import check_resilience_args
 
     for it in (2, 4, 50):  # 50: left by an abandoned run that went further
         _complete(tmp_path / f"iter_{it:07d}")

@@ -141,7 +141,7 @@ def test_rampup_and_iterations_to_skip_follow_megatron_lm(tmp_path):
 def test_rejected_results_tracker_adds_iterations_to_skip(tmp_path):
     """--result-rejected-tracker-filename: as Megatron-LM, the iterations megatron-core's rerun machine logged
     as reproducibly rejected twice on one rank are appended to --iterations-to-skip."""
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     tracker = tmp_path / "rejected.txt"
     line = "ts=1 node=n device=0 jobID=7 rank=0 iteration={} status=RerunDiagnostic.{} result=1.0 message=m\n"

@@ -1,4 +1,4 @@
-"""The inf/nan step check reads the gradients, not the padding around them (training/robustness.py).
+"""The inf/nan step check reads the gradients, not the padding around them (training/resilience/robustness.py).
 
 Megatron-FSDP's temporary gradient buckets are ``torch.empty``: the padding between and after the parameters keeps
 what the allocator handed back and is reduce-scattered into the main-grad shard with them. A check over the whole

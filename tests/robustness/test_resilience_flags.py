@@ -144,7 +144,7 @@ def test_record_memory_history_records_on_a_device_and_writes_snapshots(tmp_path
     import pickle
     from types import SimpleNamespace
 
-    from mtmegatron.training.memory_history import MemoryHistory
+    from mtmegatron.training.observability.memory_history import MemoryHistory
 
     memory = _Memory()
     device = SimpleNamespace(name="sim", device_type="sim", device_is_host=False,

@@ -86,7 +86,7 @@ def _hook_outcome(monkeypatch, codes) -> str:
     """What torchrun_exit's hook does with a SignalException raised while the agent's workers ended with ``codes``."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from mtmegatron.training import torchrun_exit
+    from mtmegatron.training.resilience import torchrun_exit
 
     class Exited(Exception):
         pass

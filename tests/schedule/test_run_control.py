@@ -1,4 +1,4 @@
-"""Run control with Megatron-LM's meaning (training/run_control.py, training/robustness.py, training/setup.py):
+"""Run control with Megatron-LM's meaning (config/run_control.py, training/resilience/robustness.py, training/setup.py):
 
 * ``--distributed-timeout-minutes`` reaches both the default process group and megatron-core's model-parallel
   groups (default 10, as Megatron-LM);
@@ -17,8 +17,9 @@ import signal
 import pytest
 
 from helpers.pretrain_runner import TINY, run_pretrain
-from mtmegatron.training import robustness, setup
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.training import setup
+from mtmegatron.training.resilience import robustness
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
 
@@ -56,7 +57,7 @@ def test_exit_signal_handler_only_with_the_flag():
     plain.restore()
 
     args = parse_args(ARGS + ["--exit-signal-handler", "--exit-signal", "SIGUSR1"], world_size=1)
-    assert args.exit_signal == "SIGUSR1"  # enum flags hold the member's name (training/megatron_flags.py)
+    assert args.exit_signal == "SIGUSR1"  # enum flags hold the member's name (config/megatron_flags.py)
     request = robustness.TerminationRequest(args)
     try:
         assert signal.getsignal(signal.SIGUSR1) == request._handle

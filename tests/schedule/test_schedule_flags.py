@@ -20,7 +20,7 @@ import math
 import pytest
 
 from helpers.pretrain_runner import TINY, run_pretrain
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 from mtmegatron.training.schedule import build_scheduler
 

@@ -59,7 +59,7 @@ def _train_worker(rank, world_size, backend_name, runs: dict, cache: str):
 
     import mtmegatron
     from mtmegatron.sft.prepare import prepare
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.training.data import micro_batches
     from mtmegatron.training.setup import build, init_distributed, seed_everything
     from mtmegatron.training.train_step import train_step
@@ -128,7 +128,7 @@ def _boundary_worker(rank, world_size, backend_name, cache: str):
     import mtmegatron
     from mtmegatron.sft.packing import packed_batch, padded_batch
     from mtmegatron.training.sft_step import packed_seq_params
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.training.setup import build, init_distributed
 
     backend = mtmegatron.activate(backend_name)
@@ -186,7 +186,7 @@ def _boundary_cp_worker(rank, world_size, backend_name, cache: str):
     from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, thd_partition_index
     from mtmegatron.sft.packing import packed_batch, padded_batch
     from mtmegatron.training.sft_step import packed_seq_params
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.training.setup import build, init_distributed
 
     backend = mtmegatron.activate(backend_name)

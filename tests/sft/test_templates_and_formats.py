@@ -156,7 +156,7 @@ def test_packed_and_padded_batches_hold_the_same_positions():
     (["--sft-tokenizer-prompt-format", "vicuna"], "is unknown"),
 ])
 def test_sft_flag_mistakes_are_config_errors(extra, message):
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
     from mtmegatron.utils.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
@@ -164,7 +164,7 @@ def test_sft_flag_mistakes_are_config_errors(extra, message):
 
 
 def test_sft_packing_under_cp_is_accepted():
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     args = parse_args(["--model", "llama3", "--seq-length", "64", "--sft", "--context-parallel-size", "2"],
                       world_size=2)
@@ -172,7 +172,7 @@ def test_sft_packing_under_cp_is_accepted():
 
 
 def test_sft_switches_on_per_token_loss():
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     args = parse_args(["--model", "llama3", "--sft"], world_size=1)
     assert args.calculate_per_token_loss and args.sft_packing

@@ -13,7 +13,7 @@ import pytest
 from helpers import tokenizer_files as files
 from mtmegatron.data.tokenizer import EOD, TokenizerError, load_tokenizer
 from mtmegatron.data.tokenizer_build import build_tokenizer, sentencepiece_model_vocab_size
-from mtmegatron.data.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
+from mtmegatron.config.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 
 TINY_MODEL = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
               "--seq-length", "32", "--max-position-embeddings", "32", "--train-iters", "4", "--vocab-size", "256"]
@@ -85,7 +85,7 @@ def test_gpt2_bpe_encodes_as_gpt2(tokenizer_set):
 
 def test_model_vocabulary_follows_the_tokenizer(tokenizer_set):
     from mtmegatron.data.resolve import resolve_data
-    from mtmegatron.training.arguments import parse_args
+    from mtmegatron.config.arguments import parse_args
 
     expected = {"HuggingFaceTokenizer": (320, 384), "GPT2BPETokenizer": (300, 384), "NullTokenizer": (65, 128),
                 "TikTokenizer": (336, 384)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mtmegatron import cli
-from mtmegatron.training.arguments import parse_args
+from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 
 TINY_MODEL = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",

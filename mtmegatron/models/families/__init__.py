@@ -12,7 +12,7 @@ A family module defines ``FAMILY = Family(...)``, the whole of what the rest of 
 - ``is_multimodal`` (images through a vision tower: the multimodal data, step and model builder) and
   ``chat_template`` (the conversation template its data uses by default; sft/templates.py, data/multimodal);
 - ``vision_encoder``: ``"packed"`` for the native-resolution vision-language models (Qwen2-VL, Qwen2.5-VL: patches
-  of every image in one packed sequence, M-RoPE; models/qwen_vl.py builds them), None otherwise (LLaVA's
+  of every image in one packed sequence, M-RoPE; models/families/qwen2_vl/model.py builds them), None otherwise (LLaVA's
   fixed-size tiles go by ``is_multimodal``).
 Lookups: ``get(name)``, ``of(args)``, ``by_hf_model_type(model_type)``, ``for_hf_config(config, requested)``,
 ``from_fingerprint(saved)``, ``preset(model, size)``; ``DEMO`` is the run a command line naming no model gets.
@@ -22,8 +22,11 @@ May assume: nothing beyond torch (imported by the map helpers); family modules i
 
 from __future__ import annotations
 
-from mtmegatron.models.families import (deepseek_v3, gpt, llama3, llava, mistral, mixtral, qwen2_5, qwen2_5_vl,
-                                        qwen2_vl, qwen3, qwen3_moe)
+from mtmegatron.models.families import gpt, llama3, mistral, mixtral, qwen2_5, qwen3, qwen3_moe
+from mtmegatron.models.families import deepseek_v3
+from mtmegatron.models.families import llava
+from mtmegatron.models.families.qwen2_vl import qwen2_5_vl
+from mtmegatron.models.families import qwen2_vl
 from mtmegatron.models.families.base import ConversionError, Entry, Family  # noqa: F401 (the interface)
 
 FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (llama3, qwen2_5, qwen3, qwen3_moe, mistral, mixtral,

@@ -35,5 +35,5 @@ class Family:
     hf_map: Callable | None = None
     matches: Callable = lambda saved: False
     is_multimodal: bool = False
-    vision_encoder: str | None = None  # "packed": native-resolution patches in one sequence (models/qwen_vl.py)
+    vision_encoder: str | None = None  # "packed": native-resolution patches in one sequence (models/families/qwen2_vl/model.py)
     chat_template: str | None = None

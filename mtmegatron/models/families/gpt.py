@@ -9,14 +9,14 @@ a config field that changes the math and has no equivalent is refused (``check_r
 Map facts: ``linear_qkv`` rows are grouped per query group: that group's query heads, then its key, then its value
 (its bias, Qwen2's, likewise); Qwen3's ``q_norm``/``k_norm`` -> ``q_layernorm``/``k_layernorm``; ``linear_fc1`` is
 ``cat([gate, up])``; experts are ``mlp.experts.local_experts.<e>`` (sequential experts), the router ``mlp.router``.
-May assume: args from training/arguments.py for the same network; plain dicts for config.json.
+May assume: args from config/arguments.py for the same network; plain dicts for config.json.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mtmegatron.models.deepseek_args import moe_layer_pattern
+from mtmegatron.models.families.deepseek_v3.flags import moe_layer_pattern
 from mtmegatron.models.families.base import ConversionError, Entry, Family
 
 LLAMA_COMMON = dict(normalization="RMSNorm", layernorm_epsilon=1e-5, swiglu=True, position_embedding_type="rope",

@@ -1,5 +1,5 @@
 """Llama-3 / 3.1 / 3.2 (``--model llama3``; HF ``LlamaForCausalLM``): GQA, SwiGLU, RMSNorm, RoPE; 3.1/3.2 add
-Llama-3.x RoPE frequency scaling (models/family_args.py; megatron-core's fixed low/high frequency factors 1/4 and
+Llama-3.x RoPE frequency scaling (config/family_args.py; megatron-core's fixed low/high frequency factors 1/4 and
 original context 8192 are the published ones) and a 128K context. Its HF map is the plain decoder's (gpt.py).
 May assume: what gpt.py assumes.
 """

@@ -1,0 +1,66 @@
+"""Run-control flags with Megatron-LM's meaning: process-group timeout, a wall-clock limit, and the exit signal.
+
+- ``--distributed-timeout-minutes`` (default 10): timeout of the default process group and of megatron-core's
+  model-parallel groups (Megatron-LM passes it to both).
+- ``--exit-duration-in-mins N``: after each iteration every rank compares the minutes since the program started
+  with N and all ranks agree (one all-reduce MAX of a device tensor, as Megatron-LM); once exceeded the run
+  stops after that iteration, saves (with ``--save``) and exits 0.
+- ``--exit-signal-handler`` (+ ``--exit-signal``, default SIGTERM): as in Megatron-LM, the handler is installed
+  only when the flag is given; then the signal finishes the current iteration, all ranks agree, the run saves
+  (with ``--save``) and exits 0. Without the flag the signal keeps its default action (the process ends).
+``PROGRAM_START`` is the time this module was first imported: ``mtmegatron.pretrain`` imports it (through
+config/arguments.py) before parsing flags, as Megatron-LM takes its start time when its trainer is imported.
+May assume: nothing beyond argparse; the loop side lives in training/resilience/robustness.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+
+from mtmegatron.utils.errors import ConfigError
+
+PROGRAM_START = time.time()
+
+
+def _signal_by_name(name: str) -> str:
+    """``--exit-signal SIGUSR1`` -> "SIGUSR1" (Megatron-LM takes the enum member's name; enum flags hold their
+    member's name here, see config/megatron_flags.py); its number (the form Megatron-LM's help lists the
+    choices in) is taken too. ``exit_signal(args)`` gives the ``signal.Signals`` member."""
+    try:
+        return (signal.Signals(int(name)) if name.isdigit() else signal.Signals[name]).name
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"{name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)") from None
+
+
+def add_run_control_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run control: process-group timeout, time limit, exit signal")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=10,
+                   help="timeout of the process groups' collectives (raise it when dataset index building or "
+                        "weight init on one rank takes longer)")
+    g.add_argument("--exit-duration-in-mins", type=int, default=None,
+                   help="stop (saving with --save) after the first iteration that ends this many minutes after "
+                        "the program started")
+    g.add_argument("--exit-signal-handler", action="store_true", default=False,
+                   help="on --exit-signal, finish the iteration, save (with --save) and exit 0; without this flag "
+                        "the signal ends the process")
+    g.add_argument("--exit-signal", type=_signal_by_name, default="SIGTERM", metavar="SIGNAL",
+                   help="the signal --exit-signal-handler catches (a name such as SIGUSR1, or its number)")
+
+
+def check_run_control_args(args: argparse.Namespace) -> None:
+    if args.distributed_timeout_minutes < 1:
+        raise ConfigError(f"--distributed-timeout-minutes must be >= 1, not {args.distributed_timeout_minutes}")
+    if args.exit_duration_in_mins is not None and args.exit_duration_in_mins < 0:
+        raise ConfigError(f"--exit-duration-in-mins must be >= 0, not {args.exit_duration_in_mins}")
+    if args.exit_signal_handler and args.exit_signal in ("SIGKILL", "SIGSTOP"):
+        raise ConfigError(f"--exit-signal {args.exit_signal} cannot be caught; use SIGTERM, SIGINT or SIGUSR1/2")
+
+
+def exit_signal(args: argparse.Namespace) -> signal.Signals:
+    return signal.Signals[args.exit_signal]
+
+
+def minutes_since_start(now: float | None = None) -> float:
+    return ((time.time() if now is None else now) - PROGRAM_START) / 60.0

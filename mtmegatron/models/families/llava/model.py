@@ -1,0 +1,137 @@
+"""Builds megatron-core 0.16's ``LLaVAModel`` (CLIP-style ViT + MLP projector + Llama-style GPT) from pretrain flags.
+
+Nothing of LLaVA is re-implemented: the encoder is megatron-core's ``CLIPViTModel``, the projector its
+``MultimodalProjector``, the merge of image and text embeddings its ``LLaVAModel``. What is ours: the three
+``TransformerConfig``s from the flags, the layer specs (the language layers from ``layer_spec.build_layer_spec``
+exactly as for ``--model llama3``; the encoder layers from the same builder with LayerNorm, biases, QuickGELU and
+no attention mask — megatron-core's own local ViT spec uses a causal mask, which is not CLIP), and the pipeline
+placement: the encoder and projector live on the first pipeline stage (first virtual chunk), the language
+layers split over all stages, unevenly with ``--decoder-first-pipeline-num-layers``.
+May assume: validated flags (``models/families/llava/flags.py``), parallel state initialised, backend bridge active.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.enums import ModelType
+from megatron.core.models.multimodal.llava_model import LLaVAModel
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.mlp import MLPSubmodules
+
+from mtmegatron.models.layer_spec import build_layer_spec
+from mtmegatron.models.vocab import install_vocab_padding
+
+IMAGE_TOKEN_INDEX = -200  # the placeholder id of one image in input_ids (megatron-core's and LLaVA's)
+
+
+def language_config(args: argparse.Namespace, config: TransformerConfig) -> TransformerConfig:
+    """The GPT config of the language model; with ``--decoder-first-pipeline-num-layers`` the first stage
+    (which also carries the encoder) gets that many layers and the others split the rest."""
+    if args.decoder_first_pipeline_num_layers is None:
+        return config
+    rest = (args.num_layers - args.decoder_first_pipeline_num_layers) // (args.pipeline_model_parallel_size - 1)
+    return dataclasses.replace(config, num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
+                               num_layers_in_last_pipeline_stage=rest)
+
+
+def _encoder_side(config: TransformerConfig, **fields) -> TransformerConfig:
+    """A config for a module that lives whole on the first pipeline stage: no PP/VPP/CP, no SP (megatron-core's
+    LLaVA recipe), no recompute, same TP and dtypes as the language model."""
+    return dataclasses.replace(
+        config, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
+        num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None, context_parallel_size=1,
+        sequence_parallel=False, recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
+        num_moe_experts=None, mtp_num_layers=None, **fields)
+
+
+def vision_config(args: argparse.Namespace, config: TransformerConfig) -> TransformerConfig:
+    vision = _encoder_side(
+        config, num_layers=args.vision_num_layers, hidden_size=args.vision_hidden_size,
+        ffn_hidden_size=args.vision_ffn_hidden_size, num_attention_heads=args.vision_num_attention_heads,
+        num_query_groups=args.vision_num_attention_heads,
+        kv_channels=args.vision_hidden_size // args.vision_num_attention_heads, normalization="LayerNorm",
+        layernorm_epsilon=args.vision_norm_epsilon, gated_linear_unit=False,
+        activation_func=quick_gelu if args.vision_model_type == "clip" else _gelu_tanh, add_bias_linear=True,
+        add_qkv_bias=True, qk_layernorm=False, apply_rope_fusion=False)
+    vision.vision_model_type = args.vision_model_type  # read by LLaVAModel (not a TransformerConfig field)
+    return vision
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """CLIP's activation. megatron-core's ``activations.quick_gelu`` is wrapped in its ``jit_fuser``
+    (torch.compile), which the CPU bridge's device properties and MUSA's disabled dynamo cannot run."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")  # SigLIP's gelu_pytorch_tanh
+
+
+def projector_config(args: argparse.Namespace, config: TransformerConfig) -> TransformerConfig:
+    """LLaVA-1.5's projector: Linear(vision -> hidden), GELU, Linear(hidden -> hidden), with biases."""
+    return _encoder_side(config, num_layers=1, ffn_hidden_size=args.hidden_size, gated_linear_unit=False,
+                         activation_func=F.gelu, add_bias_linear=True, bias_activation_fusion=False)
+
+
+def vision_layer_spec(args: argparse.Namespace):
+    """The encoder layer: our layer builder with the vision model's shape (LayerNorm, plain linears, the
+    run's core attention) and no attention mask."""
+    vision = copy.copy(args)
+    vision.normalization, vision.qk_layernorm, vision.multi_latent_attention = "LayerNorm", False, False
+    vision.num_experts, vision.transformer_impl, vision.fp8_format = None, "local", None
+    vision.transformer_engine_layers = False  # the decision transformer_impl.py made is the language model's
+    return build_layer_spec(vision, "dense", attn_mask_type=AttnMaskType.no_mask)
+
+
+def build_llava_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[LLaVAModel]:
+    """One LLaVAModel per virtual pipeline stage held by this rank; the encoder only in the first chunk of the
+    first stage."""
+    lm_config = language_config(args, config)
+    lm_spec = build_layer_spec(args, "dense")
+    projector_spec = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    chunks = []
+    for vp_stage in range(args.virtual_pipeline_model_parallel_size or 1):
+        vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
+        first = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
+        last = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
+        model = LLaVAModel(
+            language_transformer_config=lm_config,
+            language_transformer_layer_spec=lm_spec,
+            language_vocab_size=args.padded_vocab_size,
+            language_max_sequence_length=args.decoder_seq_length,
+            vision_transformer_config=vision_config(args, config),
+            vision_transformer_layer_spec=vision_layer_spec(args),
+            drop_vision_class_token=args.disable_vision_class_token,
+            vision_projection_config=projector_config(args, config),
+            vision_projection_layer_spec=projector_spec,
+            vision_projection_type="mlp",
+            parallel_output=True,
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            language_position_embedding_type=args.position_embedding_type,
+            language_rotary_base=args.rotary_base,
+            pre_process=first,
+            post_process=last,
+            add_encoder=first,
+            add_decoder=True,
+            img_h=args.img_h,
+            img_w=args.img_w,
+            patch_dim=args.patch_dim,
+            image_token_index=IMAGE_TOKEN_INDEX,
+            pixel_shuffle=args.pixel_shuffle,
+            max_num_tiles=args.max_num_tiles,
+            vp_stage=vp,
+        )
+        model.model_type = ModelType.encoder_or_decoder  # the schedules read it (GPTModel sets it, LLaVAModel not)
+        install_vocab_padding(model.language_model, args.vocab_size)  # embedding and/or output layer
+        model.freeze(freeze_language_model=args.freeze_LM, freeze_vision_model=args.freeze_ViT,
+                     freeze_vision_projection=args.freeze_projection)
+        chunks.append(model)
+    return chunks

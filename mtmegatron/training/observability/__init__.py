@@ -1,0 +1,1 @@
+"""What a training run reports about itself: throughput/MFU, timers, memory, profiler traces, progress, plots."""
