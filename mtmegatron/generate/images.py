@@ -2,11 +2,11 @@
 vision-language model (a family with ``vision_encoder == "packed"``, models/families/qwen2_vl/model.py).
 
 Every prompt is asked about all the ``--image`` files, in the order given, as one user turn rendered with the
-Qwen2-VL chat template exactly as the training data renders it (data/vision/vision_chat.py: the default system
+Qwen2-VL chat template exactly as the training data renders it (data/vision/qwen_vl_chat.py: the default system
 turn, each image as ``<|vision_start|>`` + one ``<|image_pad|>`` per merged 2x2 patch window + ``<|vision_end|>``),
 followed by the assistant's generation prompt ``<|im_start|>assistant\\n``. An ``<image>`` tag in a prompt places
 the next image there; a prompt without tags has the images first, each on its own line, then its text (the
-training records' rule, data/vision/vision_records.py; HF's ``[image, ..., text]`` message content renders
+training records' rule, data/vision/qwen_vl_records.py; HF's ``[image, ..., text]`` message content renders
 without the newlines: write ``<image><image>text`` for that). Images are resized and cut into patches as for
 training (data/vision/dynamic_resolution.py: HF's Qwen2-VL image processor, its default area bounds unless
 ``--min-pixels`` / ``--max-pixels`` are given); the prompt's M-RoPE positions are HF's ``get_rope_index``
@@ -44,7 +44,7 @@ def _load(path: str):
 
 def _check_tokenizer(tokenizer, margs) -> dict[str, int]:
     from mtmegatron.data.vision.template import TemplateError
-    from mtmegatron.data.vision.vision_chat import special_ids
+    from mtmegatron.data.vision.qwen_vl_chat import special_ids
     from mtmegatron.tasks.qwen_vl.data import TOKEN_FIELDS
 
     try:
@@ -74,7 +74,7 @@ def _user_turn(prompt: str, number: int, num_images: int):
     """The prompt as the user turn of a training record with these images: the data's own tag rule (untagged
     images go first, each tag on its own line; tags, when used, must match the images)."""
     from mtmegatron.data.vision.template import Turn
-    from mtmegatron.data.vision.vision_records import _placed_tags
+    from mtmegatron.data.vision.qwen_vl_records import _placed_tags
 
     def bad(reason: str) -> GenerateError:
         return GenerateError(f"prompt {number}: {reason} (the --image files)")
@@ -86,7 +86,7 @@ def image_prompts(args, prompts: list[str], tokenizer, margs):
     """(prompt token ids, VisionPrompt per prompt) for ``--image`` prompts (module docstring)."""
     from mtmegatron.data.vision.dynamic_resolution import image_patches
     from mtmegatron.data.vision.mrope_positions import rope_index, token_types
-    from mtmegatron.data.vision.vision_chat import IM_START, IMAGE_PAD, VIDEO_PAD, render_text
+    from mtmegatron.data.vision.qwen_vl_chat import IM_START, IMAGE_PAD, VIDEO_PAD, render_text
     from mtmegatron.inference.vision_prompts import VisionPrompt
     from mtmegatron.tasks.qwen_vl.data import data_config
 

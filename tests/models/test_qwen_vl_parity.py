@@ -280,7 +280,7 @@ def _video_record_losses(root, family_name, flags, model, hf) -> dict:
 
     from mtmegatron.convert.model import parse_flags
     from mtmegatron.data.vision.mrope_positions import rope_index, token_types
-    from mtmegatron.data.vision.vision_samples import load_vision_conversations
+    from mtmegatron.data.vision.qwen_vl_samples import load_vision_conversations
     from mtmegatron.data.tokenizer import load_tokenizer
     from mtmegatron.tasks.qwen_vl.data import data_config
 

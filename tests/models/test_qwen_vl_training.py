@@ -105,7 +105,7 @@ def test_a_missing_image_is_one_line_naming_file_and_record(tmp_path):
 
 
 def test_a_tokenizer_whose_image_id_the_model_does_not_read_is_refused(tmp_path):
-    from mtmegatron.data.vision.vision_chat import SPECIAL_TOKENS
+    from mtmegatron.data.vision.qwen_vl_chat import SPECIAL_TOKENS
     from mtmegatron.data.tokenizer import train_bpe
 
     Image.new("RGB", (56, 56), RED).save(tmp_path / "here.png")

@@ -8,9 +8,9 @@ import types
 
 import torch
 
-from mtmegatron.data.vision.collate import Collator
+from mtmegatron.data.vision.llava_collate import Collator
 from mtmegatron.data.vision.images import ImageConfig
-from mtmegatron.data.vision.sample import combined_length, expand_image_tokens, fit_sample
+from mtmegatron.data.vision.llava_sample import combined_length, expand_image_tokens, fit_sample
 from mtmegatron.data.vision.template import IGNORE_INDEX, IMAGE_TOKEN_INDEX as IMG
 
 ISL = 4  # image embeddings per tile

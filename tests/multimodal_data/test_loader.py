@@ -12,10 +12,10 @@ import torch
 from mm_samples import qa, write_jsonl, write_png
 
 from mtmegatron.data.vision.build import build_multimodal_datasets
-from mtmegatron.data.vision.conversations import ConversationDataset, LoaderConfig
+from mtmegatron.data.vision.llava_conversations import ConversationDataset, LoaderConfig
 from mtmegatron.data.vision.images import ImageConfig
 from mtmegatron.data.vision.records import BadSample
-from mtmegatron.data.vision.sample import combined_length
+from mtmegatron.data.vision.llava_sample import combined_length
 from mtmegatron.data.vision.template import IMAGE_TOKEN_INDEX as IMG
 from mtmegatron.utils.errors import ConfigError
 

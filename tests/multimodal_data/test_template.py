@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtmegatron.data.vision.sample import fit_sample
+from mtmegatron.data.vision.llava_sample import fit_sample
 from mtmegatron.data.vision.template import (IGNORE_INDEX as IGN, IMAGE_TOKEN_INDEX as IMG, TemplateError,
                                                  Turn, check_template, render)
 

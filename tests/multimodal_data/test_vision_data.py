@@ -28,8 +28,8 @@ from mtmegatron.data.vision.dynamic_resolution import (IMAGE_PIXELS, VIDEO_PIXEL
                                                            normalized_frame, video_patches)
 from mtmegatron.data.vision.mrope_positions import rope_index
 from mtmegatron.data.vision.template import IGNORE_INDEX
-from mtmegatron.data.vision.vision_chat import IMAGE_PAD, SPECIAL_TOKENS, VIDEO_PAD
-from mtmegatron.data.vision.vision_samples import (VisionDataConfig, collate_padded, load_vision_conversations,
+from mtmegatron.data.vision.qwen_vl_chat import IMAGE_PAD, SPECIAL_TOKENS, VIDEO_PAD
+from mtmegatron.data.vision.qwen_vl_samples import (VisionDataConfig, collate_padded, load_vision_conversations,
                                                        pack)
 from mtmegatron.data.tokenizer import train_bpe
 from mtmegatron.utils.errors import ConfigError

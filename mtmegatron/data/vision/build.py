@@ -32,8 +32,8 @@ import sys
 import numpy as np
 import torch
 
-from mtmegatron.data.vision.collate import Collator
-from mtmegatron.data.vision.conversations import ConversationDataset, LoaderConfig, pad_id
+from mtmegatron.data.vision.llava_collate import Collator
+from mtmegatron.data.vision.llava_conversations import ConversationDataset, LoaderConfig, pad_id
 from mtmegatron.data.vision.images import ImageConfig
 from mtmegatron.data.vision.records import BadSample
 from mtmegatron.data.vision.template import MULTIMODAL_SPECIAL_TOKENS, TemplateError
@@ -108,7 +108,7 @@ def _held_out(dataset, split: str, seed: int):
 
 def build_multimodal_datasets(args: argparse.Namespace, img_seq_len: int, tokenizer=None, progress: bool = True):
     """(train dataset, valid dataset or None, tokenizer, info); ``info["collate_fn"]`` makes batches
-    (``collate.py``), ``info["bad_samples"]`` counts skipped samples (also printed to stderr when ``progress``),
+    (``llava_collate.py``), ``info["bad_samples"]`` counts skipped samples (also printed to stderr when ``progress``),
     ``info["summary"]`` is one line for logs."""
     template = _field(args, "prompt_format", llava.FAMILY.chat_template)
     data_paths = _as_list(getattr(args, "data_path", None))

@@ -8,7 +8,7 @@ cannot show that the vision path learns anything.
 
 Global batch ``i`` is positions ``[i*G, (i+1)*G)`` of the training order (a permutation of the dataset per
 epoch, seeded by ``--seed``; the held-out split is read in file order); data-parallel rank ``d`` takes the
-``d``-th contiguous slice, cut into micro-batches and collated (``collate.py``'s batch contract). Every pipeline
+``d``-th contiguous slice, cut into micro-batches and collated (``llava_collate.py``'s batch contract). Every pipeline
 stage reads the whole micro-batch: the first needs images and tokens, the last tokens, labels, loss mask and tile
 counts to expand labels to the combined sequence. The number of image embeddings of a step is known from the
 index without loading an image (``image_tokens``), identically on every rank.

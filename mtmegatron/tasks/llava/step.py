@@ -1,6 +1,6 @@
 """The forward step of ``--model llava`` for megatron-core's pipeline schedules, and its loss.
 
-One micro-batch (``data/vision/collate.py``'s contract) goes to the compute device and through
+One micro-batch (``data/vision/llava_collate.py``'s contract) goes to the compute device and through
 ``LLaVAModel``: images only on the chunk that holds the vision encoder (the first pipeline stage's first
 chunk; other stages would only hold them in memory), tokens with one ``-200`` per image, the text-coordinate
 labels and loss mask, and the tiles per image. The model expands labels and loss mask to the combined

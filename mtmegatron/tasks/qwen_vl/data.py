@@ -1,7 +1,7 @@
 """Training data of the native-resolution vision-language models (a family with ``vision_encoder == "packed"``:
 models/families/qwen2_vl/model.py): ``--data-path conversations.jsonl [--image-folder DIR]`` (LLaVA's JSONL layout, extended to
-several images and videos per record: data/vision/vision_records.py) -> the samples of
-data/vision/vision_samples.py, read as LLaVA's are (``tasks/llava/data.py``'s ``Split`` and
+several images and videos per record: data/vision/qwen_vl_records.py) -> the samples of
+data/vision/qwen_vl_samples.py, read as LLaVA's are (``tasks/llava/data.py``'s ``Split`` and
 ``MicroBatches``: a seeded permutation per epoch, each DP rank its contiguous slice) and collated padded to
 ``--seq-length`` (the pipeline schedule's fixed activation shape), or with ``--vision-packing thd|padded`` packed
 into bins as ``--sft`` packs (tasks/qwen_vl/thd.py; ``info["padded_collate_fn"]`` and
@@ -62,7 +62,7 @@ def check_balance(args: argparse.Namespace) -> None:
 
 def data_config(args: argparse.Namespace):
     from mtmegatron.data.vision.dynamic_resolution import IMAGE_PIXELS, VIDEO_PIXELS
-    from mtmegatron.data.vision.vision_samples import VisionDataConfig
+    from mtmegatron.data.vision.qwen_vl_samples import VisionDataConfig
 
     patches = dict(patch_size=args.patch_dim, temporal_patch_size=args.vision_temporal_patch_size,
                    merge_size=args.vision_spatial_merge_size)
@@ -79,7 +79,7 @@ def data_config(args: argparse.Namespace):
 
 def _tokenizer(args: argparse.Namespace, paths: list[str]):
     from mtmegatron.data.vision.build import _bpe_for
-    from mtmegatron.data.vision.vision_chat import SPECIAL_TOKENS, special_ids
+    from mtmegatron.data.vision.qwen_vl_chat import SPECIAL_TOKENS, special_ids
     from mtmegatron.data.tokenizer import load_tokenizer
 
     model = getattr(args, "tokenizer_model", None)
@@ -101,9 +101,9 @@ def prepare(args: argparse.Namespace, progress: bool = True):
     """``multimodal_data.MultimodalData`` of the run (train, held-out or None, tokenizer, info with
     ``collate_fn`` and a one-line ``summary``)."""
     from mtmegatron.data.vision.build import _held_out
-    from mtmegatron.data.vision.conversations import pad_id
+    from mtmegatron.data.vision.llava_conversations import pad_id
     from mtmegatron.data.vision.template import TemplateError
-    from mtmegatron.data.vision.vision_samples import collate_padded, load_vision_conversations
+    from mtmegatron.data.vision.qwen_vl_samples import collate_padded, load_vision_conversations
     from mtmegatron.data.tokenizer import TokenizerError
     from mtmegatron.tasks.llava.data import MultimodalData
 

@@ -1,7 +1,7 @@
 """The forward step of the native-resolution vision-language models (models/families/qwen2_vl/model.py) for megatron-core's
 pipeline schedules, on the padded batches of ``tasks/qwen_vl/data.py``.
 
-A micro-batch (``vision_samples.collate_padded``: tokens / labels / loss_mask ``[b, s]``, 3-D M-RoPE positions
+A micro-batch (``qwen_vl_samples.collate_padded``: tokens / labels / loss_mask ``[b, s]``, 3-D M-RoPE positions
 ``[3, b, s]``, every sample's patches concatenated with their grids) goes to the compute device and through
 ``NativeResolutionVLM``: the pixels and grids only on the chunk that holds the vision encoder (the first stage's
 first chunk), positions on every stage (each applies its own rotary), labels on every stage (only the last reads

@@ -12,7 +12,7 @@ them in its seeded per-epoch order, so what a global batch holds is a function o
 
 ``collate_packed(bins, pad_id, seq_length, multiple)``: one THD row ``[1, mbs * seq_length]``, bin after bin, each
 bin's conversations one after another with their own 3-D M-RoPE positions (as HF's ``get_rope_index`` gives them
-for that conversation alone; data/vision/vision_samples.py's ``pack``) and the bin's unused tail as one more,
+for that conversation alone; data/vision/qwen_vl_samples.py's ``pack``) and the bin's unused tail as one more,
 loss-free, sequence. ``cu_seqlens`` marks every sequence, so attention never crosses conversations, and a sample's
 last label is -100, so no target does either. With ``multiple > 1`` each conversation is followed by loss-free pads
 up to the multiple (after its last token: causal attention keeps real tokens from them); ``cu_seqlens`` keeps the
@@ -33,7 +33,7 @@ import torch
 
 from mtmegatron.attention.cp_batch import thd_partition_index
 from mtmegatron.data.vision.template import IGNORE_INDEX
-from mtmegatron.data.vision.vision_samples import VISION_KEYS, collate_padded, pack
+from mtmegatron.data.vision.qwen_vl_samples import VISION_KEYS, collate_padded, pack
 from mtmegatron.sft.packing import first_fit_decreasing, round_up
 
 

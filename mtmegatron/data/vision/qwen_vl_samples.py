@@ -32,8 +32,8 @@ from mtmegatron.data.vision.dynamic_resolution import (IMAGE_PIXELS, VIDEO_PIXEL
 from mtmegatron.data.vision.mrope_positions import rope_index, token_types
 from mtmegatron.data.vision.records import BadSample
 from mtmegatron.data.vision.template import IGNORE_INDEX, TemplateError
-from mtmegatron.data.vision.vision_chat import IMAGE_PAD, VIDEO_PAD, render_vision_chat, special_ids
-from mtmegatron.data.vision.vision_records import VisionRecord, parse_vision_line
+from mtmegatron.data.vision.qwen_vl_chat import IMAGE_PAD, VIDEO_PAD, render_vision_chat, special_ids
+from mtmegatron.data.vision.qwen_vl_records import VisionRecord, parse_vision_line
 from mtmegatron.utils.errors import ConfigError
 
 

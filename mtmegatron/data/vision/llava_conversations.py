@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from mtmegatron.data.vision.images import ImageConfig, image_size
 from mtmegatron.data.vision.records import BadSample, parse_line, parse_record
-from mtmegatron.data.vision.sample import SampleDoesNotFit, fit_sample
+from mtmegatron.data.vision.llava_sample import SampleDoesNotFit, fit_sample
 from mtmegatron.data.vision.template import check_template, render
 
 INDEX_VERSION = 1  # bump when validation or the index layout changes

@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from mtmegatron.data.vision.template import IMAGE_TAG, TemplateError, Turn
-from mtmegatron.data.vision.vision_records import VIDEO_TAG
+from mtmegatron.data.vision.qwen_vl_records import VIDEO_TAG
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
