@@ -37,3 +37,4 @@ class Family:
     is_multimodal: bool = False
     vision_encoder: str | None = None  # "packed": native-resolution patches in one sequence (models/families/qwen2_vl/model.py)
     chat_template: str | None = None
+    task: str = "text"  # the kind of run it trains (mtmegatron/tasks/registry.py; --sft picks "sft" for a text family)

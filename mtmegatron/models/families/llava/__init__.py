@@ -232,4 +232,4 @@ def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
 
 FAMILY = Family(name="llava", presets=PRESETS, hf_model_type="llava", hf_architecture="LlavaForConditionalGeneration",
                 flags_from_hf=flags_from_hf, hf_config=hf_config, hf_map=hf_map, is_multimodal=True,
-                chat_template="llama3")
+                chat_template="llama3", task="llava")

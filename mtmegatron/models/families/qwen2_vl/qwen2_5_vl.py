@@ -90,4 +90,4 @@ def hf_map(args, **_) -> list[Entry]:
 FAMILY = Family(name="qwen2.5-vl", presets=PRESETS, hf_model_type="qwen2_5_vl",
                 hf_architecture="Qwen2_5_VLForConditionalGeneration", flags_from_hf=flags_from_hf, hf_config=hf_config,
                 hf_map=hf_map,
-                vision_encoder="packed")
+                vision_encoder="packed", task="qwen_vl")
