@@ -16,7 +16,7 @@ import argparse
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from mtmegatron.models.families.deepseek_v3.flags import moe_layer_pattern
+from mtmegatron.models.moe_layers import moe_layer_pattern
 
 
 def config_fields(args: argparse.Namespace) -> dict:

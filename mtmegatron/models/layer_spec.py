@@ -46,10 +46,10 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from mtmegatron.attention.core import SDPADotProductAttention
 from mtmegatron.attention.spec import core_attention_choice
 from mtmegatron.fp8.spec import executor_in_use, fp8_linears, uses_transformer_engine
-from mtmegatron.models.families.deepseek_v3.flags import moe_layer_pattern
 from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm
 from mtmegatron.models.grouped_experts import describe as describe_experts, expert_modules, te_module
 from mtmegatron.models.mla_attention import with_head_dims
+from mtmegatron.models.moe_layers import moe_layer_pattern
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
 LAYER_KINDS = ("dense", "moe", "mtp")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from mtmegatron.models.families.deepseek_v3.flags import moe_layer_pattern
 from mtmegatron.models.families.base import ConversionError, Entry, Family
+from mtmegatron.models.moe_layers import moe_layer_pattern
 
 LLAMA_COMMON = dict(normalization="RMSNorm", layernorm_epsilon=1e-5, swiglu=True, position_embedding_type="rope",
                     add_bias_linear=False, untie_embeddings_and_output_weights=True,

@@ -1,5 +1,6 @@
 """Flag-level pieces of the DeepSeek-V3 features (pure Python, imported before megatron-core is): the
-``--moe-layer-freq`` parser, the dense/MoE layer pattern, and the validation of MLA / router / MTP flags.
+``--moe-layer-freq`` normalization (its parser and the layer pattern: models/moe_layers.py), and the validation
+of MLA / router / MTP flags.
 May assume: nothing beyond the parsed argparse namespace.
 """
 
@@ -7,32 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def parse_moe_layer_freq(value):
-    """``--moe-layer-freq``: an int N (one MoE layer every N) or a Python list expression such as
-    ``([0]*3+[1]*58)`` (Megatron-LM's spelling: 0 dense, 1 MoE)."""
-    if isinstance(value, (int, list)):
-        return value
-    text = str(value).strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    if not set(text) <= set("[]()0123456789*+, "):
-        raise ValueError(f"--moe-layer-freq {value!r}: expected an int or a list expression like ([0]*3+[1]*58)")
-    pattern = eval(text, {"__builtins__": {}}, {})  # only digits, brackets, + and * reach here
-    if not isinstance(pattern, list) or any(v not in (0, 1) for v in pattern):
-        raise ValueError(f"--moe-layer-freq {value!r} must give a list of 0 (dense) and 1 (MoE)")
-    return pattern
-
-
-def moe_layer_pattern(args: argparse.Namespace) -> list[int]:
-    """1 for an MoE layer, 0 for a dense one, over the decoder's layers (all dense without experts)."""
-    if not args.num_experts:
-        return [0] * args.num_layers
-    freq = args.moe_layer_freq
-    if isinstance(freq, int):
-        return [1 if i % freq == 0 else 0 for i in range(args.num_layers)]
-    return list(freq)
-
+from mtmegatron.models.moe_layers import parse_moe_layer_freq
 
 # flags where 0 means "off" (so an explicit flag can switch off what a preset turns on)
 _ZERO_IS_NONE = ("q_lora_rank", "moe_shared_expert_intermediate_size", "moe_router_num_groups",
