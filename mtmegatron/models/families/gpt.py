@@ -22,6 +22,7 @@ from mtmegatron.models.moe_layers import moe_layer_pattern
 LLAMA_COMMON = dict(normalization="RMSNorm", layernorm_epsilon=1e-5, swiglu=True, position_embedding_type="rope",
                     add_bias_linear=False, untie_embeddings_and_output_weights=True,
                     group_query_attention=True)
+LLAMA_HF = dict(hf_model_type="llama", hf_architecture="LlamaForCausalLM")  # llama3's, LLaVA's language model's
 TINY_DENSE = dict(num_layers=4, hidden_size=128, ffn_hidden_size=352, num_attention_heads=8, num_query_groups=4,
                   seq_length=128, max_position_embeddings=128, vocab_size=1024)
 # The training recipe every named preset carries (the demo's: a short cosine run of small batches without
@@ -147,6 +148,11 @@ def hf_config_base(family: Family, args) -> dict:
         config["rope_scaling"] = {"rope_type": "llama3", "factor": args.rope_scaling_factor,
                                   **{field: getattr(args, dest) for field, dest in LLAMA3_ROPE_FLAGS.items()}}
     return config
+
+
+def llama_hf_config(args) -> dict:
+    """Llama's config.json: ``--model llama3``'s, and LLaVA's ``text_config``."""
+    return hf_config_base(Family(name="llama", presets={}, **LLAMA_HF), args)
 
 
 # ---- the HF map ------------------------------------------------------------------------------------------------

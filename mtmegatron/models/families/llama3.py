@@ -33,7 +33,7 @@ PRESETS = {
 }
 
 
-FAMILY = Family(name="llama3", presets=PRESETS, hf_model_type="llama", hf_architecture="LlamaForCausalLM",
+FAMILY = Family(name="llama3", presets=PRESETS, **gpt.LLAMA_HF,
                 flags_from_hf=lambda config, **_: ["--model", FAMILY.name] + gpt.llama_like_flags(config),
-                hf_config=lambda args, **_: gpt.hf_config_base(FAMILY, args), hf_map=gpt.decoder_map,
+                hf_config=lambda args, **_: gpt.llama_hf_config(args), hf_map=gpt.decoder_map,
                 matches=lambda saved: True)

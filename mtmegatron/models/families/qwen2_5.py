@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import Family
+from mtmegatron.models.families.shared.qwen import qwen_config
 
 _COMMON = dict(gpt.LLAMA_COMMON, layernorm_epsilon=1e-6, rotary_base=1000000, add_qkv_bias=True)
 _REAL = dict(seq_length=4096, max_position_embeddings=32768)
@@ -20,14 +21,6 @@ PRESETS = {
     "72b": dict(_COMMON, num_layers=80, hidden_size=8192, ffn_hidden_size=29568, num_attention_heads=64,
                 num_query_groups=8, **_REAL, vocab_size=152064),
 }
-
-
-def qwen_config(family: Family, args) -> dict:
-    """Qwen's config.json: no attention_bias field, an unused sliding window."""
-    config = gpt.hf_config_base(family, args)
-    del config["attention_bias"]
-    config.update(use_sliding_window=False, sliding_window=None)
-    return config
 
 
 FAMILY = Family(name="qwen2.5", presets=PRESETS, hf_model_type="qwen2", hf_architecture="Qwen2ForCausalLM",

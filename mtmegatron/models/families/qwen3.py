@@ -7,25 +7,17 @@ from __future__ import annotations
 
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import Family
-from mtmegatron.models.families.qwen2_5 import qwen_config
-
-COMMON = dict(gpt.LLAMA_COMMON, layernorm_epsilon=1e-6, rotary_base=1000000, qk_layernorm=True, vocab_size=151936,
-              seq_length=4096, max_position_embeddings=40960)
-TINY = {**gpt.TINY_DENSE, "kv_channels": 32}  # head dim 32 with hidden 128 / 8 heads = 16, as in the real ones
+from mtmegatron.models.families.shared.qwen import QWEN3_COMMON, QWEN3_TINY, qwen3_config
 
 PRESETS = {
-    "tiny": dict(COMMON, **TINY, untie_embeddings_and_output_weights=False),
-    "0.6b": dict(COMMON, num_layers=28, hidden_size=1024, ffn_hidden_size=3072, num_attention_heads=16,
+    "tiny": dict(QWEN3_COMMON, **QWEN3_TINY, untie_embeddings_and_output_weights=False),
+    "0.6b": dict(QWEN3_COMMON, num_layers=28, hidden_size=1024, ffn_hidden_size=3072, num_attention_heads=16,
                  num_query_groups=8, kv_channels=128, untie_embeddings_and_output_weights=False),
-    "8b": dict(COMMON, num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32,
+    "8b": dict(QWEN3_COMMON, num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32,
                num_query_groups=8, kv_channels=128),
-    "32b": dict(COMMON, num_layers=64, hidden_size=5120, ffn_hidden_size=25600, num_attention_heads=64,
+    "32b": dict(QWEN3_COMMON, num_layers=64, hidden_size=5120, ffn_hidden_size=25600, num_attention_heads=64,
                 num_query_groups=8, kv_channels=128),
 }
-
-
-def qwen3_config(family: Family, args) -> dict:
-    return {**qwen_config(family, args), "attention_bias": False}
 
 
 FAMILY = Family(name="qwen3", presets=PRESETS, hf_model_type="qwen3", hf_architecture="Qwen3ForCausalLM",

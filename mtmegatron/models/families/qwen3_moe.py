@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import Family
-from mtmegatron.models.families.qwen3 import COMMON, TINY, qwen3_config
+from mtmegatron.models.families.shared.qwen import QWEN3_COMMON, QWEN3_TINY, qwen3_config
 
-_COMMON = dict(COMMON, moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="aux_loss",
+_COMMON = dict(QWEN3_COMMON, moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="aux_loss",
                moe_aux_loss_coeff=1e-3)
 
 PRESETS = {
-    "tiny": dict(_COMMON, **TINY, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=64),
+    "tiny": dict(_COMMON, **QWEN3_TINY, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=64),
     "30b-a3b": dict(_COMMON, num_layers=48, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=32,
                     num_query_groups=4, kv_channels=128, num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768),
     "235b-a22b": dict(_COMMON, num_layers=94, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=64,

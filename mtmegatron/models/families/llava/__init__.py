@@ -1,5 +1,5 @@
 """LLaVA (``--model llava``; HF ``LlavaForConditionalGeneration``): a CLIP-style ViT, a 2-layer MLP projector and a
-Llama-style language model (the llama3 family's layer and HF map under the LLaVA key prefixes).
+Llama-style language model (Llama's layer and HF map, gpt.py's as llama3's, under the LLaVA key prefixes).
 
 Presets: LLaVA-1.5 reads the penultimate CLIP layer without its class token, so the encoder here has exactly the
 layers whose output is used. HF config: ``flags_from_hf`` resolves the HF defaults of a partial config.json
@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 import mtmegatron.models.families.gpt as gpt
-import mtmegatron.models.families.llama3 as llama3
 from mtmegatron.models.families.base import ConversionError, Entry, Family
 
 _CLIP_L14_336 = dict(vision_model_type="clip", img_h=336, img_w=336, patch_dim=14, vision_num_layers=23,
@@ -98,7 +97,7 @@ def flags_from_hf(config: dict, **_) -> list[str]:
     if vision.get("model_type") != "clip_vision_model":
         fail(f"vision tower {vision.get('model_type')!r}: only CLIP (clip_vision_model) towers are supported "
               f"(SigLIP and others are not mapped); not converted")
-    if text.get("model_type") != llama3.FAMILY.hf_model_type:
+    if text.get("model_type") != gpt.LLAMA_HF["hf_model_type"]:
         fail(f"language model {text.get('model_type')!r}: only Llama language models are supported; not converted")
     strategy = top["vision_feature_select_strategy"]
     if strategy not in ("default", "full"):
@@ -134,7 +133,7 @@ def hf_config(args, record: dict | None = None, num_hf_layers: int | None = None
         fail(f"--vision-model-type {args.vision_model_type}: only the CLIP tower has an HF mapping")
     if args.img_h != args.img_w:
         fail(f"--img-h {args.img_h} != --img-w {args.img_w}: HF's CLIP tower takes square images")
-    text = llama3.FAMILY.hf_config(args)
+    text = gpt.llama_hf_config(args)
     text.pop("architectures")
     text.pop("torch_dtype")
     grid = args.img_h // args.patch_dim
@@ -210,7 +209,7 @@ def _carried(path: str, name: str, hf_name: str) -> Entry:
 def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
     pre = layout["prefixes"]
     out = [Entry("language_model." + e.mcore, tuple(_language_name(pre, n) for n in e.hf), e.to_mcore, e.to_hf)
-           for e in llama3.FAMILY.hf_map(args)]
+           for e in gpt.decoder_map(args)]
     vp, heads = pre["vision"], args.vision_num_attention_heads
     out.append(Entry("vision_model.class_token", (vp + "embeddings.class_embedding",), lambda t: t.reshape(1, 1, -1),
                      lambda t: (t.reshape(-1),)))

@@ -26,6 +26,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLPSubmodules
 
+from mtmegatron.models.families.shared.vision_encoder import encoder_side, quick_gelu
 from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
 
@@ -42,18 +43,8 @@ def language_config(args: argparse.Namespace, config: TransformerConfig) -> Tran
                                num_layers_in_last_pipeline_stage=rest)
 
 
-def _encoder_side(config: TransformerConfig, **fields) -> TransformerConfig:
-    """A config for a module that lives whole on the first pipeline stage: no PP/VPP/CP, no SP (megatron-core's
-    LLaVA recipe), no recompute, same TP and dtypes as the language model."""
-    return dataclasses.replace(
-        config, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
-        num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None, context_parallel_size=1,
-        sequence_parallel=False, recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
-        num_moe_experts=None, mtp_num_layers=None, **fields)
-
-
 def vision_config(args: argparse.Namespace, config: TransformerConfig) -> TransformerConfig:
-    vision = _encoder_side(
+    vision = encoder_side(
         config, num_layers=args.vision_num_layers, hidden_size=args.vision_hidden_size,
         ffn_hidden_size=args.vision_ffn_hidden_size, num_attention_heads=args.vision_num_attention_heads,
         num_query_groups=args.vision_num_attention_heads,
@@ -65,20 +56,14 @@ def vision_config(args: argparse.Namespace, config: TransformerConfig) -> Transf
     return vision
 
 
-def quick_gelu(x: torch.Tensor) -> torch.Tensor:
-    """CLIP's activation. megatron-core's ``activations.quick_gelu`` is wrapped in its ``jit_fuser``
-    (torch.compile), which the CPU bridge's device properties and MUSA's disabled dynamo cannot run."""
-    return x * torch.sigmoid(1.702 * x)
-
-
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")  # SigLIP's gelu_pytorch_tanh
 
 
 def projector_config(args: argparse.Namespace, config: TransformerConfig) -> TransformerConfig:
     """LLaVA-1.5's projector: Linear(vision -> hidden), GELU, Linear(hidden -> hidden), with biases."""
-    return _encoder_side(config, num_layers=1, ffn_hidden_size=args.hidden_size, gated_linear_unit=False,
-                         activation_func=F.gelu, add_bias_linear=True, bias_activation_fusion=False)
+    return encoder_side(config, num_layers=1, ffn_hidden_size=args.hidden_size, gated_linear_unit=False,
+                        activation_func=F.gelu, add_bias_linear=True, bias_activation_fusion=False)
 
 
 def vision_layer_spec(args: argparse.Namespace):

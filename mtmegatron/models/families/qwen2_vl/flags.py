@@ -29,11 +29,19 @@ from __future__ import annotations
 
 import argparse
 
-from mtmegatron.models import families
+from mtmegatron.models.families import qwen2_vl
+from mtmegatron.models.families.qwen2_vl import qwen2_5_vl
+
+PACKED_VISION = (qwen2_vl.FAMILY, qwen2_5_vl.FAMILY)  # the families with vision_encoder == "packed": this folder's
 
 
 def packed_vision_families() -> list[str]:
-    return [name for name, f in families.FAMILIES.items() if f.vision_encoder == "packed"]
+    return [f.name for f in PACKED_VISION]
+
+
+def _packed_family(args: argparse.Namespace):
+    """The run's family when it is one of this folder's (the registry's ``of(args)`` among them), else None."""
+    return next((f for f in PACKED_VISION if f.name == getattr(args, "model", None)), None)
 
 
 # the tower flags registered here: dest -> (value type, what), default None (the preset's value)
@@ -79,9 +87,9 @@ def add_packed_vision_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -> None:
-    model = families.of(args)
+    model = _packed_family(args)
     pixels = {"--min-pixels": args.min_pixels, "--max-pixels": args.max_pixels}
-    if model.vision_encoder != "packed":
+    if model is None:
         named = [flag for flag, value in pixels.items() if value is not None]
         named += [_flag(dest) for dest in (*TOWER_FLAGS, "vision_full_attention_layers")
                   if getattr(args, dest, None) is not None]

@@ -43,16 +43,16 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
 
-from mtmegatron.models.layer_spec import build_layer_spec
-from mtmegatron.models.families.llava.model import _encoder_side, quick_gelu
 from mtmegatron.models.families.qwen2_vl.vision_tower import PackedVisionEncoder
+from mtmegatron.models.families.shared.vision_encoder import encoder_side, quick_gelu
+from mtmegatron.models.layer_spec import build_layer_spec
 from mtmegatron.models.vocab import install_vocab_padding
 
 
 def vision_config(args: argparse.Namespace, config: TransformerConfig) -> TransformerConfig:
     heads = args.vision_num_attention_heads
     swiglu = bool(args.vision_swiglu)
-    return _encoder_side(
+    return encoder_side(
         config, num_layers=args.vision_num_layers, hidden_size=args.vision_hidden_size,
         ffn_hidden_size=args.vision_ffn_hidden_size, num_attention_heads=heads, num_query_groups=heads,
         kv_channels=args.vision_hidden_size // heads, normalization=args.vision_normalization,
@@ -65,8 +65,8 @@ def vision_config(args: argparse.Namespace, config: TransformerConfig) -> Transf
 def merger_config(args: argparse.Namespace, config: TransformerConfig) -> TransformerConfig:
     """The merger's MLP: Linear(hidden*m*m -> same), exact GELU, Linear(-> language hidden), with biases."""
     width = args.vision_hidden_size * args.vision_spatial_merge_size ** 2
-    return _encoder_side(config, num_layers=1, ffn_hidden_size=width, gated_linear_unit=False, activation_func=F.gelu,
-                         add_bias_linear=True, bias_activation_fusion=False)
+    return encoder_side(config, num_layers=1, ffn_hidden_size=width, gated_linear_unit=False, activation_func=F.gelu,
+                        add_bias_linear=True, bias_activation_fusion=False)
 
 
 def vision_layer_spec(args: argparse.Namespace):
