@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--image", action="append", default=None, metavar="FILE",
                    help="an image every prompt asks about (repeatable; a vision-language model with a packed vision "
                         "encoder): rendered with the Qwen2-VL chat template as in training, an <image> tag in a "
-                        "prompt places the next image, else the images come before the text (generate/images.py)")
+                        "prompt places the next image, else the images come before the text "
+                        "(tasks/qwen_vl/generate_images.py)")
     p.add_argument("--min-pixels", type=int, default=None,
                    help="with --image: smallest area an image is resized to (HF's image processor; default 3136)")
     p.add_argument("--max-pixels", type=int, default=None,

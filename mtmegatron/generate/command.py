@@ -71,9 +71,9 @@ def run(args) -> int:
 
     quiet_checkpoint_noise()
     sampling, prompts, prompt_tokens, tokenizer, margs, common = prepare(args)
-    from mtmegatron.generate.images import vision_prompts
+    from mtmegatron.tasks.qwen_vl.generate_images import vision_prompts
 
-    prompt_tokens, visions = vision_prompts(args, prompts, prompt_tokens, tokenizer, margs)  # None: text model
+    prompt_tokens, visions = vision_prompts(args, prompts, prompt_tokens, tokenizer, margs, GenerateError)  # None: text
     check_lengths(args, prompt_tokens, margs)
     backend = select_backend(margs.backend)
     import torch
@@ -88,7 +88,7 @@ def run(args) -> int:
     try:
         model = build_and_load(margs, common["directory"])
         if visions is not None:  # a vision-language model: M-RoPE positions, the prompts' images merged
-            from mtmegatron.generate.images import generate_for_vision_model
+            from mtmegatron.tasks.qwen_vl.generate_images import generate_for_vision_model
 
             results, seconds = generate_for_vision_model(args, model, tokenizer, prompts, prompt_tokens, visions,
                                                          Sampling(args.max_new_tokens, seed=args.seed, **sampling))

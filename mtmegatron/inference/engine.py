@@ -70,7 +70,7 @@ def _sampling_params(sampling: Sampling):
 def build_engine(model, tokenizer, max_batch_size: int, max_sequence_length: int, seed: int, wrapper_class=None,
                  controller_class=None):
     """megatron-core's static engine around ``model`` (a GPTModel, or the Float16Module around one); a model with
-    other inputs brings its own wrapper/controller subclasses (inference/vision_engine.py)."""
+    other inputs brings its own wrapper/controller subclasses (tasks/qwen_vl/generate_engine.py)."""
     from megatron.core.inference.contexts import StaticInferenceContext
     from megatron.core.inference.engines import StaticInferenceEngine
     from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import GPTInferenceWrapper

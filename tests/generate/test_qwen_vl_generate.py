@@ -7,9 +7,9 @@ different sizes (4x6 and 8x4 patches), and HF ``generate(do_sample=False)``'s to
 text prompt, each alone. Our side loads the converted checkpoint as ``mtmegatron generate`` does and decodes both
 image prompts as one static batch:
 - prompt ids equal HF's rendering (chat template + the processor's pad expansion);
-- KV cache (megatron-core's static engine, inference/vision_engine.py): HF's 16 greedy tokens for both prompts;
+- KV cache (megatron-core's static engine, tasks/qwen_vl/generate_engine.py): HF's 16 greedy tokens for both prompts;
   the second prompt is the longer and its second image lies past the first prompt's end, so its embeddings are
-  merged in decode steps, not the prefill; the cache-free loop (inference/vision_recompute.py) gives the same;
+  merged in decode steps, not the prefill; the cache-free loop (tasks/qwen_vl/generate_recompute.py) gives the same;
   a text prompt to the same model: HF's tokens too;
 - the test can see what it checks: decoding with text positions after the prompt (no ``rope_delta``) or with
   blank images gives other tokens; sampling follows ``--seed``;
@@ -73,16 +73,16 @@ def _generate_worker(rank, world_size, backend_name, root, load, layout, greedy_
     import torch
 
     import mtmegatron
-    import mtmegatron.inference.vision_prompts as vision_prompts_module
+    import mtmegatron.tasks.qwen_vl.generate_prompts as vision_prompts_module
     from mtmegatron.backends import get_backend
     from mtmegatron.generate.command import prepare
     from mtmegatron.config.generate_flags import add_arguments
-    from mtmegatron.generate.images import vision_prompts
+    from mtmegatron.tasks.qwen_vl.generate_images import vision_prompts
     from mtmegatron.generate.model import build_and_load
     from mtmegatron.inference.engine import Sampling
-    from mtmegatron.inference.vision_engine import generate_with_images
-    from mtmegatron.inference.vision_prompts import VisionPrompt
-    from mtmegatron.inference.vision_recompute import generate_with_images_without_cache
+    from mtmegatron.tasks.qwen_vl.generate_engine import generate_with_images
+    from mtmegatron.tasks.qwen_vl.generate_prompts import VisionPrompt
+    from mtmegatron.tasks.qwen_vl.generate_recompute import generate_with_images_without_cache
     from mtmegatron.training.setup import init_distributed
 
     args = add_arguments(argparse.ArgumentParser()).parse_args(_argv(Path(root), Path(load), PROMPTS, *layout))
@@ -194,7 +194,7 @@ def test_pixel_bounds_resize_the_images(made):
 
     from mtmegatron.generate.command import prepare
     from mtmegatron.config.generate_flags import add_arguments
-    from mtmegatron.generate.images import vision_prompts
+    from mtmegatron.tasks.qwen_vl.generate_images import vision_prompts
 
     root, load, reference = converted(made, "qwen2-vl")
     args = add_arguments(argparse.ArgumentParser()).parse_args(_argv(root, load, PROMPTS[:1], "--max-pixels", "3136"))

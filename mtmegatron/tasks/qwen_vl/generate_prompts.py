@@ -1,5 +1,5 @@
-"""What a prompt for a native-resolution vision-language model (models/families/qwen2_vl/model.py) carries besides its tokens, and
-the two things generation does with it: the M-RoPE positions of every token it will hold, and the prompt's image
+"""What a prompt for a native-resolution vision-language model (models/families/qwen2_vl/model.py) carries besides
+its tokens, and the two things generation does with it: the M-RoPE positions of every token it will hold, and the prompt's image
 embeddings merged into the token embeddings.
 
 ``VisionPrompt``: the prompt's image patches and grids (``pixel_values`` ``[patches, C*T*P*P]``,

@@ -1,8 +1,9 @@
-"""Generation with images on megatron-core's static inference engine (engine.py: ``StaticInferenceEngine``, the KV
-cache of ``StaticInferenceContext``) for the native-resolution vision-language models (models/families/qwen2_vl/model.py).
+"""Generation with images on megatron-core's static inference engine (inference/engine.py:
+``StaticInferenceEngine``, the KV cache of ``StaticInferenceContext``) for the native-resolution vision-language
+models (models/families/qwen2_vl/model.py).
 
 megatron-core's ``GPTInferenceWrapper`` carries tokens, 2-D positions and a mask; two small subclasses carry the
-rest, each request bringing its ``VisionPrompt`` (vision_prompts.py) as the attribute ``vision``:
+rest, each request bringing its ``VisionPrompt`` (generate_prompts.py) as the attribute ``vision``:
 - ``VisionGenerationController.prep_inference_input`` hands the batch's requests to the wrapper;
 - ``VisionInferenceWrapper.prep_inference_input`` builds the M-RoPE positions ``[3, b, S]`` of every token the batch
   will hold (the prompt's, then continued as HF does while decoding) and, on the first pipeline stage, runs the
@@ -15,7 +16,7 @@ rest, each request bringing its ``VisionPrompt`` (vision_prompts.py) as the attr
   of the whole sequence so far ``[3, b, :end]`` (the model reads positions only for the rotation).
 Sampling is the controller's, as for text (greedy, temperature, top-k / top-p). TP: both towers split as in
 training, logits gathered; PP: the tower on the first stage, positions on every stage.
-May assume: what engine.py assumes; the model is a ``NativeResolutionVLM`` (inside its wrappers); every request has
+May assume: what inference/engine.py assumes; the model is a ``NativeResolutionVLM`` (inside its wrappers); every request has
 ``vision``.
 """
 
@@ -27,7 +28,7 @@ from megatron.core.inference.text_generation_controllers.text_generation_control
 from megatron.core.inference.utils import get_attention_mask
 
 from mtmegatron.inference.engine import Generation, Sampling, generate
-from mtmegatron.inference.vision_prompts import (VisionPrompt, batch_positions, image_mask, merged_embeddings,
+from mtmegatron.tasks.qwen_vl.generate_prompts import (VisionPrompt, batch_positions, image_mask, merged_embeddings,
                                                  rows_in_window, vision_rows)
 
 

@@ -1,7 +1,7 @@
 """Greedy generation with images without a KV cache: every new token re-runs the language model over the whole
 sequence so far (prompt + generated), with the prompt's image embeddings merged and the M-RoPE positions of
-vision_prompts.py: the reference the KV-cache path (vision_engine.py) is checked against, and ``mtmegatron generate
---no-kv-cache`` with images.
+generate_prompts.py: the reference the KV-cache path (generate_engine.py) is checked against, and ``mtmegatron
+generate --no-kv-cache`` with images.
 
 The vision tower runs once per prompt (its output does not depend on the generated tokens). Each prompt is decoded
 alone (no padding); logits gathered over TP by the model (``runtime_gather_output``).
@@ -16,7 +16,7 @@ import torch
 from mtmegatron.backends.device import compute_device
 from mtmegatron.inference.engine import Generation
 from mtmegatron.inference.recompute import decode_each
-from mtmegatron.inference.vision_prompts import (VisionPrompt, continued_positions, image_mask, merged_embeddings,
+from mtmegatron.tasks.qwen_vl.generate_prompts import (VisionPrompt, continued_positions, image_mask, merged_embeddings,
                                                  vision_rows)
 
 
