@@ -6,7 +6,7 @@
 # generated, no network) -- it also finishes on a 2-core CPU box with --backend cpu. Writes metrics.jsonl and
 # answer_eval.json (held-out answer accuracy) to runs/dist_run_pretrain_qwen2vl_musa/ (LOG_DIR= or --log-dir).
 # Real data: --data-path conversations.jsonl [--image-folder DIR] (LLaVA/ShareGPT-style records with any number
-# of "image"/"video" entries; see README "Qwen2-VL"), or DATA_PATH=... [IMAGE_FOLDER=DIR]; --tokenizer-model DIR
+# of "image"/"video" entries; see docs/qwen_vl.md), or DATA_PATH=... [IMAGE_FOLDER=DIR]; --tokenizer-model DIR
 # (the HF checkpoint's tokenizer) for a real tokenizer. --balance-micro-batches evens the vision load over ranks.
 # From HF weights: HF_DIR=/path/to/Qwen2.5-VL-7B-Instruct converts it once (mtmegatron convert hf-to-mcore
 # --model qwen2.5-vl) and trains from it with its shape flags, e.g.

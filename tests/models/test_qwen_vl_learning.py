@@ -6,7 +6,7 @@ resolution. The recipe and the runs are scripts/qwen_vl_resolution.py's (80 step
 accuracy is ``answer_eval.json``'s (every answer token the greedy choice, tasks/qwen_vl/answer_eval.py) over the
 256 held-out samples; chance is the most frequent held-out answer's share (27.7%).
 
-Measured over seeds 1-3 (README, "Qwen2-VL"): native 96.1 / 98.4 / 98.4%, fixed 21.1 / 27.0 / 24.2%. The bounds
+Measured over seeds 1-3 (docs/qwen_vl.md): native 96.1 / 98.4 / 98.4%, fixed 21.1 / 27.0 / 24.2%. The bounds
 below leave room for other seeds and machines: native at least 40 points above chance and above the fixed
 model (measured: 68 and 69 at the least), fixed within 10 points of chance (measured: 0.7 to 6.6 points below; a
 model answering one pattern for every picture scores a pattern's held-out share, 21.1% to 27.7%).
