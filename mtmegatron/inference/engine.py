@@ -15,12 +15,15 @@ from ``--seed``), identically on every rank. TP: logits are gathered in the mode
 activations stage to stage and broadcasts the last stage's logits, so every rank samples the same token.
 Sequence parallelism is switched off for the duration (megatron-core's static path refuses it for dense
 models) and restored afterwards. Not supported: context parallelism (the KV cache is not split over CP
-ranks), interleaved (virtual) pipeline chunks.
+ranks), interleaved (virtual) pipeline chunks. The engine's progress bar (tqdm on stderr) is shown by rank 0
+only: every rank runs the same requests, so the other ranks' bars would repeat it.
 May assume: parallel state initialised, one model chunk per rank, called on every rank with the same prompts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 import warnings
 from dataclasses import dataclass
@@ -114,7 +117,9 @@ def run_engine(engine, prompts: list[str], prompt_tokens: list[list[int]], sampl
     torch.distributed.barrier()
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings():
+        rank0 = torch.distributed.get_rank() == 0
+        bar = contextlib.nullcontext() if rank0 else contextlib.redirect_stderr(io.StringIO())  # its progress bar
+        with warnings.catch_warnings(), bar:
             warnings.simplefilter("ignore")
             done = engine.generate(inference_requests=requests)
     finally:

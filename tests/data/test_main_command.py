@@ -1,10 +1,12 @@
 """The README's main command (`torchrun --nproc_per_node 2 -m mtmegatron.pretrain`, no data flags), shortened:
 it preprocesses the embedded corpus on first use, trains the tiny Llama-3 on it with validation, and leaves
-metrics.jsonl, tensorboard events, a loss-curve PNG and greedy samples; the validation loss falls."""
+metrics.jsonl, tensorboard events, a loss-curve PNG and greedy samples; the validation loss falls. Its start-up
+is quiet: megatron-core's rerun-machine notices and the inference engine's progress bar appear once, not per rank."""
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from helpers.pretrain_runner import run_pretrain
@@ -32,3 +34,8 @@ def test_main_command_learns_and_leaves_its_outputs(tmp_path):
     assert samples.count("--- prompt:") == 3 and "In the beginning" in samples
     assert "greedy samples" in proc.stdout and "And the LORD said unto Moses," in proc.stdout
     assert (Path(cache) / "kjv-v1-bpe1024" / "complete").is_file()  # preprocessed once, for later runs
+    output = proc.stdout + proc.stderr
+    for notice in ("RerunStateMachine initialized in mode", "Result validation enabled"):
+        assert output.count(notice) <= 1, (notice, proc.stderr[-3000:])
+    bars = re.findall(r"static requests:\s+0%", output)  # each bar starts once at 0%
+    assert len(bars) == 1, proc.stderr[-3000:]  # rank 0's bar only, of the 2 ranks
