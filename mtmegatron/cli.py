@@ -1,7 +1,7 @@
 """The ``mtmegatron`` console command: ``env``/``doctor`` (what this machine offers), ``patches`` (what is
 changed in megatron-core and why), ``preprocess`` (text -> indexed dataset), ``convert`` (HF <->
-megatron-core checkpoints) and ``generate`` (text from a checkpoint, mtmegatron/generate/). Training itself is
-``torchrun -m mtmegatron.pretrain``.
+megatron-core checkpoints), ``generate`` (text from a checkpoint, mtmegatron/generate/) and ``flags`` (how each of
+Megatron-LM's flags is treated). Training itself is ``torchrun -m mtmegatron.pretrain``.
 May assume: torch installed; megatron-core imported only by the subcommands that need it.
 """
 
@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import sys
+
+# --help's description: the module docstring's first paragraph, whole (argparse re-flows it)
+DESCRIPTION = " ".join(__doc__.split("May assume:")[0].split())
 
 
 def _version(dist: str) -> str:
@@ -83,7 +86,7 @@ def main(argv=None) -> int:
     from mtmegatron.utils.quiet import quiet_checkpoint_noise
 
     quiet_checkpoint_noise()  # before megatron-core is imported: a bad input is then the only line on stderr
-    parser = _Parser(prog="mtmegatron", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="mtmegatron", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (("env", cmd_env, "show backends, versions, kernels"),
                            ("doctor", cmd_env, "same as env"),

@@ -39,3 +39,13 @@ def test_unavailable_backend_is_a_clear_error():
     assert proc.stderr.strip() == ("mtmegatron: error: musa requested but torch_musa is not installed "
                                    "(install Moore Threads' torch_musa wheel matching your torch: 2.11.0.post1 "
                                    "for torch 2.11, 2.9.x for torch 2.9, 2.7.1 for torch 2.7.1)")
+
+
+def test_help_description_is_whole():
+    """``--help`` gives the module docstring's whole first paragraph (it once ended mid-sentence), re-flowed."""
+    proc = _cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    described = " ".join(proc.stdout.split("positional arguments")[0].split())
+    assert "``patches`` (what is changed in megatron-core and why)" in described
+    assert described.endswith("Training itself is ``torchrun -m mtmegatron.pretrain``.")
+    assert "May assume" not in proc.stdout
