@@ -2,7 +2,9 @@
 
 Flags, backend, data and the ``--save``/``--load`` directories are checked before any process group starts
 (``prepare``); a user mistake there, or a checkpoint that cannot be loaded later, exits with status 2 and one
-message. See training/ for the pieces.
+message. The kind of run (plain text, SFT, LLaVA, packed-vision Qwen-VL) is a Task chosen once
+(tasks/registry.py); ``run`` asks it for the datasets, the step the loop runs and the end-of-run outputs. See
+training/ for the loop's pieces.
 May assume: launched by torchrun (or as a single plain process).
 """
 
@@ -13,7 +15,6 @@ import sys
 import warnings
 
 from mtmegatron.backends import BackendUnavailableError, select_backend
-from mtmegatron.models import families
 from mtmegatron.patches import UnsupportedMegatronVersion
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.config import megatron_core_checks
@@ -28,18 +29,19 @@ USER_ERRORS = (ConfigError, BackendUnavailableError, UnsupportedMegatronVersion,
 def main(argv=None) -> int:
     quiet_known_noise()
     try:
-        args, backend, tokenizer, data = prepare(argv)
+        args, backend, task, data = prepare(argv)
     except USER_ERRORS as e:
         exit_with_user_error(str(e))
     try:
-        return run(args, backend, tokenizer, data)
+        return run(args, backend, task, data)
     except CheckpointError as e:
         exit_with_user_error(str(e))
 
 
 def prepare(argv):
     """Everything before the process groups: flags, backend, megatron-core's activation, the FP8 executor, the
-    data and its tokenizer. Every user mistake found here is one of USER_ERRORS, reported once by ``main``."""
+    run's task and its prepared data (tasks/). Every user mistake found here is one of USER_ERRORS, reported once
+    by ``main``."""
     args = parse_args(argv)
     backend = select_backend(args.backend)
     backend.check_precision_args(args, ConfigError)  # e.g. --bf16 on an S80 (no bf16)
@@ -56,45 +58,23 @@ def prepare(argv):
             resolve_executor(args, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    progress = int(os.environ.get("RANK", "0")) == 0
-    data = None
-    from mtmegatron.tasks.qwen_vl.data import check_balance, reads_vision_data
+    from mtmegatron.tasks.registry import task_for
 
-    check_balance(args)
-    if reads_vision_data(args):  # native-resolution images/videos + conversations (tasks/qwen_vl/data.py)
-        from mtmegatron.tasks.qwen_vl.data import prepare as prepare_vision
-
-        data = prepare_vision(args, progress=progress)
-        tokenizer = data.tokenizer
-    elif families.of(args).is_multimodal:  # images + conversations (tasks/llava/data.py)
-        from mtmegatron.tasks.llava.data import prepare as prepare_multimodal
-
-        data = prepare_multimodal(args, progress=progress)
-        tokenizer = data.tokenizer
-    elif args.sft:  # conversations, chat template, packing plan (mtmegatron/sft/)
-        from mtmegatron.sft.prepare import prepare as prepare_sft
-
-        data = prepare_sft(args, progress=progress)
-        tokenizer = data.tokenizer
-    else:
-        from mtmegatron.data.resolve import resolve_data
-
-        tokenizer = resolve_data(args, progress=progress)
+    task = task_for(args)  # the kind of run, chosen once
+    data = task.prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
     from mtmegatron.training.run_plan import plan_run
 
     args.run_plan = plan_run(args)  # what this run will do, printed by run(); then args is read-only
-    return args.freeze(), backend, tokenizer, data
+    return args.freeze(), backend, task, data
 
 
-def run(args, backend, tokenizer=None, data=None) -> int:
+def run(args, backend, task, data=None) -> int:
     import torch
     from megatron.core import parallel_state
 
     from mtmegatron.training.checkpoint import checkpointing
     from mtmegatron.utils import checkpoint_dirs
-    from mtmegatron.training.data import (SamplePlan, build_gpt_datasets, build_mock_dataset,
-                                          build_mock_validation, describe_data, micro_batches)
-    from mtmegatron.training.finish import write_outputs
+    from mtmegatron.data.position import SamplePlan
     from mtmegatron.training.loop import RunState, train
     from mtmegatron.utils.metrics import MetricsWriter, print_rank0
     from mtmegatron.training.setup import build, count_parameters, init_distributed
@@ -138,34 +118,11 @@ def run(args, backend, tokenizer=None, data=None) -> int:
     plan = SamplePlan(args, state.start, state.train_state["consumed_train_samples"])
     train_end = args.train_iters if args.train_samples is None else plan.last_iteration_within(args.train_samples)
     num_samples = plan.end_of(max(train_end, state.start)) + gbs
-    valid = None
-    sft_results = {}
-    if args.sft:  # mtmegatron/sft/: ``data`` holds the tokenized conversations and their packing plan
-        from mtmegatron.sft.report import held_out_accuracy
-
-        dataset = data
-        print_rank0(rank, f"mtmegatron: {data.summary}")
-        held_out_accuracy(model, data, args, "before", sft_results)
-    elif data is not None:  # --model llava, or a packed-vision family on conversations
-        from mtmegatron.tasks.llava.data import Split
-
-        dataset = Split(data.train, data.collate, shuffle=True)
-        valid = Split(data.valid, data.collate, shuffle=False) if data.valid is not None else None
-        print_rank0(rank, f"mtmegatron: {data.info['summary']} | tokenizer {tokenizer.source}")
-        if args.balance_micro_batches and rank == 0:
-            from mtmegatron.tasks.llava.data import balance_summary
-
-            print(f"mtmegatron: {balance_summary(dataset, args, plan)}", flush=True)
-    elif args.mock_data:
-        dataset = build_mock_dataset(args, num_samples)
-        valid = build_mock_validation(args, args.eval_iters * gbs)
-    else:
-        dataset, valid = build_gpt_datasets(args, num_samples, args.eval_iters * gbs or None, tokenizer)
-        print_rank0(rank, f"mtmegatron: data {describe_data(args)} | {len(dataset)} train samples"
-                    f"{f', {_valid_sizes(valid)} valid' if valid is not None else ', no validation split'}"
-                    f" | tokenizer {tokenizer.source} ({tokenizer.vocab_size} tokens)")
+    dataset, valid = task.datasets(args, rank, plan, num_samples, data)  # and their start-up lines
+    task.start(model, args, data)
+    step = task.step(args, data)  # what the schedule runs: forward step and loss, shape, reader
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [micro_batches(dataset, args, dp_rank, state.start, plan.consumed) for _ in model]
+    iterators = [step.micro_batches(dataset, args, dp_rank, state.start, plan.consumed) for _ in model]
 
     tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
     writer = MetricsWriter(args.log_dir, rank, train_end, args.log_interval, resume=state.start > 0,
@@ -173,29 +130,12 @@ def run(args, backend, tokenizer=None, data=None) -> int:
                            tensorboard_log_interval=args.tensorboard_log_interval,
                            tensorboard_queue_size=args.tensorboard_queue_size)
     state.last = min(train_end, args.exit_interval or train_end)
-    train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state)
-    if state.status == 0 and args.sft:
-        write_outputs(model, None, args)  # the loss plot; the samples are chat answers:
-        if not state.terminated:
-            held_out_accuracy(model, data, args, "after", sft_results)
-    elif state.status == 0:  # after SIGTERM no sampling: the launcher's grace period is short
-        write_outputs(model, None if state.terminated or data is not None else tokenizer, args)
-        if data is not None and families.of(args).is_multimodal:
-            from mtmegatron.tasks.llava.finish import write_multimodal_outputs
-
-            write_multimodal_outputs(model, data, args, sample=not state.terminated)
-        elif data is not None and not state.terminated:  # a packed-vision family on conversations
-            from mtmegatron.tasks.qwen_vl.answer_eval import write_answer_eval
-
-            write_answer_eval(model, data, args)
+    train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state, step)
+    if state.status == 0:  # after SIGTERM no slow outputs: the launcher's grace period is short
+        task.finish(model, args, data, state.terminated)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return state.status
-
-
-def _valid_sizes(valid) -> str:
-    """Samples of the validation set, or of each set (``--multiple-validation-sets``: ``N0 + N1 + ...``)."""
-    return " + ".join(str(len(v)) for v in valid) if isinstance(valid, list) else str(len(valid))
 
 
 if __name__ == "__main__":

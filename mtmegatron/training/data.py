@@ -33,7 +33,6 @@ from megatron.core.datasets.utils import get_blend_from_list
 
 from mtmegatron.config.data_flags import per_split_paths, requested_splits
 from mtmegatron.data.position import SamplePlan, rank_micro_batches
-from mtmegatron.models import families
 from mtmegatron.training.resilience.robustness import data_worker_init
 from mtmegatron.config.training_flags import dataset_config_fields
 
@@ -139,20 +138,11 @@ TRAINED_SAMPLES_ENV = "MTMEGATRON_TEST_TRAINED_SAMPLES"
 def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int = 0,
                   consumed: int | None = None, validation: bool = False,
                   valid_set: int | None = None) -> Iterator[dict]:
-    """This DP rank's micro-batches for iterations ``start_iteration + 1, ...`` (SamplePlan: from sample
-    ``consumed``, default ``start_iteration`` x global batch); ``validation``: the validation order
-    (``valid_set``: which of several validation sets, for the test hook's file name)."""
+    """This DP rank's micro-batches of a GPT dataset for iterations ``start_iteration + 1, ...`` (SamplePlan: from
+    sample ``consumed``, default ``start_iteration`` x global batch); ``validation``: the validation order
+    (``valid_set``: which of several validation sets, for the test hook's file name). Other kinds of data are
+    read by their task's reader (train_step.Step.micro_batches, mtmegatron/tasks/)."""
     plan = SamplePlan(args, start_iteration, consumed, validation)
-    if args.sft:  # SFT hook: packed or padded conversations (mtmegatron/sft/dataset.py); dataset: SFTInputs
-        from mtmegatron.sft.dataset import micro_batches as sft_micro_batches
-
-        return sft_micro_batches(dataset.data, args, dp_rank, plan, dataset.pad_id)
-    from mtmegatron.tasks.qwen_vl.data import reads_vision_data
-
-    if families.of(args).is_multimodal or reads_vision_data(args):  # image + conversation batches
-        from mtmegatron.tasks.llava import data as multimodal_data
-
-        return multimodal_data.micro_batches(dataset, args, dp_rank, plan)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=MicroBatchIndices(plan, args, dp_rank), collate_fn=_stack,
         num_workers=args.num_workers, worker_init_fn=data_worker_init(args),  # outlives the exit signal

@@ -8,7 +8,8 @@ megatron-core's builder, as ``len(set) // G`` global batches (the last ``len(set
 global batch, are left out as a drop-last sampler does). ``--multiple-validation-sets`` (with it, as in
 Megatron-LM 0.16.1): megatron-core's builder keeps each ``--valid-data-path`` prefix as its own set, and each
 set gets its own loss (Megatron-LM's ``validation-0``, ``validation-1``, ...).
-May assume: the model chunks, args and the valid GPTDataset(s) from data.build_gpt_datasets.
+The run's ``Step`` (train_step.py; given by its task) reads the validation set and runs its forward step.
+May assume: the model chunks, args and the valid dataset(s) of the run's kind (GPTDatasets: data.build_gpt_datasets).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from dataclasses import dataclass
 import torch
 from megatron.core import parallel_state
 
-from mtmegatron.training.data import micro_batches
-from mtmegatron.training.train_step import _global_mean_loss, run_schedule
+from mtmegatron.training.train_step import Step, _global_mean_loss, lm_step, run_schedule
 
 
 @dataclass(frozen=True)
@@ -41,37 +41,41 @@ def validation_sets(valid, args) -> list[ValidationSet]:
     if valid is None:
         return []
     datasets = valid if isinstance(valid, list) else [valid]
-    many = isinstance(valid, list) or getattr(args, "multiple_validation_sets", False)
+    many = isinstance(valid, list) or args.multiple_validation_sets
     sets = []
     for index, dataset in enumerate(datasets):
-        iters = len(dataset) // args.global_batch_size if getattr(args, "full_validation", False) else args.eval_iters
+        iters = len(dataset) // args.global_batch_size if args.full_validation else args.eval_iters
         sets.append(ValidationSet(dataset, iters, index if many else None))
     return [s for s in sets if s.eval_iters > 0]
 
 
-def validation_loss(valid_dataset, model, args, eval_iters: int | None = None, valid_set: int | None = None) -> float:
+def validation_loss(valid_dataset, model, args, eval_iters: int | None = None, valid_set: int | None = None,
+                    step: Step | None = None) -> float:
     """Mean LM loss over ``eval_iters`` (default ``--eval-iters``) global batches, the same value on every
-    rank; ``valid_set`` names the set for the test hook of data.micro_batches."""
+    rank; ``valid_set`` names the set for the test hook of data.micro_batches; ``step``: the run's (default
+    ``lm_step``)."""
     eval_iters = args.eval_iters if eval_iters is None else eval_iters
+    step = step or lm_step(args)
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [micro_batches(valid_dataset, args, dp_rank, validation=True, valid_set=valid_set) for _ in model]
+    iterators = [step.micro_batches(valid_dataset, args, dp_rank, validation=True, valid_set=valid_set)
+                 for _ in model]
     for chunk in model:
         chunk.eval()
     total = 0.0
     with torch.no_grad():
         for _ in range(eval_iters):
-            total += _global_mean_loss(run_schedule(iterators, model, args, forward_only=True), args)
+            total += _global_mean_loss(run_schedule(iterators, model, args, forward_only=True, step=step), args)
     for chunk in model:
         chunk.train()
     return total / max(eval_iters, 1)
 
 
-def validation_losses(sets: list[ValidationSet], model, args) -> dict[str, float]:
+def validation_losses(sets: list[ValidationSet], model, args, step: Step | None = None) -> dict[str, float]:
     """Metrics keys -> loss: ``val_loss`` is the first set's (what Megatron-LM logs first), and with several
     sets ``val_loss_<i>`` is set i's."""
     row = {}
     for s in sets:
-        loss = validation_loss(s.dataset, model, args, s.eval_iters, s.index)
+        loss = validation_loss(s.dataset, model, args, s.eval_iters, s.index, step)
         if s.index is not None:
             row[f"val_loss_{s.index}"] = loss
         row.setdefault("val_loss", loss)

@@ -7,6 +7,8 @@ changes the micro-batch count, a checkpoint is saved first (with ``--save``), as
 (training/overlap.py). ``--log-progress`` appends to ``<--save>/progress.txt`` (training/observability/progress_log.py).
 ``--skip-train`` trains and saves nothing: it prints the validation loss at the loaded iteration (Megatron-LM).
 
+What the schedule runs (forward step, loss, shape, the validation reader) is the run's ``Step``
+(training/train_step.py), given by its task: the loop never asks which kind of run it is.
 ``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
 May assume: process groups, model, optimizer, scheduler and data iterators are built (training/setup.py).
@@ -53,7 +55,7 @@ class RunState:
                                 "consumed_valid_samples": 0}
 
 
-def _validate_only(args, rank, model, sets, params, obs, state: RunState) -> None:
+def _validate_only(args, rank, model, sets, params, obs, state: RunState, step) -> None:
     """``--skip-train`` (Megatron-LM): no training step and no save; the validation loss at the loaded
     iteration (one line per set with --multiple-validation-sets)."""
     state.last = state.start
@@ -61,15 +63,17 @@ def _validate_only(args, rank, model, sets, params, obs, state: RunState) -> Non
         print_rank0(rank, "mtmegatron: --skip-train: nothing to do (no validation data or --eval-iters 0)")
         return
     with params.gathered(), obs.evaluation():
-        losses = validation_losses(sets, model, args)
+        losses = validation_losses(sets, model, args, step)
     for s in sets:
         loss = losses["val_loss" if s.index is None else f"val_loss_{s.index}"]
         print_rank0(rank, f"mtmegatron: --skip-train: validation{s.suffix} loss at iteration {state.start} on "
                     f"validation set | lm loss value: {loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E}")
 
 
-def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state: RunState) -> RunState:
-    """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end."""
+def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state: RunState,
+          step=None) -> RunState:
+    """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end. ``step``: the
+    run's train_step.Step (default: the language model's)."""
     termination = robustness.TerminationRequest(args)
     plan = iter(SamplePlan(args, state.start, state.train_state["consumed_train_samples"]))  # as the iterators'
     sets = validation_sets(valid, args)  # --full-validation / --multiple-validation-sets: training/evaluate.py
@@ -89,7 +93,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     progress = ProgressLog(args, state.train_state.get("num_floating_point_operations_so_far", 0))  # --log-progress
     if args.skip_train:
         try:
-            _validate_only(args, rank, model, sets, params, obs, state)
+            _validate_only(args, rank, model, sets, params, obs, state, step)
         finally:
             obs.close()
             writer.close()
@@ -125,7 +129,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 continue
             obs.step_begin(iteration)
             t0 = time.perf_counter()
-            stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch)
+            stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch, step)
             if "rerun_exit" in stats:  # the rerun machine stops the run before this step's update (rerun.py)
                 save, state.status = stats["rerun_exit"]
                 state.last, path = iteration - 1, None
@@ -153,7 +157,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             if evaluate and (iteration % args.eval_interval == 0 or iteration == state.last):
                 release_unused_memory(args.empty_unused_memory_level, "eval")
                 with params.gathered(), obs.evaluation():
-                    row.update(validation_losses(sets, model, args))
+                    row.update(validation_losses(sets, model, args, step))
                 state.train_state["consumed_valid_samples"] += sum(s.eval_iters for s in sets) * args.global_batch_size
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             history.after_step(iteration, iteration == state.start + 1)

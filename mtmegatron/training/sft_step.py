@@ -65,7 +65,7 @@ def global_per_token_loss(losses_reduced: list[dict]) -> float:
     return (totals[0] / totals[1].clamp(min=1)).item()
 
 
-def schedule_shape(model, args) -> tuple[int, int]:
+def schedule_shape(args) -> tuple[int, int]:
     """(seq_length, micro_batch_size) the pipeline schedule sizes its activations with: a packed micro-batch
     is one THD row of ``mbs * seq_length`` tokens; a padded one has ``args.sft_padded_rows`` rows."""
     if args.sft_packing:

@@ -4,12 +4,17 @@
 megatron-core from the parallel state), the optimizer step and the LR schedule, and returns the LM loss
 averaged over the global batch on every rank. Megatron-LM's result validation (training/resilience/rerun.py) runs
 forward/backward again when a loss or gradient is rejected, and may ask the loop to save and stop.
+What the schedule runs is the run's ``Step`` (given by its task, mtmegatron/tasks/): the forward step and loss,
+the activation shape and the micro-batch reader; the default is the language model's (``lm_step``). This module
+never asks which kind of run it is.
 May assume: DDP-wrapped model chunks, megatron optimizer and scheduler, parallel state initialised.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import torch
 from megatron.core import parallel_state
@@ -20,9 +25,9 @@ from mtmegatron.training.resilience import rerun
 from mtmegatron.training.resilience import robustness
 from mtmegatron.backends.device import compute_device, to_compute_device
 from mtmegatron.training.observability.step_timers import timed
-from mtmegatron.tasks.qwen_vl.data import reads_vision_data
+from mtmegatron.training.data import micro_batches
+from mtmegatron.training import sft_step
 from mtmegatron.models.aux_losses import aux_loss_stats
-from mtmegatron.models import families
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -45,12 +50,31 @@ def forward_step(data_iterator, model):
     return output, partial(loss_func, batch["loss_mask"])
 
 
+@dataclass(frozen=True)
+class Step:
+    """How megatron-core's schedule runs one kind of run (its task builds it: mtmegatron/tasks/base.py).
+
+    ``forward_step(data_iterator, model) -> (output, loss function)``; ``shape``: the schedule's (seq_length,
+    micro_batch_size), None for ``--seq-length`` x ``--micro-batch-size``; ``micro_batches(dataset, args, dp_rank,
+    start_iteration=0, consumed=None, validation=False, valid_set=None)``: a DP rank's micro-batches of a dataset
+    of this kind (training/data.py's signature); ``stats(data_iterators, iteration) -> dict``: entries the task
+    adds to an iteration's metrics row."""
+    forward_step: Callable = forward_step
+    shape: tuple[int, int] | None = None
+    micro_batches: Callable = micro_batches
+    stats: Callable | None = None
+
+
+def lm_step(args) -> Step:
+    """The language model's step on text batches (training/data.py): with ``--calculate-per-token-loss`` the
+    per-token loss of sft_step.py (megatron-core then sums over the global batch), else the micro-batch mean."""
+    return Step(sft_step.forward_step if args.calculate_per_token_loss else forward_step)
+
+
 def _global_mean_loss(losses_reduced: list[dict], args) -> float:
     """Average the last stage's micro-batch losses, then over data-parallel ranks, visible on every rank."""
-    if args.calculate_per_token_loss:  # SFT hook: [sum, count] reports (mtmegatron/training/sft_step.py)
-        from mtmegatron.training.sft_step import global_per_token_loss
-
-        return global_per_token_loss(losses_reduced)
+    if args.calculate_per_token_loss:  # megatron-core's per-token convention: [sum, count] reports (sft_step.py)
+        return sft_step.global_per_token_loss(losses_reduced)
     contribution = torch.zeros(1, dtype=torch.float64, device=compute_device())
     is_reporter = (
         parallel_state.is_pipeline_last_stage(ignore_virtual=True)
@@ -64,28 +88,15 @@ def _global_mean_loss(losses_reduced: list[dict], args) -> float:
     return contribution.item()
 
 
-def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatches: int | None = None) -> list[dict]:
-    """One global batch through megatron-core's schedule (chosen from the parallel state); the last stage's
-    per-micro-batch loss dicts."""
+def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatches: int | None = None,
+                 step: Step | None = None) -> list[dict]:
+    """One global batch through megatron-core's schedule (chosen from the parallel state) with ``step`` (default:
+    ``lm_step``); the last stage's per-micro-batch loss dicts."""
     forward_backward = get_forward_backward_func()
-    seq_length, micro_batch_size = args.seq_length, args.micro_batch_size
-    if families.of(args).is_multimodal:
-        from mtmegatron.tasks.llava.step import forward_step as step
-    elif reads_vision_data(args):  # native-resolution vision conversations (tasks/qwen_vl/step.py)
-        from mtmegatron.tasks.qwen_vl.step import forward_step as step
-        from mtmegatron.tasks.qwen_vl.step import schedule_shape as vision_shape
-
-        seq_length, micro_batch_size = vision_shape(args)
-    elif args.calculate_per_token_loss:  # SFT hook: packed THD batches, per-token loss (mtmegatron/training/sft_step.py)
-        from mtmegatron.training.sft_step import forward_step as step
-        from mtmegatron.training.sft_step import schedule_shape
-
-        if args.sft:
-            seq_length, micro_batch_size = schedule_shape(model, args)
-    else:
-        step = forward_step
+    step = step or lm_step(args)
+    seq_length, micro_batch_size = step.shape or (args.seq_length, args.micro_batch_size)
     return forward_backward(
-        forward_step_func=step,
+        forward_step_func=step.forward_step,
         data_iterator=data_iterators if len(model) > 1 else data_iterators[0],
         model=model if len(model) > 1 else model[0],
         num_microbatches=num_microbatches or args.num_microbatches,
@@ -96,11 +107,14 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
     )
 
 
-def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0, batch=None) -> dict:
+def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0, batch=None,
+               step: Step | None = None) -> dict:
     """One optimizer step over a global batch; ``iteration`` only names the step in inf/nan reports. ``batch``
     (training/data.py's GlobalBatch) gives its size and micro-batch count under --rampup-batch-size (default:
-    --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's. When the
-    rerun machine stops the run, returns ``{"rerun_exit": (save_checkpoint, exit_code)}`` without a step."""
+    --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's. ``step``: the run's
+    (default ``lm_step``). When the rerun machine stops the run, returns ``{"rerun_exit": (save_checkpoint,
+    exit_code)}`` without a step."""
+    step = step or lm_step(args)
     machine = rerun.machine(args)
     replayable = rerun.replayable(data_iterators)
     while machine.should_run_forward_backward(replayable):  # once, unless a result was rejected
@@ -108,7 +122,7 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
         losses_reduced = run_schedule(replayable, model, args, forward_only=False,
-                                      num_microbatches=batch.num_microbatches if batch else None)
+                                      num_microbatches=batch.num_microbatches if batch else None, step=step)
     should_checkpoint, should_exit, exit_code = machine.should_checkpoint_and_exit()
     if should_exit:
         return {"rerun_exit": (should_checkpoint, exit_code)}
@@ -130,5 +144,5 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         # Megatron-LM's iteration line shows the loss scale after the step (1.0 without --fp16)
         "loss_scale": float(optimizer.get_loss_scale()),
         **aux_loss_stats(args),  # mtp_loss / moe_aux_loss / moe_z_loss when the model has them
-        **({"image_tokens": data_iterators[0].image_tokens(iteration)} if families.of(args).is_multimodal else {}),
+        **(step.stats(data_iterators, iteration) if step.stats else {}),  # e.g. LLaVA's image_tokens
     }

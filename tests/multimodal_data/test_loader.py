@@ -121,7 +121,7 @@ def test_image_folder_and_prepended_tags(tokenizer, folder):
 
 
 def _args(**kw):
-    base = dict(data_path=None, img_h=32, img_w=32, vocab_size=1024, decoder_seq_length=128, seed=1, split="9,1,0",
+    base = dict(data_path=None, valid_data_path=None, img_h=32, img_w=32, vocab_size=1024, decoder_seq_length=128, seed=1, split="9,1,0",
                 prompt_format="llama3", vision_model_type="clip", use_tiling=False, max_num_tiles=1,
                 use_thumbnail=False, skip_bad_samples=False, image_folder=None, tokenizer_model=None)
     return argparse.Namespace(**{**base, **kw})

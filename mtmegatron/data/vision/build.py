@@ -4,7 +4,7 @@ Reads these ``args`` fields (flags of ``--model llava``):
 - ``data_path``: JSONL file(s), or JSON array files as LLaVA ships them (list or str); None -> the embedded
   shapes dataset (``shapes.py``; its ``*_captions.jsonl`` with ``--prompt-format plain``), generated once into
   the cache with its own tokenizer (``SHAPES_SEED``, at most ``SHAPES_MAX_SIDE`` pixels a side);
-- ``valid_data_path`` (optional): held-out JSONL file(s); without it ``split`` ("train,valid,test" weights,
+- ``valid_data_path`` (None: none): held-out JSONL file(s); without it ``split`` ("train,valid,test" weights,
   default "969,30,1") carves a seeded random held-out subset out of ``data_path``;
 - ``image_folder``: where the JSONL image paths point (default: the first JSONL's directory);
 - ``prompt_format``: template name (``template.TEMPLATES``; default the LLaVA family's chat template);
@@ -49,8 +49,8 @@ def _as_list(paths) -> list[str]:
     return [paths] if isinstance(paths, str) else list(paths or [])
 
 
-def _field(args, name, default=None):
-    value = getattr(args, name, None)
+def _or(value, default):
+    """``value``, or ``default`` where the flag was not given (None)."""
     return default if value is None else value
 
 
@@ -110,10 +110,10 @@ def build_multimodal_datasets(args: argparse.Namespace, img_seq_len: int, tokeni
     """(train dataset, valid dataset or None, tokenizer, info); ``info["collate_fn"]`` makes batches
     (``llava_collate.py``), ``info["bad_samples"]`` counts skipped samples (also printed to stderr when ``progress``),
     ``info["summary"]`` is one line for logs."""
-    template = _field(args, "prompt_format", llava.FAMILY.chat_template)
-    data_paths = _as_list(getattr(args, "data_path", None))
-    valid_paths = _as_list(getattr(args, "valid_data_path", None))
-    image_folder = getattr(args, "image_folder", None)
+    template = _or(args.prompt_format, llava.FAMILY.chat_template)
+    data_paths = _as_list(args.data_path)
+    valid_paths = _as_list(args.valid_data_path)
+    image_folder = args.image_folder
     try:
         if not data_paths:
             from mtmegatron.data.vision import shapes
@@ -125,30 +125,30 @@ def build_multimodal_datasets(args: argparse.Namespace, img_seq_len: int, tokeni
             data_paths = [os.path.join(directory, "train" + suffix)]
             valid_paths = [os.path.join(directory, "valid" + suffix)]
             image_folder = directory
-            if tokenizer is None and not getattr(args, "tokenizer_model", None):
+            if tokenizer is None and not args.tokenizer_model:
                 tokenizer = load_tokenizer(tokenizer_dir)
         for path in data_paths + valid_paths:
             if not os.path.isfile(path):
                 raise ConfigError(f"--data-path: no such JSONL file: {path}")
         if tokenizer is None:
-            model = getattr(args, "tokenizer_model", None)
+            model = args.tokenizer_model
             tokenizer = load_tokenizer(model) if model else _bpe_for(data_paths, args.vocab_size)
         if tokenizer.vocab_size > args.vocab_size:
             raise ConfigError(f"the tokenizer {tokenizer.source} has {tokenizer.vocab_size} tokens, more than the "
                               f"model's --vocab-size {args.vocab_size}")
         image = ImageConfig.for_vision_model(
-            _field(args, "vision_model_type", "clip"), args.img_h, args.img_w,
-            use_tiling=bool(getattr(args, "use_tiling", False)), max_num_tiles=_field(args, "max_num_tiles", 1),
-            use_thumbnail=bool(getattr(args, "use_thumbnail", False)))
+            _or(args.vision_model_type, "clip"), args.img_h, args.img_w,
+            use_tiling=bool(args.use_tiling), max_num_tiles=_or(args.max_num_tiles, 1),
+            use_thumbnail=bool(args.use_thumbnail))
         config = LoaderConfig(template, img_seq_len, args.decoder_seq_length, image,
-                              bool(getattr(args, "skip_bad_samples", False)))
+                              bool(args.skip_bad_samples))
         train = ConversationDataset(data_paths, image_folder, tokenizer, config, progress)
         bad = list(train.bad_samples)
         if valid_paths:
             valid = ConversationDataset(valid_paths, image_folder, tokenizer, config, progress)
             bad += valid.bad_samples
         else:
-            train, valid = _held_out(train, _field(args, "split", "969,30,1"), args.seed)
+            train, valid = _held_out(train, _or(args.split, "969,30,1"), args.seed)
     except (BadSample, TemplateError, TokenizerError, FileNotFoundError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise

@@ -130,7 +130,7 @@ class MicroBatches:
         from mtmegatron.data.vision.micro_batch_balance import balance
         from mtmegatron.data.position import rank_micro_batches
 
-        if not getattr(self.args, "balance_micro_batches", False):
+        if not self.args.balance_micro_batches:
             yield from (positions for _, positions in rank_micro_batches(self.plan, self.args, self.dp_rank))
             return
         for batch in self.plan:
@@ -161,6 +161,15 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, plan, blank_i
     ``plan`` its global batches (training/data.py's SamplePlan)."""
     return MicroBatches(dataset.dataset, dataset.collate, args, dp_rank, plan,
                         shuffle=dataset.shuffle, blank_images=blank_images or dataset.blank_images)
+
+
+def read_split(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int = 0,
+               consumed: int | None = None, validation: bool = False, valid_set: int | None = None) -> MicroBatches:
+    """The micro-batch reader of the vision tasks (training/data.py's signature): ``dataset`` a ``Split``, read
+    from the global batches of data/position.py's SamplePlan."""
+    from mtmegatron.data.position import SamplePlan
+
+    return micro_batches(dataset, args, dp_rank, SamplePlan(args, start_iteration, consumed, validation))
 
 
 @dataclass

@@ -22,14 +22,17 @@ from megatron.core.utils import get_attr_wrapped_model
 
 from mtmegatron.data.vision.template import Turn, render
 from mtmegatron.backends.device import compute_device
+from mtmegatron.tasks.llava.data import Split
+from mtmegatron.tasks.llava.step import llava_step
 from mtmegatron.training.evaluate import validation_loss
 from mtmegatron.utils.metrics import print_rank0
 
 
 def image_eval(model, valid, args) -> dict:
     """Held-out loss with and without the images (``valid`` is a ``multimodal_data.Split``)."""
-    with_images = validation_loss(valid, model, args)
-    blank = validation_loss(valid.blanked(), model, args)
+    step = llava_step()
+    with_images = validation_loss(valid, model, args, step=step)
+    blank = validation_loss(valid.blanked(), model, args, step=step)
     return {"val_loss": with_images, "val_loss_blank_images": blank, "margin": blank - with_images,
             "eval_iters": args.eval_iters, "global_batch_size": args.global_batch_size}
 
@@ -118,8 +121,6 @@ def answer_samples(model, data, args) -> list[str]:
 def write_multimodal_outputs(model, data, args, sample: bool = True) -> None:
     rank = torch.distributed.get_rank()
     if data.valid is not None and args.eval_iters > 0:
-        from mtmegatron.tasks.llava.data import Split
-
         result = image_eval(model, Split(data.valid, data.collate, shuffle=False), args)
         if rank == 0:
             with open(os.path.join(args.log_dir, "image_eval.json"), "w") as f:

@@ -10,6 +10,7 @@ text-coordinate mask. On stages without the output layer the model returns hidde
 
 Loss: mean over the micro-batch's answer tokens, as ``train_step.loss_func`` for text (megatron-core divides by
 the number of micro-batches). Context parallelism is refused for LLaVA (``models/families/llava/flags.py``).
+``llava_step()``: this forward step with the reader of ``tasks/llava/data.py`` and the ``image_tokens`` metric.
 May assume: DDP-wrapped ``LLaVAModel`` chunks (models/families/llava/model.py); batches from ``tasks/llava/data.py``.
 """
 
@@ -21,6 +22,8 @@ import torch
 from megatron.core.utils import get_attr_wrapped_model
 
 from mtmegatron.backends.device import to_compute_device
+from mtmegatron.tasks.llava.data import read_split
+from mtmegatron.training.train_step import Step
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -42,3 +45,13 @@ def forward_step(data_iterator, model):
         batch.get("images"), batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
         loss_mask=batch["loss_mask"], num_image_tiles=batch["num_image_tiles"])
     return output, partial(loss_func, loss_mask)
+
+
+def image_tokens(data_iterators, iteration: int) -> dict:
+    """The metrics row's ``image_tokens``: image embeddings of global batch ``iteration`` (data.py)."""
+    return {"image_tokens": data_iterators[0].image_tokens(iteration)}
+
+
+def llava_step() -> Step:
+    """What the schedule runs for ``--model llava`` (training/train_step.py's Step)."""
+    return Step(forward_step, micro_batches=read_split, stats=image_tokens)

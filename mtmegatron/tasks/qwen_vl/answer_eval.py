@@ -22,6 +22,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_attr_wrapped_model
 
 from mtmegatron.backends.device import compute_device, to_compute_device
+from mtmegatron.tasks.llava.data import Split, read_split
 from mtmegatron.tasks.qwen_vl.step import VISION
 from mtmegatron.utils.metrics import print_rank0
 
@@ -50,11 +51,9 @@ def _forward_step(data_iterator, model):
 
 def answer_accuracy(model, valid, args) -> dict:
     """``{"answer_accuracy", "held_out_samples"}`` over the held-out ``multimodal_data.Split`` ``valid``."""
-    from mtmegatron.training.data import micro_batches
-
     num_batches = len(valid) // args.global_batch_size
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [micro_batches(valid, args, dp_rank, validation=True) for _ in model]
+    iterators = [read_split(valid, args, dp_rank, validation=True) for _ in model]
     counts = torch.zeros(2, dtype=torch.float64, device=compute_device())
     is_reporter = (parallel_state.is_pipeline_last_stage(ignore_virtual=True)
                    and parallel_state.get_tensor_model_parallel_rank() == 0)
@@ -80,8 +79,6 @@ def answer_accuracy(model, valid, args) -> dict:
 def write_answer_eval(model, data, args) -> None:
     """``<log-dir>/answer_eval.json`` and one console line (nothing without a held-out set or with
     ``--eval-iters 0``, or under context parallelism: this scoring runs whole padded rows)."""
-    from mtmegatron.tasks.llava.data import Split
-
     if data.valid is None or args.eval_iters == 0 or len(data.valid) < args.global_batch_size:
         return
     if args.context_parallel_size > 1:

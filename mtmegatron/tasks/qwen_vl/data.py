@@ -39,22 +39,21 @@ TOKEN_FIELDS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pa
 
 def _train_paths(args: argparse.Namespace) -> list:
     """``--data-path``, else ``--train-data-path`` (then ``--valid-data-path`` is the held-out set)."""
-    paths = args.data_path or getattr(args, "train_data_path", None)
+    paths = args.data_path or args.train_data_path
     return paths if isinstance(paths, list) else [paths] if paths else []
 
 
 def reads_vision_data(args: argparse.Namespace) -> bool:
     """Whether this run trains on image/video conversations (module docstring)."""
     paths = _train_paths(args)
-    return (families.of(args).vision_encoder == "packed" and not args.mock_data and not args.sft and bool(paths)
+    return (families.of(args).task == "qwen_vl" and not args.mock_data and not args.sft and bool(paths)
             and all(str(p).endswith(CONVERSATION_SUFFIXES) for p in paths))
 
 
 def check_balance(args: argparse.Namespace) -> None:
     """``--balance-micro-batches`` and ``--vision-packing`` need conversations to work on (one line otherwise)."""
-    for flag, on in (("--balance-micro-batches balances", getattr(args, "balance_micro_batches", False)),
-                     (f"--vision-packing {getattr(args, 'vision_packing', None)} packs",
-                      getattr(args, "vision_packing", None))):
+    for flag, on in (("--balance-micro-batches balances", args.balance_micro_batches),
+                     (f"--vision-packing {args.vision_packing} packs", args.vision_packing)):
         if on and not reads_vision_data(args):
             raise ConfigError(f"{flag} image/video conversations: give --data-path conversations.jsonl (not "
                               f"--mock-data, --sft or indexed text)")
@@ -66,15 +65,15 @@ def data_config(args: argparse.Namespace):
 
     patches = dict(patch_size=args.patch_dim, temporal_patch_size=args.vision_temporal_patch_size,
                    merge_size=args.vision_spatial_merge_size)
-    image_area = {field: value for field in ("min_pixels", "max_pixels")  # --min-pixels / --max-pixels
-                  if (value := getattr(args, field, None)) is not None}
+    image_area = {field: value for field, value in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels))
+                  if value is not None}  # --min-pixels / --max-pixels
     # Qwen2.5-VL places video frames by time (--vision-tokens-per-second: HF's vision_config.tokens_per_second,
     # the released configs' 2); Qwen2-VL steps one position per temporal patch (None)
     return VisionDataConfig(seq_length=args.seq_length,
                             image=dataclasses.replace(IMAGE_PIXELS, **patches, **image_area),
                             video=dataclasses.replace(VIDEO_PIXELS, **patches),
                             tokens_per_second=args.vision_tokens_per_second,
-                            skip_bad_samples=bool(getattr(args, "skip_bad_samples", False)))
+                            skip_bad_samples=args.skip_bad_samples)
 
 
 def _tokenizer(args: argparse.Namespace, paths: list[str]):
@@ -82,7 +81,7 @@ def _tokenizer(args: argparse.Namespace, paths: list[str]):
     from mtmegatron.data.vision.qwen_vl_chat import SPECIAL_TOKENS, special_ids
     from mtmegatron.data.tokenizer import load_tokenizer
 
-    model = getattr(args, "tokenizer_model", None)
+    model = args.tokenizer_model
     tokenizer = load_tokenizer(model) if model else _bpe_for(paths, args.vocab_size, SPECIAL_TOKENS)
     if tokenizer.vocab_size > args.vocab_size:
         raise ConfigError(f"the tokenizer {tokenizer.source} has {tokenizer.vocab_size} tokens, more than the "
@@ -108,9 +107,9 @@ def prepare(args: argparse.Namespace, progress: bool = True):
     from mtmegatron.tasks.llava.data import MultimodalData
 
     paths = _train_paths(args)
-    valid_paths = getattr(args, "valid_data_path", None) or []
+    valid_paths = args.valid_data_path or []
     valid_paths = [valid_paths] if isinstance(valid_paths, str) else list(valid_paths)
-    image_folder = getattr(args, "image_folder", None)
+    image_folder = args.image_folder
     config = data_config(args)
     try:
         tokenizer = _tokenizer(args, paths)
@@ -127,7 +126,7 @@ def prepare(args: argparse.Namespace, progress: bool = True):
             "train_samples": len(train), "valid_samples": len(valid) if valid is not None else 0,
             "bad_samples": bad}
     layout = f"padded to {args.seq_length}"
-    if getattr(args, "vision_packing", None):  # SFT's packing plan: bins of conversations (packed_vision_thd.py)
+    if args.vision_packing:  # SFT's packing plan: bins of conversations (packed_vision_thd.py)
         from mtmegatron.tasks.qwen_vl.thd import binned
 
         info["samples_valid"] = valid  # the held-out answer scoring reads conversations, padded

@@ -1,0 +1,36 @@
+"""``task_for(args)``: the run's Task, chosen once (pretrain.prepare) from the family's ``task`` and the flags.
+
+A family names its task (``Family.task``: "text", "llava", "qwen_vl"). ``--sft`` turns a text run into "sft". A
+packed-vision family ("qwen_vl") trains on image/video conversations only when its data is conversations
+(``qwen_vl/data.py``'s ``reads_vision_data``: JSONL/JSON files, not ``--mock-data``, ``--sft`` or indexed text);
+otherwise its language model trains alone, as a text (or ``--sft``) run. ``--balance-micro-batches`` and
+``--vision-packing`` without such data are one ``ConfigError`` here, before any data is read.
+May assume: flags parsed and checked (config/arguments.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mtmegatron.models import families
+from mtmegatron.tasks.base import Task
+from mtmegatron.tasks.llava.task import LlavaTask
+from mtmegatron.tasks.qwen_vl.data import check_balance, reads_vision_data
+from mtmegatron.tasks.qwen_vl.task import QwenVLTask
+from mtmegatron.tasks.sft import SFTTask
+from mtmegatron.tasks.text import TextTask
+
+TASKS: dict[str, type[Task]] = {t.name: t for t in (TextTask, SFTTask, LlavaTask, QwenVLTask)}
+
+
+def task_name(args: argparse.Namespace) -> str:
+    """The kind of run (module docstring)."""
+    name = families.of(args).task
+    if name == "qwen_vl" and not reads_vision_data(args):  # mock data or indexed text: the language model alone
+        name = "text"
+    return "sft" if name == "text" and args.sft else name
+
+
+def task_for(args: argparse.Namespace) -> Task:
+    check_balance(args)
+    return TASKS[task_name(args)]()
