@@ -94,17 +94,17 @@ def main(argv=None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("--backend", default=None)
         p.set_defaults(fn=fn)
-    from mtmegatron.data import preprocess
+    from mtmegatron.config import preprocess_flags
 
-    p = preprocess.build_parser(sub.add_parser("preprocess", help="JSONL/text -> megatron-core .bin/.idx"))
-    p.set_defaults(fn=preprocess.run)
+    p = preprocess_flags.build_parser(sub.add_parser("preprocess", help="JSONL/text -> megatron-core .bin/.idx"))
+    p.set_defaults(fn=preprocess_flags.run)
     from mtmegatron.convert.commands import add_parser as add_convert_parser
 
     add_convert_parser(sub)
     from mtmegatron.generate.command import main_with_errors
-    from mtmegatron.config.generate_flags import add_arguments as add_generate_arguments
+    from mtmegatron.config.generate_flags import add_generate_args
 
-    p = add_generate_arguments(sub.add_parser("generate", help="generate text from a checkpoint (KV cache, TP/PP)"))
+    p = add_generate_args(sub.add_parser("generate", help="generate text from a checkpoint (KV cache, TP/PP)"))
     p.set_defaults(fn=main_with_errors)
     from mtmegatron.config import flag_report
 

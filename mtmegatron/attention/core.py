@@ -36,9 +36,8 @@ from megatron.core.utils import divide
 from mtmegatron.attention.all_gather import all_gather_attention
 from mtmegatron.attention.ring import ring_attention
 from mtmegatron.attention.sdpa import sdpa
+from mtmegatron.attention.spec import CP_COMM_TYPES
 from mtmegatron.attention.thd_cp import thd_cp_attention
-
-from mtmegatron.config.attention_flags import CP_COMM_TYPES
 
 
 class SDPADotProductAttention(MegatronModule):

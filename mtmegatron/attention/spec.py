@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 
-from mtmegatron.config.attention_flags import LOCAL_BACKENDS
-
 KINDS = ("te", "sdpa", "fused_softmax", "local")
+# --cp-comm-type's values (attention/core.py runs them) and the --attention-backend values that keep an explicit
+# [b, h, s, s] core attention (no context parallelism); config/attention_flags.py registers the flags with them
+CP_COMM_TYPES = ("p2p", "all_gather")
+LOCAL_BACKENDS = ("local", "unfused")
 
 # benchmarks/attention.py (fwd+bwd of one causal core attention, 4 heads / 2 KV groups, head dim 64, batch 1,
 # 1 thread, shared 2-core CPU; docs/attention.md): fused-softmax time / SDPA time at s = 128 ... 8192 in fp32.

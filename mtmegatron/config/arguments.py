@@ -15,8 +15,9 @@ from functools import partial
 from mtmegatron.config.attention_flags import add_attention_args, check_attention_args
 from mtmegatron.config.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 from mtmegatron.config.family_args import add_family_args, check_family_args
-from mtmegatron.models.initialization import add_initialization_args
-from mtmegatron.models.grouped_experts import add_grouped_experts_args, check_grouped_experts_args
+from mtmegatron.config.initialization_flags import add_initialization_args
+from mtmegatron.config.moe_flags import add_grouped_experts_args, check_grouped_experts_args
+from mtmegatron.models.families import FAMILIES
 from mtmegatron.models.families.deepseek_v3.flags import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.families.llava.flags import add_llava_args, check_llava_args, fill_llava_fields
 from mtmegatron.training.pipeline_split import check_pipeline_split
@@ -29,8 +30,10 @@ from mtmegatron.config.run_control import add_run_control_args, check_run_contro
 from mtmegatron.config.schedule_flags import add_schedule_args, check_schedule_args
 from mtmegatron.config.observability_flags import add_observability_args, check_observability_args
 from mtmegatron.config.sft_flags import add_sft_args, check_sft_args
-from mtmegatron.config.checkpoint_flags import (add_checkpoint_args, check_checkpoint_args,
-                                                  check_checkpoint_paths, use_checkpoint_args)
+from mtmegatron.config.checkpoint_flags import (add_checkpoint_args, check_checkpoint_args, check_checkpoint_paths,
+                                                check_convert_args, check_upcycling_args, use_checkpoint_args)
+from mtmegatron.config.resilience_flags import check_resilience_args
+from mtmegatron.tasks.qwen_vl.data import check_balance
 from mtmegatron.config import flag_help
 from mtmegatron.config import flag_sources
 from mtmegatron.config import megatron_core_checks
@@ -61,14 +64,14 @@ class RunArgs(argparse.Namespace):
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
+    presets = {name: family.presets for name, family in FAMILIES.items() if family.presets}
     g.add_argument("--model", default=None,
-                   help="a model family preset that fills every value you do not give (llama3, mixtral, "
-                        "deepseek-v3, llava, qwen2.5, qwen3, qwen3-moe, mistral); without it and without model-shape "
-                        "flags: the demo (llama3 tiny); with model-shape flags and no --model: Megatron-LM's defaults")
+                   help=f"a model family preset that fills every value you do not give ({', '.join(presets)}); "
+                        "without it and without model-shape flags: the demo (llama3 tiny); with model-shape flags and "
+                        "no --model: Megatron-LM's defaults")
+    sizes = "; ".join(f"{name} {'/'.join(sizes)}" for name, sizes in presets.items())
     g.add_argument("--model-size", default=None,
-                   help="preset size, default tiny (see models/families/: llama3 tiny/8b/70b/3.1-8b/3.1-70b/3.2-1b/"
-                        "3.2-3b; mixtral tiny/8x7b; deepseek-v3 tiny/lite/671b; llava tiny/7b; qwen2.5 "
-                        "tiny/0.5b/7b/72b; qwen3 tiny/0.6b/8b/32b; qwen3-moe tiny/30b-a3b/235b-a22b; mistral tiny/7b)")
+                   help=f"preset size, default tiny (see models/families/: {sizes})")
     for name in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
                  "seq-length", "max-position-embeddings", "vocab-size", "rotary-base", "num-experts",
                  "moe-router-topk", "moe-ffn-hidden-size"):
@@ -233,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sft_args(p)
     add_family_args(p)
     add_initialization_args(p)
-    run_args.add_flags(p)
+    run_args.add_run_args(p)
     flag_help.fill_help(p)
     # option strings and dests registered by mtmegatron's modules: a table flag whose dest one of them reads is
     # honoured too (e.g. Megatron-LM's --override-opt-param-scheduler beside our older underscore spelling)
@@ -251,6 +254,7 @@ def _derive(args: argparse.Namespace, given: dict[str, str]) -> None:
     args.disable_bias_linear = not args.add_bias_linear
     args.norm_epsilon = args.layernorm_epsilon
     args.fp8_format = args.fp8
+    args.fp8_executor_in_use = args.fp8_executor_note = None  # chosen once the backend is active (fp8/spec.py)
     fill_llava_fields(args, given, ConfigError)  # LLaVA: vision fields; --seq-length = --decoder-seq-length
     typed = args.tokenizer_type not in (None, "NullTokenizer")  # then its vocabulary sets --vocab-size
     for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")[:5 - typed]:
@@ -419,11 +423,15 @@ CHECKS = (
     ("model family", partial(check_family_args, error=ConfigError)), ("experts", _check_experts),
     ("MLA and MoE layer pattern", partial(check_deepseek_args, error=ConfigError)), ("vocabulary padding", _check_vocab),
     ("schedule", check_schedule_args), ("micro-batches", _resolve_micro_batches), ("training", _check_training),
-    ("memory", check_memory_args), ("fully sharded data parallelism", check_fsdp_args), ("grouped experts", partial(check_grouped_experts_args, error=ConfigError)),
+    ("memory", check_memory_args), ("fully sharded data parallelism", check_fsdp_args),
+    ("grouped experts", partial(check_grouped_experts_args, error=ConfigError)),
     ("run control", check_run_control_args), ("data", partial(check_data_args, error=ConfigError)),
+    ("vision data balancing and packing", check_balance),
     ("tokenizer", partial(check_tokenizer_args, error=ConfigError)), ("observability", check_observability_args),
-    ("checkpoints", check_checkpoint_args), ("training flags", training_flags.check),
-    ("evaluation and samples", run_args.validate), ("sft", partial(check_sft_args, error=ConfigError)),
+    ("checkpoints", check_checkpoint_args), ("resilience", check_resilience_args),
+    ("checkpoint conversion", check_convert_args), ("upcycling", check_upcycling_args),
+    ("training flags", training_flags.check_training_args), ("evaluation and samples", run_args.check_run_args),
+    ("sft", partial(check_sft_args, error=ConfigError)),
     ("fp8", _check_fp8),
     ("megatron-core's own requirements", megatron_core_checks.check_rules),  # its configs: pretrain.prepare
 )

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.attention.spec import CP_COMM_TYPES, LOCAL_BACKENDS
 from mtmegatron.utils.errors import ConfigError
 
-CP_COMM_TYPES = ("p2p", "all_gather")
 SDPA_BACKENDS = ("auto", "flash", "fused")
-LOCAL_BACKENDS = ("local", "unfused")
 
 
 def add_attention_args(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,9 @@ refused with the reason), ``--async-save`` (refused: see ASYNC_REFUSAL), ``--no-
 ``--ckpt-fully-parallel-load``, ``--dist-ckpt-strictness``, ``--ckpt-assume-constant-structure``,
 ``--auto-detect-ckpt-format``, ``--dist-ckpt-optim-fully-reshardable`` (always the case here),
 ``--non-persistent-save-interval`` (training/checkpoint/non_persistent.py), ``--exit-on-missing-checkpoint``,
-``--ckpt-convert-format``/``--ckpt-convert-save`` (torch_dist only; the conversion itself is in pretrain.py).
+``--ckpt-convert-format``/``--ckpt-convert-save`` (torch_dist only, ``check_convert_args``; the conversion itself
+is in pretrain.py), ``--moe-use-upcycling`` (``check_upcycling_args``; the upcycling itself is
+training/checkpoint/upcycling.py's). Each check is its own entry of arguments.CHECKS.
 ``check_checkpoint_paths`` (training only) checks ``--save``/``--load`` on disk (checkpoint_dirs.py).
 ``use_checkpoint_args`` runs at parse time, before the model fields are derived: it reads the ``--load``
 checkpoint's saved Namespace (training/checkpoint/megatron_lm_checkpoint.py).
@@ -71,13 +73,6 @@ def check_checkpoint_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--ckpt-format {args.ckpt_format}: {FORMAT_REFUSALS[args.ckpt_format]}")
     if args.async_save:
         raise ConfigError(ASYNC_REFUSAL)
-    from mtmegatron.config.resilience_flags import check_resilience_args
-
-    check_resilience_args(args)  # --rerun-mode, non-persistent checkpoints
-    check_convert_args(args)
-    from mtmegatron.training.checkpoint.upcycling import check_upcycling_args
-
-    check_upcycling_args(args)
 
 
 def check_convert_args(args: argparse.Namespace) -> None:
@@ -95,6 +90,35 @@ def check_convert_args(args: argparse.Namespace) -> None:
     if not args.load:
         raise ConfigError("--ckpt-convert-format needs --load DIR (the checkpoint to convert)")
     args.exit_on_missing_checkpoint = True  # as Megatron-LM: nothing to convert is an error
+
+
+def check_upcycling_args(args: argparse.Namespace) -> None:
+    """``--moe-use-upcycling`` (training/checkpoint/upcycling.py): ``--save`` given and empty, ``--load`` and
+    ``--num-experts`` given; ``--no-load-optim`` / ``--no-load-rng`` forced (with a start-up note,
+    ``args.upcycling_note``)."""
+    args.upcycling_note = None
+    if not args.moe_use_upcycling:
+        return
+    if not args.save:
+        raise ConfigError("--moe-use-upcycling needs --save DIR (the upcycled MoE checkpoint is written there)")
+    from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
+
+    try:
+        saved = latest_complete_iteration(args.save)
+    except Exception:
+        saved = None
+    if saved is not None:
+        raise ConfigError(f"--moe-use-upcycling: --save {args.save} already holds a checkpoint (iteration {saved}); "
+                          f"upcycling is only for the first run from the dense model: drop the flag to continue")
+    if not args.load:
+        raise ConfigError("--moe-use-upcycling needs --load DIR (the dense model's checkpoint)")
+    if not args.num_experts:
+        raise ConfigError("--moe-use-upcycling needs --num-experts (the MoE model the dense checkpoint becomes)")
+    if not (args.no_load_optim and args.no_load_rng):
+        args.upcycling_note = ("--moe-use-upcycling: --no-load-optim and --no-load-rng forced (the dense "
+                               "checkpoint's optimizer and RNG states do not fit the MoE model), as Megatron-LM")
+    args.no_load_optim = True
+    args.no_load_rng = True
 
 
 def check_checkpoint_paths(args: argparse.Namespace) -> None:

@@ -9,8 +9,8 @@ document flags go to megatron-core's ``GPTDatasetConfig`` as in Megatron-LM's ``
 build the attention mask, which the forward step then passes to the model (without it the mask is the causal
 mask type, so none is built or passed; ``--no-create-attention-mask-in-dataloader`` builds none at all, as in
 Megatron-LM).
-``requested_splits`` / ``empty_splits``: the samples asked of each split, and the splits a ``--split`` share
-leaves empty (megatron-core's GPTDataset would loop forever drawing samples from one; data/resolve.py refuses it).
+The per-split blends, the samples asked of each split and the splits a ``--split`` share leaves empty are
+data/splits.py's.
 May assume: ``--data-path``, ``--split``, ``--mock-data`` registered by config/run_args.py; runs inside
 arguments.validate (before any process group).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.data.splits import get_blend, per_split_paths
 from mtmegatron.models import families
 
 LEGACY_DEFAULT_SPLIT = "969, 30, 1"  # Megatron-LM's value when --data-path comes without --split
@@ -44,12 +45,6 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    help="the dataset builds no attention mask, so --reset-attention-mask does not reach attention")
 
 
-def per_split_paths(args: argparse.Namespace) -> list | None:
-    """[train, valid, test] blends when any per-split path is given, else None."""
-    paths = [args.train_data_path, args.valid_data_path, args.test_data_path]
-    return paths if any(p is not None for p in paths) else None
-
-
 def check_data_args(args: argparse.Namespace, error) -> None:
     per_split = per_split_paths(args)
     if args.mock_data + bool(args.data_path) + bool(per_split) > 1:
@@ -72,35 +67,6 @@ def check_data_args(args: argparse.Namespace, error) -> None:
                                   or per_split):
         raise error("--eod-mask-loss/--reset-position-ids/--reset-attention-mask/--*-data-path apply to "
                     "token datasets, not --model llava's conversations")
-
-
-def requested_splits(args: argparse.Namespace, num_valid: int | None) -> list[int | None]:
-    """Samples asked of the [train, valid, test] splits beyond train's (filled by the caller): megatron-core
-    accepts None (one epoch) only for an unweighted blend; a weighted one needs a number for every split, and
-    the test split (never read here) gets as many as valid, as Megatron-LM's ``--eval-iters`` does."""
-    weighted = args.data_path and get_blend(args.data_path)[1] is not None
-    if weighted:
-        return [num_valid or 0, num_valid or 0]
-    return [num_valid, None]
-
-
-def get_blend(data_path: list[str]):
-    from megatron.core.datasets.utils import get_blend_from_list
-
-    return get_blend_from_list(data_path)
-
-
-def empty_splits(args: argparse.Namespace, num_sequences: int, num_valid: int | None) -> list[str]:
-    """The splits of one ``--data-path`` prefix with ``num_sequences`` sequences that ``--split`` gives a share
-    but no sequence while samples are asked of them (megatron-core's GPTDataset would then loop forever)."""
-    from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix, parse_and_normalize_split)
-
-    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(args.split))
-    sizes = [1] + requested_splits(args, num_valid)
-    return [name for name, bounds, size in zip(("train", "valid", "test"), matrix, sizes)
-            if bounds is not None and size is not None
-            and int(round(bounds[0] * num_sequences)) == int(round(bounds[1] * num_sequences))]
 
 
 def _check_validation_flags(args: argparse.Namespace, error) -> None:

@@ -12,8 +12,8 @@ and 8192, the Llama-3.1 values; others reach megatron-core through patches/llama
 attention unchanged.
 A ``--model`` preset may set these fields (``models/families/``; config/flag_sources.py applies it).
 ``transformer_config_fields`` / ``gpt_model_fields`` are the extra TransformerConfig / GPTModel
-keyword arguments; ``skip_initialization`` says whether weights are about to be loaded (``--load``,
-``--finetune``, ``HF_DIR``), so random initialisation is wasted work.
+keyword arguments; models/initialization.skip_initialization says whether weights are about to be loaded
+(``--load``, ``--finetune``, ``HF_DIR``), so random initialisation is wasted work.
 May assume: the model fields are filled (preset applied) before ``check_family_args``.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 
-from mtmegatron.models.families.gpt import LLAMA3_SCALING_DEFAULTS  # noqa: F401 (training/checkpoint/megatron_lm_checkpoint.py)
 from mtmegatron.models.families.qwen2_vl.flags import add_packed_vision_args, check_packed_vision_args
+from mtmegatron.models.initialization import skip_initialization
 
 
 def add_family_args(p: argparse.ArgumentParser) -> None:
@@ -81,14 +81,3 @@ def gpt_model_fields(args: argparse.Namespace) -> dict:
     if not args.use_rope_scaling:
         return {}
     return {"rope_scaling": True, "rope_scaling_factor": args.rope_scaling_factor}
-
-
-def skip_initialization(args: argparse.Namespace) -> bool:
-    """Every parameter comes from a checkpoint about to be loaded, so random initialisation is skipped (the
-    parameters are allocated, not filled): megatron-core's ``perform_initialization=False``. ``HF_DIR`` runs
-    convert first and pass ``--load``."""
-    if not getattr(args, "load", None) or getattr(args, "moe_use_upcycling", False):
-        return False  # upcycling: the dense checkpoint has no router, which is drawn as in a fresh run
-    from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
-
-    return latest_complete_iteration(args.load) is not None  # an empty --load directory starts from scratch

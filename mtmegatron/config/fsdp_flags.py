@@ -19,6 +19,7 @@ import argparse
 
 from mtmegatron.backends import BackendUnavailableError, select_backend
 from mtmegatron.models import fusions
+from mtmegatron.training.fsdp_engine import engine
 from mtmegatron.utils.errors import ConfigError
 
 
@@ -29,11 +30,6 @@ def add_fsdp_args(p: argparse.ArgumentParser) -> None:
                    help="mtmegatron's flag, not Megatron-LM's: with --use-torch-fsdp2, torch's CPUOffloadPolicy "
                         "(pinned where the device has pinned memory) keeps parameter shards, gradients and optimizer "
                         "state on the host, and the optimizer steps there")
-
-
-def engine(args: argparse.Namespace) -> str:
-    """'megatron_fsdp', 'torch_fsdp2' or 'ddp': what wraps the model chunks (training/setup.py)."""
-    return "megatron_fsdp" if args.use_megatron_fsdp else "torch_fsdp2" if args.use_torch_fsdp2 else "ddp"
 
 
 def _torch_fsdp2_refusal(args: argparse.Namespace) -> str | None:

@@ -16,7 +16,7 @@ class GenerateError(ValueError):
     """A user mistake in a generate request; the message is one line naming the flag and why."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_generate_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--load", required=True, help="checkpoint directory (torch_dist: `mtmegatron convert "
                    "hf-to-mcore` output or a pretrain --save directory); its latest checkpoint is used")
     p.add_argument("--tokenizer-model", required=True,

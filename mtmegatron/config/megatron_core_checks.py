@@ -31,7 +31,7 @@ def config_builders():
         return optimizer_config(args, params_dtype(args))
 
     def transformer(args):
-        if getattr(args, "fp8_format", None) and not getattr(args, "fp8_executor_in_use", None):
+        if args.fp8_format and not args.fp8_executor_in_use:
             args = copy.copy(args)  # the FP8 executor is chosen once the backend is active (pretrain.prepare)
             args.fp8_executor_in_use = "emulated"
         return transformer_config(args)
@@ -54,8 +54,8 @@ def _culprit(builder, args) -> str | None:
     from mtmegatron.config import megatron_flags
 
     defaults = {row.dest: row.default_value for row in megatron_flags.table() if row.action != "HelpAction"}
-    for dest, flag in getattr(args, "given_flags", {}).items():
-        if dest not in defaults or getattr(args, dest, None) == defaults[dest]:
+    for dest, flag in args.given_flags.items():
+        if dest not in defaults or getattr(args, dest) == defaults[dest]:
             continue
         trial = copy.copy(args)
         setattr(trial, dest, defaults[dest])

@@ -5,7 +5,7 @@ The flag facts (option string, dest, action, default, choices, type, nargs) are 
 and Megatron-LM's parser). Flags that some mtmegatron module registers by hand are *honoured* (the code reads
 them); every other option string is registered here from the table with Megatron-LM's default, and is one of:
 - a **config field**: its dest is a field of megatron-core's TransformerConfig / MLATransformerConfig /
-  OptimizerConfig / DistributedDataParallelConfig, copied into that config by name (training/megatron_config.py);
+  OptimizerConfig / DistributedDataParallelConfig, copied into that config by name (models/config_from_flags.py);
 - a **no-op**: accepted without effect, because it is a no-op (deprecated) in Megatron-LM 0.16 too;
 - **refused**: giving it a value other than its default is one ``ConfigError`` line naming the flag and why.
 May assume: nothing but argparse; called by arguments.build_parser / arguments.parse_args.
@@ -366,7 +366,7 @@ def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
     for row in getattr(parser, "table_rows", ()):
         if given.get(row.dest) != row.flag or classify(row, hand) != "refused":
             continue
-        if getattr(args, row.dest, None) != parser.get_default(row.dest):
+        if getattr(args, row.dest) != parser.get_default(row.dest):  # given: in the namespace
             raise ConfigError(f"{row.flag}: {refusal_reason(row)}")
 
 

@@ -39,7 +39,7 @@ def check_resilience_args(args) -> None:
         if not args.save:
             raise ConfigError("--non-persistent-save-interval needs --save DIR (non-persistent checkpoints go to "
                               "--non-persistent-global-ckpt-dir, default DIR/non_persistent)")
-    custom = getattr(args, "non_persistent_global_ckpt_dir", None)
+    custom = args.non_persistent_global_ckpt_dir
     if kind == "global" and custom and args.save and os.path.realpath(custom) == os.path.realpath(args.save):
         raise ConfigError(f"--non-persistent-global-ckpt-dir {custom} is the --save directory: each non-persistent "
                           f"save keeps only the newest checkpoint there, so it would remove the persistent ones; "

@@ -2,8 +2,8 @@
 and what a run leaves behind (tensorboard events, loss plot, sample text). Megatron-LM spellings where
 Megatron-LM has the flag.
 
-Kept apart from arguments.py so that file stays the model/parallelism contract; ``add_flags`` and
-``validate`` are called from there.
+Kept apart from arguments.py so that file stays the model/parallelism contract; ``add_run_args`` and
+``check_run_args`` are called from there.
 May assume: called by arguments.build_parser / arguments.CHECKS only.
 """
 
@@ -14,7 +14,7 @@ import argparse
 from mtmegatron.utils.errors import ConfigError
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
+def add_run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data, validation, fault tolerance, run outputs")
     g.add_argument("--data-path", nargs="*", default=None,
                    help="indexed dataset prefix(es) from `mtmegatron preprocess` (weights from their sizes), or a "
@@ -37,7 +37,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="a prompt to continue (repeatable; default: built-in prompts)")
 
 
-def validate(args: argparse.Namespace) -> None:
+def check_run_args(args: argparse.Namespace) -> None:
     if args.tokenizer_model and args.mock_data and not args.tokenizer_type:
         raise ConfigError("--tokenizer-model is for real data; --mock-data needs no tokenizer (or name its "
                           "--tokenizer-type)")

@@ -8,8 +8,8 @@
 - ``--exit-signal-handler`` (+ ``--exit-signal``, default SIGTERM): as in Megatron-LM, the handler is installed
   only when the flag is given; then the signal finishes the current iteration, all ranks agree, the run saves
   (with ``--save``) and exits 0. Without the flag the signal keeps its default action (the process ends).
-``PROGRAM_START`` is the time this module was first imported: ``mtmegatron.pretrain`` imports it (through
-config/arguments.py) before parsing flags, as Megatron-LM takes its start time when its trainer is imported.
+The program's start time (``PROGRAM_START``, taken when this module is imported, through config/arguments.py,
+before flags are parsed) and the exit signal's member are training/resilience/run_clock.py's.
 May assume: nothing beyond argparse; the loop side lives in training/resilience/robustness.py.
 """
 
@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import argparse
 import signal
-import time
 
+from mtmegatron.training.resilience import run_clock  # noqa: F401 (its import takes the program's start time)
 from mtmegatron.utils.errors import ConfigError
-
-PROGRAM_START = time.time()
 
 
 def _signal_by_name(name: str) -> str:
     """``--exit-signal SIGUSR1`` -> "SIGUSR1" (Megatron-LM takes the enum member's name; enum flags hold their
     member's name here, see config/megatron_flags.py); its number (the form Megatron-LM's help lists the
-    choices in) is taken too. ``exit_signal(args)`` gives the ``signal.Signals`` member."""
+    choices in) is taken too. ``run_clock.exit_signal(args)`` gives the ``signal.Signals`` member."""
     try:
         return (signal.Signals(int(name)) if name.isdigit() else signal.Signals[name]).name
     except (KeyError, ValueError):
@@ -56,11 +54,3 @@ def check_run_control_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--exit-duration-in-mins must be >= 0, not {args.exit_duration_in_mins}")
     if args.exit_signal_handler and args.exit_signal in ("SIGKILL", "SIGSTOP"):
         raise ConfigError(f"--exit-signal {args.exit_signal} cannot be caught; use SIGTERM, SIGINT or SIGUSR1/2")
-
-
-def exit_signal(args: argparse.Namespace) -> signal.Signals:
-    return signal.Signals[args.exit_signal]
-
-
-def minutes_since_start(now: float | None = None) -> float:
-    return ((time.time() if now is None else now) - PROGRAM_START) / 60.0

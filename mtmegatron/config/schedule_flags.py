@@ -1,5 +1,6 @@
 """Sample-based training, LR warmup/decay variants (fraction, init, WSD) and the weight-decay schedule: the
-Megatron-LM flags, their rules, and the step counts megatron-core's ``OptimizerParamScheduler`` takes.
+Megatron-LM flags and their rules (the step counts megatron-core's ``OptimizerParamScheduler`` takes are
+training/schedule_steps.py's).
 
 Megatron-LM semantics (``megatron/training/training.py`` ``update_train_iters`` / ``get_optimizer_param_scheduler``
 at core_v0.16.1): a run is either iteration-based (``--train-iters``, ``--lr-decay-iters``, ``--lr-warmup-iters``,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 
 from mtmegatron.data.position import SamplePlan, add_rejected_iterations
+from mtmegatron.training.schedule_steps import scheduler_steps
 from mtmegatron.utils.errors import ConfigError
 
 WSD_DECAY_STYLES = ["exponential", "linear", "cosine", "minus_sqrt"]
@@ -157,29 +159,3 @@ def check_schedule_args(args: argparse.Namespace) -> None:
         if not 0 < wsd <= steps["lr_decay_steps"]:
             raise ConfigError(f"--lr-wsd-decay-{suffix} must be between 1 and the LR decay length "
                               f"({steps['lr_decay_steps'] // to_unit} {unit})")
-
-
-def scheduler_steps(args: argparse.Namespace) -> dict:
-    """The step counts (in samples) of megatron-core's OptimizerParamScheduler for these flags, as Megatron-LM's
-    ``get_optimizer_param_scheduler`` computes them."""
-    if args.train_samples is not None:
-        decay = args.lr_decay_samples if args.lr_decay_samples is not None else max(args.train_samples, 1)
-        warmup = args.lr_warmup_samples
-        wsd, wd_incr = args.lr_wsd_decay_samples, args.train_samples
-    else:
-        gbs = args.global_batch_size
-        # --train-iters 0 (write the initial checkpoint) still needs a positive decay length
-        decay = (args.lr_decay_iters if args.lr_decay_iters is not None else max(args.train_iters, 1)) * gbs
-        warmup = args.lr_warmup_iters * gbs
-        wsd = args.lr_wsd_decay_iters * gbs if args.lr_wsd_decay_iters is not None else None
-        wd_incr = args.train_iters * gbs
-    if args.lr_warmup_fraction is not None:
-        warmup = args.lr_warmup_fraction * decay
-    return {"lr_warmup_steps": warmup, "lr_decay_steps": decay, "wsd_decay_steps": wsd, "wd_incr_steps": wd_incr}
-
-
-def weight_decay_range(args: argparse.Namespace) -> tuple[float, float]:
-    """(start, end) weight decay: ``--weight-decay`` twice for the constant style."""
-    if args.weight_decay_incr_style == "constant":
-        return args.weight_decay, args.weight_decay
-    return args.start_weight_decay, args.end_weight_decay

@@ -109,7 +109,7 @@ def check_tokenizer_args(args: argparse.Namespace, error: type[Exception]) -> No
         if _looks_local(args.tokenizer_model) and not os.path.exists(os.path.expanduser(args.tokenizer_model)):
             raise error(f"--tokenizer-model {args.tokenizer_model}: no such file or directory")
     elif kind == "NullTokenizer":
-        if not getattr(args, "vocab_size", None):
+        if not args.vocab_size:
             raise error("--tokenizer-type NullTokenizer needs --vocab-size (ids 0..N-1 are text, N is "
                         "end-of-document)")
     if kind != "HuggingFaceTokenizer":

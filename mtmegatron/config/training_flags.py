@@ -8,7 +8,7 @@ with Megatron-LM core_v0.16.1's meaning:
   then keeps weight decay on the q/k layer norms).
 - ``--ddp-num-buckets N``: the DDP bucket size is this rank's parameter count // N (excludes ``--ddp-bucket-size``).
 - ``--use-tp-pp-dp-mapping``: megatron-core's rank order ``tp-cp-ep-pp-dp`` instead of ``tp-cp-ep-dp-pp``.
-- ``--logging-level`` (else ``MEGATRON_LOGGING_LEVEL``): the root logger's level.
+- ``--logging-level`` (else ``MEGATRON_LOGGING_LEVEL``): the root logger's level (these three: training/setup.py).
 - ``--quick-geglu``: megatron-core's ``quick_gelu`` in a gated linear unit (not with ``--swiglu``).
 - ``--dump-param-to-param-group-map PATH``: passed to megatron-core's ``get_megatron_optimizer``.
 - ``--optimizer muon|dist_muon``: megatron-core's ``get_megatron_muon_optimizer`` (Muon on 2-D non-embedding weights,
@@ -18,8 +18,9 @@ with Megatron-LM core_v0.16.1's meaning:
   ``validate_args`` refusals for Muon (overlap, distributed optimizer, FSDP) and megatron-core's (fp16) are one line.
 - the dataset builder's fields (``--num-dataset-builder-threads``, ``--mid-level-dataset-surplus``,
   ``--allow-ambiguous-pad-tokens``, ``--dataloader-fast-cache-load``, ``--dataloader-defer-npy-index-mmap``,
-  ``--per-dataset-sequences-path``) go to megatron-core's GPTDatasetConfig as in Megatron-LM's pretrain_gpt.py.
-May assume: argparse flags registered from the table with Megatron-LM's defaults; ``check`` runs inside
+  ``--per-dataset-sequences-path``) go to megatron-core's GPTDatasetConfig as in Megatron-LM's pretrain_gpt.py
+  (data/dataset_fields.py).
+May assume: argparse flags registered from the table with Megatron-LM's defaults; ``check_training_args`` runs inside
 arguments.CHECKS (before any process group).
 """
 
@@ -29,9 +30,6 @@ import argparse
 import importlib
 import importlib.metadata
 import inspect
-import json
-import logging
-import os
 
 from mtmegatron.utils.errors import ConfigError
 
@@ -41,16 +39,6 @@ DATALOADER_REFUSED = {
     "external": "--dataloader-type external: Megatron-LM passes a user-built dataloader through; mtmegatron.pretrain "
                 "builds its own (no hook for a user's dataloader)",
 }
-
-# GPTDatasetConfig field <- flag dest (Megatron-LM's pretrain_gpt.core_gpt_dataset_config_from_args)
-DATASET_FIELDS = {
-    "num_dataset_builder_threads": "num_dataset_builder_threads",
-    "mid_level_dataset_surplus": "mid_level_dataset_surplus",
-    "allow_ambiguous_pad_tokens": "allow_ambiguous_pad_tokens",
-    "fast_cache_load": "dataloader_fast_cache_load",
-    "defer_npy_index_mmap": "dataloader_defer_npy_index_mmap",
-}
-
 
 # what megatron-core's optimizer/muon.py imports from the emerging-optimizers package. megatron-core 0.16.1 calls
 # the v0.1.0 API (Megatron-LM 0.16.1 pins v0.1.0 from git; it has no wheel on PyPI): 0.2+ renamed use_nesterov to
@@ -90,7 +78,7 @@ def _version(distribution: str) -> str:
         return ""
 
 
-def check(args: argparse.Namespace) -> None:
+def check_training_args(args: argparse.Namespace) -> None:
     check_muon(args)
     if args.dataloader_type in DATALOADER_REFUSED:
         raise ConfigError(DATALOADER_REFUSED[args.dataloader_type])
@@ -107,31 +95,3 @@ def check(args: argparse.Namespace) -> None:
     if (args.dataloader_fast_cache_load or args.dataloader_defer_npy_index_mmap) and not args.data_cache_path:
         raise ConfigError("--dataloader-fast-cache-load and --dataloader-defer-npy-index-mmap need the dataset caches: "
                           "give --data-cache-path (as in Megatron-LM)")
-
-
-def parallel_order(args: argparse.Namespace) -> str:
-    """megatron-core's rank order for initialize_model_parallel (Megatron-LM's initialize.py)."""
-    return "tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp"
-
-
-def apply_logging_level(args: argparse.Namespace) -> int | None:
-    """Megatron-LM's rule: ``--logging-level`` wins over ``MEGATRON_LOGGING_LEVEL``; the root logger gets it."""
-    level = args.logging_level
-    if level is None and os.environ.get("MEGATRON_LOGGING_LEVEL") is not None:
-        level = int(os.environ["MEGATRON_LOGGING_LEVEL"])
-    if level is not None:
-        logging.getLogger().setLevel(level)
-    return level
-
-
-def ddp_bucket_size(args: argparse.Namespace, chunks) -> int:
-    """``--ddp-num-buckets``: this rank's parameters (all model chunks) // N, as Megatron-LM's get_model."""
-    return sum(p.nelement() for chunk in chunks for p in chunk.parameters()) // args.ddp_num_buckets
-
-
-def dataset_config_fields(args: argparse.Namespace) -> dict:
-    fields = {field: getattr(args, dest) for field, dest in DATASET_FIELDS.items()}
-    if args.per_dataset_sequences_path is not None:
-        with open(args.per_dataset_sequences_path) as f:
-            fields["sequences_per_dataset"] = json.load(f)
-    return fields

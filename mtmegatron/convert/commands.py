@@ -25,6 +25,7 @@ import sys
 
 import torch
 
+from mtmegatron.config.convert_flags import add_convert_args
 from mtmegatron.convert.hf_io import HFCheckpoint
 from mtmegatron.models import families
 from mtmegatron.models.families import ConversionError
@@ -128,38 +129,11 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
 
 
 def add_parser(sub) -> None:
-    """Register ``convert hf-to-mcore|mcore-to-hf`` on the ``mtmegatron`` command's subparsers."""
-    names = families.with_hf_mapping()
-    convert = sub.add_parser("convert", help=f"HF <-> megatron-core checkpoints ({', '.join(names)})")
-    kinds = convert.add_subparsers(dest="direction", required=True)
-    a = kinds.add_parser("hf-to-mcore", help="HF safetensors -> model-only megatron-core dist checkpoint")
-    a.add_argument("--model", required=True, choices=names)
-    a.add_argument("--hf-dir", required=True)
-    a.add_argument("--out", required=True)
-    a.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    a.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    a.add_argument("--expert-model-parallel-size", type=int, default=1)
-    a.add_argument("--workers", type=int, default=1,
-                   help="worker processes that read, transform and write tensors in parallel (default 1)")
-    a.add_argument("--dtype", choices=list(_DTYPES), default=None,
-                   help="dtype of the written weights (default: each tensor's dtype in the HF files; FP8 -> bf16)")
-    a.set_defaults(fn=_run_hf_to_mcore)
-    b = kinds.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF safetensors")
-    b.add_argument("--load", required=True)
-    b.add_argument("--out", required=True)
-    b.add_argument("--workers", type=int, default=1,
-                   help="worker processes that read, transform and write tensors in parallel (default 1)")
-    b.add_argument("--dtype", choices=list(_DTYPES), default=None,
-                   help="dtype of the written weights (default: each tensor's dtype in the checkpoint)")
-    b.add_argument("--max-shard-mb", type=int, default=5120,
-                   help="largest safetensors file to write, in MiB (default 5120, HF's 5 GB; one tensor larger "
-                        "than that gets a file of its own)")
-    b.add_argument("--image-token-id", type=int, default=None,
-                   help="llava: the HF image token id to write (default: the one recorded at conversion; required "
-                        "for a checkpoint trained from scratch)")
-    b.add_argument("model_flags", nargs=argparse.REMAINDER,
-                   help="model flags after '--' for a checkpoint that does not record them")
-    b.set_defaults(fn=_run_mcore_to_hf)
+    """Register ``convert hf-to-mcore|mcore-to-hf`` on the ``mtmegatron`` command's subparsers (the flags:
+    config/convert_flags.py)."""
+    to_mcore, to_hf = add_convert_args(sub)
+    to_mcore.set_defaults(fn=_run_hf_to_mcore)
+    to_hf.set_defaults(fn=_run_mcore_to_hf)
 
 
 def _skip_unused_imports() -> None:

@@ -31,7 +31,7 @@ class GlobalBatch:
 def add_rejected_iterations(args: argparse.Namespace) -> None:
     """``--result-rejected-tracker-filename``: as Megatron-LM's argument validation, append the iterations that
     megatron-core's RerunStateMachine finds reproducibly rejected in that file to ``--iterations-to-skip``."""
-    if getattr(args, "result_rejected_tracker_filename", None) is None:
+    if args.result_rejected_tracker_filename is None:
         return
     from megatron.core.rerun_state_machine import RerunStateMachine
 
@@ -46,7 +46,7 @@ def batch_size_calculator(args: argparse.Namespace):
                                                            RampupBatchsizeNumMicroBatchesCalculator)
 
     common = (args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False, -1)
-    if getattr(args, "rampup_batch_size", None):
+    if args.rampup_batch_size:
         start, increment, samples = args.rampup_batch_size
         return RampupBatchsizeNumMicroBatchesCalculator(*common, start, increment, samples)
     return ConstantNumMicroBatchesCalculator(*common)
@@ -61,7 +61,7 @@ class SamplePlan:
                  validation: bool = False):
         self.args, self.start_iteration, self.validation = args, start_iteration, validation
         self.consumed = start_iteration * args.global_batch_size if consumed is None else consumed
-        self.skip = frozenset() if validation else frozenset(getattr(args, "iterations_to_skip", None) or ())
+        self.skip = frozenset() if validation else frozenset(args.iterations_to_skip or ())
 
     def __iter__(self) -> Iterator[GlobalBatch]:
         calculator = None if self.validation else batch_size_calculator(self.args)

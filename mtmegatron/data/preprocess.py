@@ -3,7 +3,8 @@
 The Megatron-LM ``tools/preprocess_data.py`` contract and flags: documents are tokenized in ``--workers``
 processes (order kept), each followed by the end-of-document token with ``--append-eod``, and written with
 megatron-core's ``IndexedDatasetBuilder`` to ``<output-prefix>_<key>_document.{bin,idx}``, one dataset per
-``--json-keys`` key. Tokenizer: Megatron-LM's ``--tokenizer-type`` flags (config/tokenizer_flags.py, the same
+``--json-keys`` key. The command line is config/preprocess_flags.py's (it parses and checks the flags, then calls
+``run`` with them). Tokenizer: Megatron-LM's ``--tokenizer-type`` flags (config/tokenizer_flags.py, the same
 as pretrain's), ``--tokenizer-model DIR`` alone (a local HF tokenizer), or ``--train-tokenizer VOCAB`` (a
 byte-level BPE trained on the input, saved to ``<output-prefix>_tokenizer/``).
 Files are written under temporary names and renamed when complete (the ``.idx`` last), so a killed run never
@@ -27,7 +28,6 @@ import numpy as np
 from tqdm import tqdm
 
 from mtmegatron.data.tokenizer import TokenizerError, train_bpe
-from mtmegatron.config.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
 
 _OPENERS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 
@@ -178,65 +178,12 @@ class _InProcess:
         return (fn(item) for item in items)
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="mtmegatron preprocess", description=__doc__.split("\n")[0])
-    p.error = _one_line_error  # a bad flag is one line (no usage dump), exit 2
-    g = p.add_argument_group("input and output (Megatron-LM tools/preprocess_data.py's flags)")
-    g.add_argument("--input", nargs="+", required=True, help="JSONL (.jsonl[.gz|.xz]) or plain text files")
-    g.add_argument("--output-prefix", required=True, help="writes <prefix>_<key>_document.bin/.idx per key")
-    g.add_argument("--json-keys", nargs="+", default=["text"], help="JSONL fields to tokenize, one dataset each")
-    g.add_argument("--append-eod", action="store_true", default=False,
-                   help="end each document with the tokenizer's end-of-document token (GPT pretraining wants it)")
-    g.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
-                   help="tokenizing processes (default: up to 4 of this machine's cores)")
-    g.add_argument("--log-interval", type=int, default=1000,
-                   help="accepted for Megatron-LM scripts; progress is a live bar here")
-    g.add_argument("--split-sentences", action="store_true", default=False, help="not supported (BERT-style data)")
-    g.add_argument("--partitions", type=int, default=1, help="only 1: --workers parallelizes one pass")
-    add_tokenizer_args(p)
-    p.add_argument("--vocab-size", type=int, default=None, help="NullTokenizer / TikTokenizer vocabulary size")
-    p.add_argument("--train-tokenizer", type=int, metavar="VOCAB", default=None,
-                   help="no --tokenizer-type/--tokenizer-model: train a byte-level BPE of this vocabulary size on "
-                        "the input; saved to <prefix>_tokenizer/")
-    return p
-
-
-def _one_line_error(message: str):
-    print(f"mtmegatron preprocess: error: {message} (see --help)", file=sys.stderr)
-    sys.exit(2)
-
-
-def _check(args: argparse.Namespace) -> None:
-    """Raise ValueError with one line for a flag this command cannot honour."""
-    missing = [path for path in args.input if not os.path.isfile(path)]
-    if missing:
-        raise ValueError(f"no such input file: {', '.join(missing)}")
-    above = os.path.dirname(os.path.abspath(args.output_prefix))
-    while not os.path.exists(above):
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
-        raise ValueError(f"--output-prefix {args.output_prefix}: {above} is a file, not a directory")
-    if args.split_sentences:
-        raise ValueError("--split-sentences is not supported: GPT-style documents only (BERT models are not)")
-    if args.partitions != 1:
-        raise ValueError("--partitions must be 1: --workers processes tokenize one pass, in input order")
-    if args.workers < 1:
-        raise ValueError("--workers must be >= 1")
-    if args.train_tokenizer is not None:
-        if args.tokenizer_type or args.tokenizer_model:
-            raise ValueError("--train-tokenizer trains a new tokenizer; do not also give --tokenizer-type/"
-                             "--tokenizer-model")
-    elif not (args.tokenizer_type or args.tokenizer_model):
-        raise ValueError("name a tokenizer: --tokenizer-type (Megatron-LM's flags), --tokenizer-model DIR (a local "
-                         "HF tokenizer) or --train-tokenizer VOCAB")
-    check_tokenizer_args(args, ValueError)
-
-
 def run(args: argparse.Namespace) -> int:
+    """The work of ``mtmegatron preprocess`` for flags config/preprocess_flags.py parsed and checked: 0, or 2
+    after one line on stderr for an input, a tokenizer or an output that fails."""
     from mtmegatron.data.tokenizer_build import tokenizer_flags_text, tokenizer_from_flags
 
     try:
-        _check(args)
         if args.train_tokenizer is None:
             tokenizer = tokenizer_from_flags(args)
         else:
@@ -260,11 +207,3 @@ def run(args: argparse.Namespace) -> int:
     for out in outputs:
         print(f"wrote {out}.bin and {out}.idx; train with --data-path {out} {flags}")
     return 0
-
-
-def main(argv=None) -> int:
-    return run(build_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

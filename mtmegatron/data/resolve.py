@@ -3,7 +3,7 @@
 No ``--data-path``, no ``--train/valid/test-data-path`` and no ``--mock-data``: the embedded corpus, preprocessed
 on first use (``embedded.py``), with its own tokenizer. Otherwise every prefix of the blend(s) (read as
 megatron-core reads a blend: ``P1 P2 ...`` or ``W1 P1 W2 P2 ...``) must be a whole ``.bin``/``.idx`` pair, no
-split that ``--split`` gives a share may be empty (training/data_flags.empty_splits), and the tokenizer flags
+split that ``--split`` gives a share may be empty (data/splits.empty_splits), and the tokenizer flags
 must name the tokenizer it was made with. With Megatron-LM's ``--tokenizer-type`` (also
 with ``--mock-data``, as Megatron-LM builds it there too) the model's vocabulary follows the tokenizer, as in
 Megatron-LM: ``args.vocab_size`` becomes the tokenizer's and ``padded_vocab_size`` is recomputed
@@ -18,8 +18,8 @@ import argparse
 import os
 
 from mtmegatron.data.indexed import DataError, check_indexed_dataset
+from mtmegatron.data.splits import empty_splits
 from mtmegatron.data.tokenizer import TokenizerError, load_tokenizer
-from mtmegatron.config.data_flags import empty_splits
 from mtmegatron.utils.errors import ConfigError
 
 
@@ -46,7 +46,7 @@ def _typed_tokenizer(args: argparse.Namespace):
         raise ConfigError(str(e)) from None
     args.vocab_size = tokenizer.model_vocab_size
     check_vocab_padding(args, ConfigError)
-    if args.tokenizer_type == "NullTokenizer" and not getattr(args, "sample_prompt", None):
+    if args.tokenizer_type == "NullTokenizer" and not args.sample_prompt:
         args.num_samples = 0  # the built-in sample prompts are text; NullTokenizer reads space-separated ids
     return tokenizer
 
@@ -55,7 +55,7 @@ def resolve_data(args: argparse.Namespace, progress: bool = True):
     """Fill args.data_path / tokenizer_model / data_cache_path (and, with --tokenizer-type, vocab_size and
     padded_vocab_size); returns the tokenizer (None for mock data without --tokenizer-type)."""
     per_split = [p for p in (args.train_data_path, args.valid_data_path, args.test_data_path) if p]
-    if getattr(args, "tokenizer_type", None):
+    if args.tokenizer_type:
         if not args.mock_data and not args.data_path and not per_split:
             raise ConfigError(f"--tokenizer-type {args.tokenizer_type} needs --data-path (data preprocessed with "
                               f"that tokenizer: `mtmegatron preprocess`) or --mock-data")
@@ -73,7 +73,7 @@ def resolve_data(args: argparse.Namespace, progress: bool = True):
             raise ConfigError(f"the embedded corpus needs a larger --vocab-size: {e}") from None
         args.data_path = [prefix]
         args.tokenizer_model = args.tokenizer_model or tokenizer_dir
-    elif not args.tokenizer_model and not getattr(args, "tokenizer_type", None):
+    elif not args.tokenizer_model and not args.tokenizer_type:
         flag = "--data-path" if args.data_path else "--train-data-path"
         raise ConfigError(f"{flag} needs --tokenizer-model DIR or --tokenizer-type (the tokenizer the data was "
                           "preprocessed with)")
@@ -87,7 +87,7 @@ def resolve_data(args: argparse.Namespace, progress: bool = True):
                 raise ConfigError(f"--split {args.split} gives the {'/'.join(empty)} split of {prefix} no sequence "
                                   f"(it has {counts['sequences']}); megatron-core cannot draw samples from it: "
                                   f"give that split a larger share or 0")
-        if not getattr(args, "tokenizer_type", None):
+        if not args.tokenizer_type:
             tokenizer = load_tokenizer(args.tokenizer_model)
     except (DataError, TokenizerError) as e:
         raise ConfigError(str(e)) from None

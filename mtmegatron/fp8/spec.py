@@ -29,16 +29,16 @@ BLOCK_SCALED = ("blockwise", "mxfp8")
 
 def resolve_executor(args, local_rank: int | None = None) -> str | None:
     """Choose the executor and record it; ``local_rank``: set first, so ``scaled_mm`` is probed on the rank's device."""
-    if getattr(args, "fp8_format", None):
+    if args.fp8_format:
         args.fp8_executor_in_use, args.fp8_executor_note = choose_executor(args, local_rank)
     return executor_in_use(args)
 
 
 def executor_in_use(args) -> str | None:
     """The recorded executor; chosen again (not recorded) where start-up did not resolve it."""
-    if not getattr(args, "fp8_format", None):
+    if not args.fp8_format:
         return None
-    return getattr(args, "fp8_executor_in_use", None) or choose_executor(args)[0]
+    return args.fp8_executor_in_use or choose_executor(args)[0]
 
 
 def choose_executor(args, local_rank: int | None = None) -> tuple[str, str | None]:
@@ -96,7 +96,7 @@ def fp8_linears(args):
 
 
 def keep_layers_in_bf16(chunk, args) -> None:
-    if not getattr(args, "fp8_format", None) or not args.first_last_layers_bf16:
+    if not args.fp8_format or not args.first_last_layers_bf16:
         return
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
@@ -115,6 +115,6 @@ def describe(args) -> str:
     recipe = recipe_from_args(args)
     bf16_layers = (f", first {args.num_layers_at_start_in_bf16}/last {args.num_layers_at_end_in_bf16} layers in "
                    "high precision" if args.first_last_layers_bf16 else "")
-    note = f" ({args.fp8_executor_note})" if getattr(args, "fp8_executor_note", None) else ""
+    note = f" ({args.fp8_executor_note})" if args.fp8_executor_note else ""
     return (f"mtmegatron: FP8 {recipe.name} recipe, {args.fp8_format} format, executor {executor_in_use(args)}"
             f"{note}{bf16_layers}")

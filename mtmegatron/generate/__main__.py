@@ -8,11 +8,11 @@ import argparse
 import sys
 
 from mtmegatron.generate.command import main_with_errors
-from mtmegatron.config.generate_flags import add_arguments
+from mtmegatron.config.generate_flags import add_generate_args
 
 
 def main(argv=None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(prog="mtmegatron.generate", description=__doc__.split("\n")[0]))
+    parser = add_generate_args(argparse.ArgumentParser(prog="mtmegatron.generate", description=__doc__.split("\n")[0]))
     return main_with_errors(parser.parse_args(argv))
 
 

@@ -77,7 +77,7 @@ def transformer_config_kwargs(args: argparse.Namespace, config_class, ours: dict
     decisions) wherever the user did not give that field's flag."""
     kwargs = by_field_name(config_class, args, skip=_FP8_FIELDS)
     kwargs.update(_megatron_renames(args))
-    given = getattr(args, "given_flags", {})
+    given = args.given_flags
     kwargs.update({k: v for k, v in ours.items() if k not in given})
     if kwargs.get("rope_type", "") is None:
         kwargs.pop("rope_type")  # the config class's own default, as Megatron-LM does

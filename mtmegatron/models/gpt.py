@@ -95,7 +95,7 @@ def llama3_scaling(args: argparse.Namespace):
     (patches/llama3_rope_scaling_values.py)."""
     from mtmegatron.patches.llama3_rope_scaling_values import scaling_values
 
-    if not getattr(args, "use_rope_scaling", False):
+    if not args.use_rope_scaling:
         return contextlib.nullcontext()
     return scaling_values(args.rope_scaling_low_freq_factor, args.rope_scaling_high_freq_factor,
                           args.rope_scaling_original_max_position_embeddings)

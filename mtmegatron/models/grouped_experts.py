@@ -1,5 +1,5 @@
-"""Grouped-GEMM MoE experts (``--moe-grouped-gemm``): the flags, their checks, and which experts module a MoE
-layer gets.
+"""Grouped-GEMM MoE experts (``--moe-grouped-gemm``): which experts module a MoE layer gets (the flags and their
+checks are config/moe_flags.py's).
 
 - Without ``--moe-grouped-gemm``: megatron-core's ``SequentialMLP`` (one MLP per local expert).
 - With it, on TransformerEngine layers: megatron-core's ``TEGroupedMLP`` over TE's grouped linears (as Megatron-LM
@@ -19,8 +19,9 @@ import importlib
 
 from mtmegatron.backends.base import installed_transformer_engine
 
-# megatron-core's modules are imported where used: the training parser imports this module, and its imports
-# must stay light (pretrain silences megatron-core's import-time notices only after parsing has begun)
+# megatron-core's modules are imported where used: the training parser imports this module (through
+# models/layer_spec.py callers), and its imports must stay light (pretrain silences megatron-core's import-time
+# notices only after parsing has begun)
 TE_MODULE = "megatron.core.extensions.transformer_engine"
 
 
@@ -32,31 +33,6 @@ def te_module(name: str):
 
         return ModuleSpec(module=(TE_MODULE, name))
     return getattr(importlib.import_module(TE_MODULE), name)
-
-
-def add_grouped_experts_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("grouped-GEMM MoE experts")
-    g.add_argument("--moe-grouped-gemm", action="store_true", default=False,
-                   help="run each rank's experts as grouped GEMMs: TE's grouped linears with TransformerEngine "
-                        "layers, else megatron-core's GroupedMLP over torch._grouped_mm (or one matmul per expert)")
-    g.add_argument("--moe-use-legacy-grouped-gemm", action="store_true", default=False,
-                   help="with TransformerEngine layers, megatron-core's GroupedMLP instead of TEGroupedMLP")
-
-
-def check_grouped_experts_args(args: argparse.Namespace, error: type[Exception]) -> None:
-    if not args.moe_grouped_gemm or not args.num_experts:
-        return
-    te = args.transformer_engine_layers  # decided once at parse time (models/transformer_impl.py)
-    if getattr(args, "fp8_format", None) and not te:
-        raise error("--moe-grouped-gemm with --fp8-format needs TransformerEngine's grouped linears; mtmegatron's "
-                    "FP8 executors cover the sequential experts: drop --moe-grouped-gemm")
-    if not te or args.moe_use_legacy_grouped_gemm:
-        if args.add_bias_linear:
-            raise error("--moe-grouped-gemm without TransformerEngine layers runs megatron-core's GroupedMLP, which "
-                        "has no biases: add --disable-bias-linear")
-        if getattr(args, "moe_latent_size", None):
-            raise error("--moe-latent-size is not supported by megatron-core's GroupedMLP (--moe-grouped-gemm "
-                        "without TransformerEngine layers)")
 
 
 def expert_modules(layer_modules, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool):

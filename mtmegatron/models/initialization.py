@@ -9,7 +9,8 @@ the simulated-MUSA lane and the GPU check use it to compare a device run with th
 backend the device is the host: the host path always runs there (the flag changes nothing).
 Seeds as Megatron-LM's ``_set_random_seed``: ``--seed + 100 * pipeline rank`` (``+ 10 * data-parallel rank``
 with ``--data-parallel-random-init``) for python, numpy, torch and the tracker. ``--load``/``--finetune`` with a
-checkpoint skips the fill (megatron-core's ``perform_initialization=False``; family_args.skip_initialization).
+checkpoint skips the fill (megatron-core's ``perform_initialization=False``; ``skip_initialization``).
+The flags are config/initialization_flags.py's.
 (training/setup.seed_everything seeds with ``rank_seed``.)
 May assume: megatron-core parallel state is initialised when ``rank_seed`` runs, and the backend bridge is
 active when ``host_initialization`` / ``describe`` run.
@@ -24,23 +25,12 @@ from mtmegatron.backends.active import active_backend
 from mtmegatron.backends.cpu import CPU
 
 
-def add_initialization_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("initialization (mtmegatron/models/initialization.py)")
-    group.add_argument("--use-cpu-initialization", action="store_true", default=None, dest="use_cpu_initialization",
-                       help="build every full weight on the host and keep this rank's shard: the same weights "
-                            "under every tensor-parallel size (default: born on the device, as Megatron-LM; the "
-                            "cpu backend always builds on the host)")
-    group.add_argument("--data-parallel-random-init", action="store_true", default=False,
-                       dest="data_parallel_random_init",
-                       help="seed each data-parallel rank differently (seed + 10 * DP rank), as Megatron-LM")
-
-
 def host_initialization(args: argparse.Namespace) -> bool:
     """megatron-core's ``use_cpu_initialization``: the flag, a backend whose device is the host, or
     ``--init-model-with-meta-device`` (megatron-core's local layers are born on the meta device only on the host
     path; Megatron-FSDP then draws each module's weights as the host path does: training/meta_init.py)."""
     return (bool(args.use_cpu_initialization) or (active_backend() or CPU).device_is_host
-            or bool(getattr(args, "init_model_with_meta_device", False)))
+            or bool(args.init_model_with_meta_device))
 
 
 def birth_device(args: argparse.Namespace):
@@ -58,10 +48,19 @@ def birth_device(args: argparse.Namespace):
 
 def config_fields(args: argparse.Namespace) -> dict:
     """TransformerConfig fields: where the weights are built and whether they are filled at all."""
-    from mtmegatron.config.family_args import skip_initialization
-
     return {"use_cpu_initialization": host_initialization(args),
             "perform_initialization": not skip_initialization(args)}  # --load/--finetune overwrite them
+
+
+def skip_initialization(args: argparse.Namespace) -> bool:
+    """Every parameter comes from a checkpoint about to be loaded, so random initialisation is skipped (the
+    parameters are allocated, not filled): megatron-core's ``perform_initialization=False``. ``HF_DIR`` runs
+    convert first and pass ``--load``."""
+    if not args.load or args.moe_use_upcycling:
+        return False  # upcycling: the dense checkpoint has no router, which is drawn as in a fresh run
+    from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
+
+    return latest_complete_iteration(args.load) is not None  # an empty --load directory starts from scratch
 
 
 def rank_seed(args: argparse.Namespace) -> int:
@@ -77,11 +76,9 @@ def rank_seed(args: argparse.Namespace) -> int:
 
 def describe(args: argparse.Namespace) -> str:
     """The start-up line: where the weights are born (or that a checkpoint fills them)."""
-    from mtmegatron.config.family_args import skip_initialization
-
     if skip_initialization(args):
         return "mtmegatron: init: skipped (every weight comes from the checkpoint in --load)"
-    if getattr(args, "init_model_with_meta_device", False):
+    if args.init_model_with_meta_device:
         return ("mtmegatron: init: on the meta device (--init-model-with-meta-device); Megatron-FSDP materialises one "
                 "module at a time on this rank's device, each weight drawn where the host init draws it")
     backend = active_backend() or CPU

@@ -111,7 +111,7 @@ def choose_modules(args: argparse.Namespace) -> LayerModules:
                             transformer_engine=True)
     column, row = fp8_linears(args) or (ColumnParallelLinear, RowParallelLinear)
     norm = FusedRMSNorm if fused else LocalSpecProvider().layer_norm(rms_norm=args.normalization == "RMSNorm")
-    if getattr(args, "layernorm_zero_centered_gamma", False):  # --apply-layernorm-1p
+    if args.layernorm_zero_centered_gamma:  # --apply-layernorm-1p
         norm = ZeroCenteredNorm
     return LayerModules(norm=norm, column=column, row=row, plain_column=ColumnParallelLinear, norm_column=None,
                         core=core, mlp=mlp)
@@ -202,7 +202,7 @@ def describe_layer_spec(args: argparse.Namespace) -> str:
     m = choose_modules(args)
     te = uses_transformer_engine(args)
     _, why = core_attention_choice(args, transformer_engine=te)
-    executor = f" (FP8 executor {executor_in_use(args)})" if getattr(args, "fp8_format", None) else ""
+    executor = f" (FP8 executor {executor_in_use(args)})" if args.fp8_format else ""
     norm = f"{_name(m.norm)}{' + ' + _name(m.norm_column) if te else ''}"
     return (f"mtmegatron: layers: --transformer-impl {args.transformer_impl} | norm {norm} | attention "
             f"{_name(m.core)} ({why}) | linears {_name(m.column)}/{_name(m.row)}{executor} | MLP {_name(m.mlp)}"

@@ -33,7 +33,7 @@ def _te_fp8_executor(args: argparse.Namespace) -> bool:
     """Whether an FP8 run's executor is TransformerEngine's: asked for by name (``select_executor`` refuses it at
     start-up where the backend does not offer it), or ``auto`` where TE leads the backend's executors and serves
     the backend (``select_executor`` takes the first executor that runs)."""
-    executor = getattr(args, "fp8_executor", "auto")
+    executor = args.fp8_executor
     if executor != "auto":
         return executor == "transformer_engine"
     backend = _backend(args)
@@ -50,15 +50,15 @@ def resolve_transformer_impl(args: argparse.Namespace, given: dict, error) -> No
         raise error("--transformer-impl inference_optimized: inference only (mtmegatron.pretrain trains)")
     if args.transformer_impl == "transformer_engine":
         _keep_or_fall_back(args, given, error)
-    args.transformer_engine_layers = (_te_fp8_executor(args) if getattr(args, "fp8_format", None)
+    args.transformer_engine_layers = (_te_fp8_executor(args) if args.fp8_format
                                       else args.transformer_impl == "transformer_engine")
 
 
 def _keep_or_fall_back(args: argparse.Namespace, given: dict, error) -> None:
     backend = _backend(args)
     why = f"backend {args.backend} is not available" if backend is None else backend.transformer_engine_missing()
-    executor = getattr(args, "fp8_executor", "auto")
-    if why is None and getattr(args, "fp8_format", None) and executor in OUR_FP8_EXECUTORS:
+    executor = args.fp8_executor
+    if why is None and args.fp8_format and executor in OUR_FP8_EXECUTORS:
         why = f"--fp8-executor {executor} runs FP8 in mtmegatron's linears, not in TransformerEngine's layers"
     if why is None:
         return

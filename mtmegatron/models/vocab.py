@@ -26,7 +26,7 @@ def padded_vocab_size(vocab_size: int, divisible_by: int) -> int:
 
 def padded_size_given(args) -> bool:
     """``--padded-vocab-size`` on the command line (Megatron-LM's flag: the model's rows, used as given)."""
-    return "padded_vocab_size" in getattr(args, "given_flags", {})
+    return "padded_vocab_size" in args.given_flags
 
 
 def check_vocab_padding(args, error=ValueError) -> None:

@@ -174,7 +174,7 @@ def _cache_key(files: list[str], tokenizer, args: argparse.Namespace) -> str:
     h.update(json.dumps([CACHE_VERSION, tokenizer.unique_identifiers, args.sft_tokenizer_prompt_format,
                          args.seq_length, args.seed] + ([padding_multiple(args)] if padding_multiple(args) > 1
                                                         else [])
-                        + (["drop-unanswered"] if getattr(args, "sft_drop_unanswered", False) else [])).encode())
+                        + (["drop-unanswered"] if args.sft_drop_unanswered else [])).encode())
     return h.hexdigest()[:16]
 
 
@@ -184,7 +184,7 @@ def _build(files: list[str], tokenizer, args: argparse.Namespace, directory: str
     conversations = [c for path in files for c in read_conversations(path)]
     template = ChatTemplate(tokenizer, args.sft_tokenizer_prompt_format)
     ids, assistant, offsets, stats = tokenize(conversations, template, args.seq_length, tokenizer.eod, progress,
-                                              getattr(args, "sft_drop_unanswered", False))
+                                              args.sft_drop_unanswered)
     check_cut(stats, len(conversations), args.seq_length)
     lengths = round_up(np.diff(offsets) - 1, padding_multiple(args))
     bins = first_fit_decreasing(lengths, args.seq_length, args.seed)

@@ -31,10 +31,10 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
-from mtmegatron.config.data_flags import per_split_paths, requested_splits
+from mtmegatron.data.splits import per_split_paths, requested_splits
 from mtmegatron.data.position import SamplePlan, rank_micro_batches
 from mtmegatron.training.resilience.robustness import data_worker_init
-from mtmegatron.config.training_flags import dataset_config_fields
+from mtmegatron.data.dataset_fields import dataset_config_fields
 
 
 class MockTokenizer:

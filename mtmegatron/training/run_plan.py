@@ -35,8 +35,8 @@ def startup_lines(args) -> list[str]:
         lines = [f"mtmegatron: no model flags: the demo (--model {args.model} --model-size {args.model_size})"]
     if args.megatron_differences:
         lines.append("mtmegatron: differs from Megatron-LM's defaults: " + ", ".join(args.megatron_differences))
-    lines += [f"mtmegatron: {note}" for note in (args.impl_note, getattr(args, "activation_offload_note", None),
-                                                      getattr(args, "fsdp_offload_note", None)) if note]
+    lines += [f"mtmegatron: {note}" for note in (args.impl_note, args.activation_offload_note,
+                                                      args.fsdp_offload_note) if note]
     if args.sequence_parallel_at_tp1:
         lines.append("mtmegatron: --sequence-parallel has no effect at TP 1 (sequence parallelism splits the "
                      "tensor-parallel group's activations): off, as Megatron-LM turns it off")

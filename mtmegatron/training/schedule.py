@@ -2,7 +2,7 @@
 
 ``build_scheduler`` makes megatron-core's ``OptimizerParamScheduler`` from the flags (steps count samples, as
 in Megatron-LM: iterations x global batch, or the ``--*-samples`` values of sample-based training; the step
-counts, WSD and the weight-decay schedule come from config/schedule_flags.py; ``--lr-decay-iters`` defaults
+counts, WSD and the weight-decay schedule come from training/schedule_steps.py; ``--lr-decay-iters`` defaults
 to ``--train-iters``, so changing ``--train-iters`` changes the schedule). ``check_schedule`` runs on ``--load``
 before the scheduler state is restored: if the checkpoint's schedule (max/min lr, warmup steps, decay steps,
 decay style, start/end weight decay, weight-decay increment style and steps — the values megatron-core's
@@ -16,7 +16,7 @@ May assume: ``args`` validated by config/arguments.py.
 
 from __future__ import annotations
 
-from mtmegatron.config.schedule_flags import scheduler_steps, weight_decay_range
+from mtmegatron.training.schedule_steps import scheduler_steps, weight_decay_range
 
 # scheduler state key -> the flag that sets it
 COMPARED = {

@@ -9,6 +9,7 @@ May assume: flags already validated (arguments.py) and the backend bridge active
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import random
 from functools import partial
@@ -23,10 +24,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy
 
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
-from mtmegatron.training import meta_init, overlap
-from mtmegatron.config import fsdp_flags
-from mtmegatron.config import training_flags
 from mtmegatron.backends.device import compute_device, move_module, on_host
+from mtmegatron.training import meta_init, overlap
+from mtmegatron.training.fsdp_engine import engine
 from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
 
@@ -47,11 +47,31 @@ def init_distributed(args, backend) -> None:
         context_parallel_size=args.context_parallel_size,
         expert_model_parallel_size=args.expert_model_parallel_size,
         distributed_timeout_minutes=args.distributed_timeout_minutes,
-        order=training_flags.parallel_order(args),  # --use-tp-pp-dp-mapping
+        order=parallel_order(args),  # --use-tp-pp-dp-mapping
         num_distributed_optimizer_instances=args.num_distributed_optimizer_instances,  # HSDP / partial dist. opt.
     )
-    training_flags.apply_logging_level(args)  # --logging-level / MEGATRON_LOGGING_LEVEL
+    apply_logging_level(args)  # --logging-level / MEGATRON_LOGGING_LEVEL
     seed_everything(initialization.rank_seed(args))  # Megatron-LM's: --seed + 100 * pipeline rank
+
+
+def parallel_order(args) -> str:
+    """megatron-core's rank order for initialize_model_parallel (Megatron-LM's initialize.py)."""
+    return "tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp"
+
+
+def apply_logging_level(args) -> int | None:
+    """Megatron-LM's rule: ``--logging-level`` wins over ``MEGATRON_LOGGING_LEVEL``; the root logger gets it."""
+    level = args.logging_level
+    if level is None and os.environ.get("MEGATRON_LOGGING_LEVEL") is not None:
+        level = int(os.environ["MEGATRON_LOGGING_LEVEL"])
+    if level is not None:
+        logging.getLogger().setLevel(level)
+    return level
+
+
+def ddp_bucket_size(args, chunks) -> int:
+    """``--ddp-num-buckets``: this rank's parameters (all model chunks) // N, as Megatron-LM's get_model."""
+    return sum(p.nelement() for chunk in chunks for p in chunk.parameters()) // args.ddp_num_buckets
 
 
 def init_lone_process_group(dist_backend: str, timeout: datetime.timedelta) -> None:
@@ -81,7 +101,7 @@ def seed_everything(seed: int) -> None:
 
 
 def build(args):
-    """Returns (model chunks wrapped in DDP, Megatron-FSDP or torch FSDP2 (config/fsdp_flags.py), optimizer,
+    """Returns (model chunks wrapped in DDP, Megatron-FSDP or torch FSDP2 (training/fsdp_engine.py), optimizer,
     scheduler, transformer config)."""
     config = transformer_config(args)
     with meta_init.birth(args):  # --init-model-with-meta-device: Megatron-FSDP materialises it (meta_init.py)
@@ -96,9 +116,9 @@ def build(args):
     if args.torch_fsdp2_cpu_offload:  # fully_shard receives it (patches/torch_fsdp2_cpu_offload.py)
         ddp_config.offload_policy = CPUOffloadPolicy(pin_memory=not on_host(device))
     if args.ddp_num_buckets is not None:  # Megatron-LM: this rank's parameters // N
-        ddp_config.bucket_size = training_flags.ddp_bucket_size(args, chunks)
+        ddp_config.bucket_size = ddp_bucket_size(args, chunks)
     wrapper = {"ddp": DistributedDataParallel, "megatron_fsdp": partial(FullyShardedDataParallel, device=device),
-               "torch_fsdp2": TorchFullyShardedDataParallel}[fsdp_flags.engine(args)]
+               "torch_fsdp2": TorchFullyShardedDataParallel}[engine(args)]
     model = [  # Megatron-LM: chunks after the first are not bucketed (their reduce overlaps anyway)
         wrapper(config, ddp_config, chunk, disable_bucketing=(i > 0)) for i, chunk in enumerate(chunks)
     ]

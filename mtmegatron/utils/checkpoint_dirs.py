@@ -104,7 +104,7 @@ def latest_complete_iteration(root: str, also_list: tuple[str, ...] = (), load: 
 def non_persistent_dir(args, root: str) -> str:
     """Where Megatron-LM keeps the non-persistent checkpoints of ``root`` (``--save`` or ``--load``):
     ``--non-persistent-global-ckpt-dir``, else ``<root>/non_persistent``."""
-    return getattr(args, "non_persistent_global_ckpt_dir", None) or os.path.join(root, NON_PERSISTENT_SUBDIR)
+    return args.non_persistent_global_ckpt_dir or os.path.join(root, NON_PERSISTENT_SUBDIR)
 
 
 def resume_point(load: str, args) -> tuple[str, int] | None:
@@ -112,7 +112,7 @@ def resume_point(load: str, args) -> tuple[str, int] | None:
     under ``load`` and, with ``--non-persistent-ckpt-type global``, the non-persistent one (on a tie the
     non-persistent one, as Megatron-LM); None when neither holds one. A tracker in either naming a missing or
     incomplete checkpoint is a CheckpointError listing the complete checkpoints of both."""
-    if getattr(args, "non_persistent_ckpt_type", None) != "global":
+    if args.non_persistent_ckpt_type != "global":
         iteration = latest_complete_iteration(load)
         return None if iteration is None else (load, iteration)
     other = non_persistent_dir(args, load)
@@ -155,7 +155,7 @@ def check_writable_dir(flag: str, path: str, error: type[Exception], what: str =
 def _no_checkpoint_reason(args) -> str | None:
     if args.finetune:
         return "--finetune needs one"
-    if getattr(args, "exit_on_missing_checkpoint", False):
+    if args.exit_on_missing_checkpoint:
         return "--exit-on-missing-checkpoint"
     return None
 
@@ -183,7 +183,7 @@ def check_load(load: str, args, error: type[Exception]) -> None:
         if resume_point(load, args) is not None:
             return
         other = non_persistent_dir(args, load)
-        unread = complete_iterations(other) if getattr(args, "non_persistent_ckpt_type", None) != "global" else []
+        unread = complete_iterations(other) if args.non_persistent_ckpt_type != "global" else []
         if unread:  # Megatron-LM would start from scratch (it reads them only with the flag)
             raise error(f"--load {load}: no persistent checkpoint, but {other} holds the non-persistent checkpoint "
                         f"of iteration {unread[-1]}: pass --non-persistent-ckpt-type global to resume from it, or "

@@ -28,7 +28,7 @@ from helpers.pretrain_runner import run_pretrain
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 from mtmegatron.training.data import MockTokenizer, build_gpt_datasets, micro_batches
-from mtmegatron.config.data_flags import empty_splits
+from mtmegatron.data.splits import empty_splits
 
 VOCAB, SEQ = 64, 32
 EOD = VOCAB - 1  # MockTokenizer's

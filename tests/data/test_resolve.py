@@ -28,7 +28,7 @@ def dataset(tmp_path_factory):
 def test_real_data_resolves_with_blend_weights_and_defaults(dataset):
     prefix, tok = dataset
     # a weighted blend asks samples of every split: on 30 documents the default split's 0.1% test share is
-    # empty (data_flags.empty_splits), so this blend names a split without a test share
+    # empty (data/splits.empty_splits), so this blend names a split without a test share
     args = parse_args(SMALL + ["--data-path", "0.3", prefix, "0.7", prefix, "--tokenizer-model", tok,
                                "--vocab-size", "512", "--split", "80,20,0"], world_size=1)
     assert args.eval_interval == 2  # default: train-iters / 10

@@ -118,7 +118,8 @@ class FakeBackend:
 def fp8_args(recipe="tensorwise", executor="auto"):
     return argparse.Namespace(fp8_format="hybrid", fp8_recipe=recipe, fp8_executor=executor, fp8_margin=0,
                               fp8_amax_history_len=1, fp8_amax_compute_algo="most_recent",
-                              transformer_engine_layers=False)  # what parse decides without TE
+                              transformer_engine_layers=False,  # what parse decides without TE
+                              fp8_executor_in_use=None, fp8_executor_note=None)  # pretrain.prepare chooses them
 
 
 def test_device_is_set_before_the_probe_which_runs_on_the_current_device(monkeypatch):

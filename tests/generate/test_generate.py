@@ -83,14 +83,14 @@ def _generate_worker(rank, world_size, backend_name, load, tokenizer_dir, layout
     from mtmegatron.backends import get_backend
     from mtmegatron.generate.command import prepare
     from mtmegatron.inference.engine import Sampling, generate
-    from mtmegatron.config.generate_flags import add_arguments
+    from mtmegatron.config.generate_flags import add_generate_args
     from mtmegatron.generate.model import build_and_load
     from mtmegatron.inference.recompute import generate_without_cache
     from mtmegatron.training.setup import init_distributed
 
     argv = ["--backend", backend_name, "--load", load, "--tokenizer-model", tokenizer_dir,
             "--max-new-tokens", str(NEW_TOKENS), *layout, *[a for p in PROMPTS for a in ("--prompt", p)]]
-    args = add_arguments(argparse.ArgumentParser()).parse_args(argv)
+    args = add_generate_args(argparse.ArgumentParser()).parse_args(argv)
     _, prompts, prompt_tokens, tokenizer, margs, common = prepare(args)
     mtmegatron.activate(get_backend(backend_name))
     init_distributed(margs, get_backend(backend_name))

@@ -76,7 +76,7 @@ def _generate_worker(rank, world_size, backend_name, root, load, layout, greedy_
     import mtmegatron.tasks.qwen_vl.generate_prompts as vision_prompts_module
     from mtmegatron.backends import get_backend
     from mtmegatron.generate.command import prepare
-    from mtmegatron.config.generate_flags import add_arguments
+    from mtmegatron.config.generate_flags import add_generate_args
     from mtmegatron.tasks.qwen_vl.generate_images import vision_prompts
     from mtmegatron.generate.model import build_and_load
     from mtmegatron.inference.engine import Sampling
@@ -85,7 +85,7 @@ def _generate_worker(rank, world_size, backend_name, root, load, layout, greedy_
     from mtmegatron.tasks.qwen_vl.generate_recompute import generate_with_images_without_cache
     from mtmegatron.training.setup import init_distributed
 
-    args = add_arguments(argparse.ArgumentParser()).parse_args(_argv(Path(root), Path(load), PROMPTS, *layout))
+    args = add_generate_args(argparse.ArgumentParser()).parse_args(_argv(Path(root), Path(load), PROMPTS, *layout))
     _, prompts, prompt_tokens, tokenizer, margs, common = prepare(args)
     prompt_tokens, visions = vision_prompts(args, prompts, prompt_tokens, tokenizer, margs)
     args.image, args.prompt = None, [TEXT_PROMPT]  # a text prompt to the same model
@@ -193,11 +193,11 @@ def test_pixel_bounds_resize_the_images(made):
     import argparse
 
     from mtmegatron.generate.command import prepare
-    from mtmegatron.config.generate_flags import add_arguments
+    from mtmegatron.config.generate_flags import add_generate_args
     from mtmegatron.tasks.qwen_vl.generate_images import vision_prompts
 
     root, load, reference = converted(made, "qwen2-vl")
-    args = add_arguments(argparse.ArgumentParser()).parse_args(_argv(root, load, PROMPTS[:1], "--max-pixels", "3136"))
+    args = add_generate_args(argparse.ArgumentParser()).parse_args(_argv(root, load, PROMPTS[:1], "--max-pixels", "3136"))
     _, prompts, prompt_tokens, tokenizer, margs, _ = prepare(args)
     prompt_tokens, visions = vision_prompts(args, prompts, prompt_tokens, tokenizer, margs)
     assert visions[0].image_grid_thw.tolist() == [[1, 2, 4], [1, 4, 2]]

@@ -16,7 +16,8 @@ get_backend_description = BUILTIN.__getitem__
 
 def _args(**kw):
     return argparse.Namespace(**{"use_cpu_initialization": None, "data_parallel_random_init": False, "seed": 1234,
-                                 "load": None, **kw})
+                                 "load": None, "moe_use_upcycling": False, "init_model_with_meta_device": False,
+                                 **kw})
 
 
 @pytest.mark.parametrize("device_type,flag,host", [("musa", None, False), ("cuda", None, False),

@@ -19,7 +19,8 @@ def gpt_args(**overrides) -> SimpleNamespace:
                 group_query_attention=False, ffn_hidden_size=128, seq_length=32, padded_vocab_size=256,
                 swiglu=False, num_experts=None, moe_layer_freq=1, moe_router_topk=2, moe_ffn_hidden_size=None,
                 moe_shared_expert_intermediate_size=None, mtp_num_layers=None, multi_latent_attention=False,
-                q_lora_rank=None, kv_lora_rank=32, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128)
+                q_lora_rank=None, kv_lora_rank=32, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
+                kv_channels=None, attention_output_gate=False)
     base.update(overrides)
     return SimpleNamespace(**base)
 

@@ -471,7 +471,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
         return 0
     if point[0] != root:
         _say(f"--load {root}: the non-persistent checkpoint in {point[0]} is the newest")
-    elif getattr(args, "non_persistent_ckpt_type", None) != "global" and (
+    elif args.non_persistent_ckpt_type != "global" and (
             unread := [it for it in complete_iterations(non_persistent.directory(args, root)) if it > point[1]]):
         _say(f"--load {root}: {non_persistent.directory(args, root)} holds a newer non-persistent checkpoint "
              f"(iteration {unread[-1]}), read only with --non-persistent-ckpt-type global (as Megatron-LM)")

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 def loads_in_place(args: argparse.Namespace) -> bool:
     """True when ``dist_checkpointing.load`` writes the model's weights into its parameters itself (torch FSDP2;
     Megatron-FSDP: megatron_fsdp_checkpoint.py)."""
-    return bool(getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False))
+    return bool(args.use_torch_fsdp2 or args.use_megatron_fsdp)
 
 
 def _as_dtensors(saved: dict, inner) -> dict:

@@ -46,7 +46,7 @@ _GROUP_IDENTITY = ("wd_mult", "lr_mult", "is_expert_parallel", "is_decoupled_lr"
 
 
 def applies(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "use_megatron_fsdp", False))  # converters load without the training flags
+    return bool(args.use_megatron_fsdp)
 
 
 def _unwrap(chunk):

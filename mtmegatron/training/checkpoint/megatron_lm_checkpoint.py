@@ -118,7 +118,7 @@ def model_fingerprint(ns: argparse.Namespace) -> dict:
     if not getattr(ns, "group_query_attention", True):
         values["num_query_groups"] = getattr(ns, "num_attention_heads", None)
     if getattr(ns, "use_rope_scaling", False):  # Megatron-LM always scales with megatron-core's fixed values
-        from mtmegatron.config.family_args import LLAMA3_SCALING_DEFAULTS
+        from mtmegatron.models.families.gpt import LLAMA3_SCALING_DEFAULTS
 
         values = {**LLAMA3_SCALING_DEFAULTS, **values}
     if not getattr(ns, "multi_latent_attention", False):

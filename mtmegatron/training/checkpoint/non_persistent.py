@@ -34,10 +34,10 @@ def due(args, iteration: int) -> bool:
 def kept(args, root: str) -> int | None:
     """How many complete checkpoints a save into ``root`` leaves there: one in the non-persistent directory,
     else ``--keep-last`` (None: all)."""
-    if args.save and getattr(args, "non_persistent_ckpt_type", None) == "global" and (
+    if args.save and args.non_persistent_ckpt_type == "global" and (
             os.path.realpath(root) == os.path.realpath(directory(args, args.save))):
         return 1
-    return getattr(args, "keep_last", None)
+    return args.keep_last
 
 
 def startup_lines(args) -> list[str]:

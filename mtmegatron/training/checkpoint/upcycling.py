@@ -4,42 +4,15 @@ same flags with no experts, expert-parallel size 1 and ``--ffn-hidden-size`` x g
 project's loader, and megatron-core's ``upcycling_utils`` copies (and, for granularity > 1, splits) its MLP into
 every expert and the router; the result is saved to ``--save`` at iteration 1 and training starts from it.
 
-``check_upcycling_args`` runs at parse time (before any process group): ``--save`` must be given and hold no
-checkpoint, ``--load`` and ``--num-experts`` must be given; ``--no-load-optim`` and ``--no-load-rng`` are forced.
+The flags are checked at parse time (config/checkpoint_flags.check_upcycling_args, before any process group):
+``--save`` must be given and hold no checkpoint, ``--load`` and ``--num-experts`` must be given;
+``--no-load-optim`` and ``--no-load-rng`` are forced.
 May assume: ``upcycle`` runs after training/setup.py ``build`` on every rank, with the process groups up.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-
-from mtmegatron.utils.errors import ConfigError
-
-
-def check_upcycling_args(args: argparse.Namespace) -> None:
-    if not args.moe_use_upcycling:
-        return
-    if not args.save:
-        raise ConfigError("--moe-use-upcycling needs --save DIR (the upcycled MoE checkpoint is written there)")
-    from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
-
-    try:
-        saved = latest_complete_iteration(args.save)
-    except Exception:
-        saved = None
-    if saved is not None:
-        raise ConfigError(f"--moe-use-upcycling: --save {args.save} already holds a checkpoint (iteration {saved}); "
-                          f"upcycling is only for the first run from the dense model: drop the flag to continue")
-    if not args.load:
-        raise ConfigError("--moe-use-upcycling needs --load DIR (the dense model's checkpoint)")
-    if not args.num_experts:
-        raise ConfigError("--moe-use-upcycling needs --num-experts (the MoE model the dense checkpoint becomes)")
-    if not (args.no_load_optim and args.no_load_rng):
-        args.upcycling_note = ("--moe-use-upcycling: --no-load-optim and --no-load-rng forced (the dense "
-                               "checkpoint's optimizer and RNG states do not fit the MoE model), as Megatron-LM")
-    args.no_load_optim = True
-    args.no_load_rng = True
 
 
 def upcycle(args, model, optimizer, scheduler, rank: int) -> None:
@@ -53,7 +26,7 @@ def upcycle(args, model, optimizer, scheduler, rank: int) -> None:
     from mtmegatron.backends.device import compute_device, move_module
     from mtmegatron.utils.metrics import print_rank0
 
-    if getattr(args, "upcycling_note", None):
+    if args.upcycling_note:
         print_rank0(rank, f"mtmegatron: {args.upcycling_note}")
     dense_args = copy.copy(args)  # the dense twin's flags (args itself is read-only)
     dense_args.num_experts, dense_args.expert_model_parallel_size, dense_args.moe_ffn_hidden_size = None, 1, None

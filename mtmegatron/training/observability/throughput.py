@@ -78,11 +78,11 @@ def _self_attention_term(args) -> float:
                  + s * heads * (qk + rope) / 2  # scores, causal half
                  + s * heads * v / 2)  # scores x values, causal half
         return 3 * 2 * terms
-    kv_channels = getattr(args, "kv_channels", None) or h // heads
+    kv_channels = args.kv_channels or h // heads
     groups = args.num_query_groups if args.group_query_attention else heads
     query = kv_channels * heads
     key = value = kv_channels * groups
-    gate = query if getattr(args, "attention_output_gate", False) else 0
+    gate = query if args.attention_output_gate else 0
     terms = (h * (query + key + value + gate)  # qkv projection
              + query * s / 2 * 2  # QK^T and (QK^T)V, causal half
              + query * h)  # output projection

@@ -28,7 +28,7 @@ import threading
 import torch
 from torch.distributed.tensor import DTensor
 
-from mtmegatron.config.run_control import exit_signal, minutes_since_start
+from mtmegatron.training.resilience.run_clock import exit_signal, minutes_since_start
 
 INJECT_ENV = "MTMEGATRON_TEST_INJECT_NAN"
 STARTED_ENV = "MTMEGATRON_TEST_STARTED_MINUTES_AGO"
