@@ -10,7 +10,7 @@ A ``RunConfig`` is never changed: a later stage makes a new one with ``cfg.resol
   default), the start-up report's data;
 - ``family``, ``task``, ``world_size``, ``preset``: what kind of run this is, decided once here.
 May assume: ``arguments.parse_args`` validates (every mistake one ``ConfigError``); the family registry names each
-family's task (``Family.task``; "text" where a family names none, "sft" for a text family with ``--sft``).
+family's task, turned by the flags (tasks/registry.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from mtmegatron.config import arguments
-from mtmegatron.models import families
+from mtmegatron.tasks.registry import task_name
 
 _NOT_FLAG_GROUPS = {"positional arguments", "options", "optional arguments"}
 
@@ -72,6 +72,5 @@ def flag_groups(parser: argparse.ArgumentParser) -> dict[str, tuple[str, ...]]:
 
 
 def task_of(args: argparse.Namespace) -> str:
-    """The kind of run, decided once: the family's task, or ``sft`` for a text family with ``--sft``."""
-    task = getattr(families.get(args.model), "task", "text")
-    return "sft" if task == "text" and args.sft else task
+    """The kind of run, decided once (tasks/registry.py: the family's task and the flags, e.g. ``--sft``)."""
+    return task_name(args)

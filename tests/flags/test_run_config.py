@@ -36,3 +36,4 @@ def test_resolved_makes_a_new_frozen_value(tmp_path):
 def test_the_task_is_decided_once_from_the_family_and_sft(tmp_path):
     assert config.parse(["--log-dir", str(tmp_path), "--sft"]).task == "sft"
     assert config.parse(["--log-dir", str(tmp_path), "--model", "llava"]).task == "llava"
+    assert config.parse(["--log-dir", str(tmp_path), "--model", "qwen2-vl"]).task == "text"  # mock data: its LM alone
