@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     p.set_defaults(fn=main_with_errors)
     from mtmegatron.config import flag_report
 
-    flag_report.add_parser(sub)
+    flag_report.add_flag_report_args(sub)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["flags"]:  # its arguments are other programs' option strings
         return flag_report.run(argparse.Namespace(names=argv[1:]))

@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.hand_registered = ({s for a in p._actions for s in a.option_strings}
                          | {a.dest for a in p._actions if a.option_strings and a.dest != "help"})
     p.megatron_defaults = megatron_flags.apply_megatron_defaults(p)
-    p.table_rows = megatron_flags.add_table_flags(p)
+    p.table_rows = megatron_flags.add_table_args(p)
     p.megatron_defaults.update({row.dest: row.default_value for row in p.table_rows})
     return p
 
@@ -437,7 +437,7 @@ CHECKS = (
 )
 
 
-def validate_for_training(args: argparse.Namespace) -> None:
+def check_training_run_args(args: argparse.Namespace) -> None:
     """Checks that concern training only (a converter or an inference forward may build these models)."""
     if args.lr is None:
         raise ConfigError("--lr is required (Megatron-LM has no default learning rate; or name a preset with --model)")
@@ -479,5 +479,5 @@ def parse_args(argv=None, world_size: int | None = None, for_training: bool = Tr
     if args.log_dir is None:
         args.log_dir = os.path.join("runs", args.model)
     if for_training:
-        validate_for_training(args)
+        check_training_run_args(args)
     return args

@@ -27,7 +27,7 @@ name, accepted without effect (as in Megatron-LM), or refused unless at its defa
   -h, --help           this text"""
 
 
-def add_parser(sub) -> None:
+def add_flag_report_args(sub) -> None:
     p = sub.add_parser("flags", help="how each Megatron-LM flag is treated (honoured, config field, no-op, refused)",
                        add_help=False)
     p.add_argument("names", nargs="*", help="option strings to look up (other words are ignored)")

@@ -321,7 +321,7 @@ def _add_from_row(group, row: FlagRow) -> None:
     group.add_argument(row.flag, **kwargs)
 
 
-def add_table_flags(parser: argparse.ArgumentParser) -> list[FlagRow]:
+def add_table_args(parser: argparse.ArgumentParser) -> list[FlagRow]:
     """Register every table option string that no module registered by hand; returns their rows."""
     group = parser.add_argument_group(GROUP_TITLE)
     added = []

@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.train_tokenizer is None:
-            tokenizer = tokenizer_from_flags(args)
+            tokenizer = tokenizer_from_flags(args, require_eod=args.append_eod)
         else:
             tokenizer = train_bpe(iter_documents(args.input, args.json_keys[0]), args.train_tokenizer,
                                   f"{args.output_prefix}_tokenizer")

@@ -118,9 +118,10 @@ def _gpt2_bpe(args: argparse.Namespace):
                        kind="GPT2BPETokenizer")
 
 
-def build_tokenizer(args: argparse.Namespace):
+def build_tokenizer(args: argparse.Namespace, require_eod: bool = True):
     """The tokenizer of ``args.tokenizer_type`` (flags already checked); TokenizerError with one line when the
-    files cannot be loaded as that type."""
+    files cannot be loaded as that type. ``require_eod``: it must have an end-of-document token (preprocess
+    without ``--append-eod`` needs none)."""
     kind = args.tokenizer_type
     if kind == "GPT2BPETokenizer":
         return _gpt2_bpe(args)
@@ -145,7 +146,7 @@ def build_tokenizer(args: argparse.Namespace):
                 logging.disable(previous)
         if kind == "SentencePieceTokenizer":
             model_vocab_size = sentencepiece_model_vocab_size(args.tokenizer_model)
-        return CoreTokenizer(inner, kind, source, model_vocab_size, require_eod=getattr(args, "append_eod", True))
+        return CoreTokenizer(inner, kind, source, model_vocab_size, require_eod=require_eod)
     except TokenizerError:
         raise
     except AssertionError as e:
@@ -160,14 +161,14 @@ def build_tokenizer(args: argparse.Namespace):
         raise TokenizerError(f"cannot load --tokenizer-type {kind} from {source}: {_first_line(e)}") from None
 
 
-def tokenizer_from_flags(args: argparse.Namespace):
+def tokenizer_from_flags(args: argparse.Namespace, require_eod: bool = True):
     """The tokenizer the flags name: ``--tokenizer-type`` (above), else the local HF tokenizer of
     ``--tokenizer-model`` (data/tokenizer.py). TokenizerError with one line when it cannot be loaded."""
     if args.tokenizer_type:
-        return build_tokenizer(args)
+        return build_tokenizer(args, require_eod)
     from mtmegatron.data.tokenizer import load_tokenizer
 
-    return load_tokenizer(args.tokenizer_model, require_eod=getattr(args, "append_eod", True))
+    return load_tokenizer(args.tokenizer_model, require_eod=require_eod)
 
 
 def tokenizer_flags_text(args: argparse.Namespace, tokenizer) -> str:
@@ -176,7 +177,7 @@ def tokenizer_flags_text(args: argparse.Namespace, tokenizer) -> str:
         return f"--tokenizer-model {os.path.dirname(tokenizer.source)}"
     parts = [f"--tokenizer-type {args.tokenizer_type}"]
     for flag in ("tokenizer_model", "vocab_file", "merge_file", "tiktoken_pattern"):
-        if getattr(args, flag, None):
+        if getattr(args, flag):
             parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
     if args.tokenizer_type == "TikTokenizer":
         parts.append(f"--tiktoken-num-special-tokens {args.tiktoken_num_special_tokens}")
