@@ -1,11 +1,19 @@
-"""The memory flags' rules (config/memory_flags.py): each bad combination is one clear error from the pretrain
-command before any process group starts."""
+"""The memory flags' rules (config/memory_flags.py): each bad combination is one clear error while the pretrain
+command parses its flags, so before any process group starts.
+
+Checked in-process through the parser the command runs (``parse_args``: a ConfigError of one line). The command's
+own handling of such an error (exit status 2, one ``mtmegatron.pretrain: error:`` line, no traceback, nothing
+started) is tests/memory/test_memory_flags.py's ``test_the_command_exits_2_before_process_groups``, which runs the
+real command for two rules of the same module.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from helpers.pretrain_runner import TINY, run_pretrain
+from helpers.pretrain_runner import TINY
+from mtmegatron.config.arguments import parse_args
+from mtmegatron.utils.errors import ConfigError
 
 CASES = {
     "offload without precision-aware": (["--use-distributed-optimizer", "--optimizer-cpu-offload"],
@@ -22,10 +30,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_combination_is_one_clear_error(case, tmp_path):
+def test_bad_combination_is_one_clear_error(case):
     extra, message = CASES[case]
-    proc, rows = run_pretrain(1, TINY + ["--train-iters", "1", *extra], tmp_path, expect_ok=False, timeout=120)
-    assert proc.returncode != 0 and not rows
-    output = proc.stdout + proc.stderr
-    assert message in output, output[-2000:]
-    assert "Traceback" not in output and "process group" not in output.lower(), output[-2000:]
+    with pytest.raises(ConfigError) as raised:
+        parse_args(TINY + ["--train-iters", "1", *extra])
+    assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
