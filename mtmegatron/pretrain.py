@@ -19,6 +19,7 @@ from mtmegatron.patches import UnsupportedMegatronVersion
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.config import megatron_core_checks
 from mtmegatron.utils.checkpoint_dirs import CheckpointError
+from mtmegatron.utils.deferred_imports import leave_out
 from mtmegatron.utils.errors import ConfigError, exit_with_user_error
 from mtmegatron.utils.quiet import quiet_known_noise
 
@@ -139,4 +140,6 @@ def run(args, backend, task, data=None) -> int:
 
 
 if __name__ == "__main__":
+    if not any(arg.split("=", 1)[0] == "--wandb-project" for arg in sys.argv[1:]):
+        leave_out("wandb")  # megatron-core imports it only to know it is there (utils/deferred_imports.py)
     sys.exit(main())

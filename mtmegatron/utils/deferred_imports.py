@@ -1,4 +1,6 @@
-"""megatron-core's ``jit_fuser`` compiles a fused helper on its first call instead of while megatron-core imports.
+"""What megatron-core does while it is imported that a run may never need: deferred to first use, or left out.
+
+1. ``jit_fuser`` compiles a fused helper on its first call instead of while megatron-core imports.
 
 megatron-core decorates about 40 fused helpers with ``megatron.core.jit.jit_fuser``, which is ``torch.compile`` on
 torch >= 2.2, as its modules are imported. The first ``torch.compile(fn)`` initialises TorchDynamo: 1.2-1.7 s of
@@ -9,6 +11,9 @@ that, right after ``megatron.core.jit`` executes, a ``jit_fuser`` that megatron-
 gets the same compiled function, and one that does not never starts TorchDynamo. Anything else megatron-core or the
 user chose (``disable_jit_fuser``'s no-op, ``torch.jit.script`` on an old torch) is left alone.
 The decorated helper keeps ``__wrapped__`` (the plain function), as the patches that run a helper eagerly expect.
+2. ``leave_out(name)``: a module megatron-core imports only to know it is there (``wandb``: 0.6 s, by its inference
+contexts) is reported absent in a process that will not use it (the pretrain command without ``--wandb-project``,
+the converter), as megatron-core handles it being absent.
 May assume: imported before megatron-core (mtmegatron/__init__.py installs it); stdlib and torch only.
 """
 
@@ -73,9 +78,16 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def leave_out(name: str) -> None:
+    """``import name`` fails in this process from now on (unless it is already imported): for a whole process, never
+    inside a test's own process."""
+    if name not in sys.modules:
+        sys.modules[name] = None
+
+
 def install() -> None:
-    """Idempotent; a no-op when megatron-core's ``jit`` module is already imported (then ``defer`` it directly:
-    helpers decorated before that keep ``torch.compile``)."""
+    """Idempotent. When megatron-core's ``jit`` module is already imported, ``defer`` it directly (helpers
+    decorated before that keep ``torch.compile``)."""
     if TARGET in sys.modules:
         defer(sys.modules[TARGET])
         return

@@ -1,5 +1,5 @@
 """megatron-core's ``jit_fuser`` compiles a helper on its first call, not while megatron-core imports
-(utils/deferred_compile.py): importing it starts no TorchDynamo, and a helper still gives its plain result,
+(utils/deferred_imports.py): importing it starts no TorchDynamo, and a helper still gives its plain result,
 compiled once."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import sys
 
 import torch
 
-from mtmegatron.utils import deferred_compile
+from mtmegatron.utils import deferred_imports
 
 FRESH_IMPORT = """
 import sys
 import mtmegatron, megatron.core.jit, megatron.core.models.gpt, megatron.core.distributed, megatron.core.optimizer
 from megatron.core.fusions import fused_bias_gelu
-from mtmegatron.utils.deferred_compile import compile_on_first_call
+from mtmegatron.utils.deferred_imports import compile_on_first_call
 assert megatron.core.jit.jit_fuser is compile_on_first_call, megatron.core.jit.jit_fuser
 assert fused_bias_gelu.bias_gelu.__wrapped__.__name__ == "bias_gelu"
 print("dynamo imported:", "torch._dynamo" in sys.modules)
@@ -41,7 +41,7 @@ def test_a_deferred_helper_compiles_once_on_first_call_and_equals_the_plain_func
     def gelu_bias(x, b):
         return torch.nn.functional.gelu(x + b)
 
-    helper = deferred_compile.compile_on_first_call(gelu_bias)
+    helper = deferred_imports.compile_on_first_call(gelu_bias)
     assert compiled_calls == [] and helper.__wrapped__ is gelu_bias
     x, b = torch.randn(4, 8), torch.randn(8)
     assert torch.equal(helper(x, b), gelu_bias(x, b))
@@ -53,8 +53,8 @@ def test_only_megatrons_torch_compile_choice_is_replaced():
     class Jit:
         jit_fuser = torch.compile
 
-    deferred_compile.defer(Jit)
-    assert Jit.jit_fuser is deferred_compile.compile_on_first_call
+    deferred_imports.defer(Jit)
+    assert Jit.jit_fuser is deferred_imports.compile_on_first_call
 
     def noop(fn):
         return fn
@@ -62,5 +62,5 @@ def test_only_megatrons_torch_compile_choice_is_replaced():
     class Disabled:
         jit_fuser = noop
 
-    deferred_compile.defer(Disabled)
+    deferred_imports.defer(Disabled)
     assert Disabled.jit_fuser is noop
