@@ -123,8 +123,7 @@ def test_hf_config_without_a_usable_eos_token_is_refused(tokenizer_set, tmp_path
     # preprocess without --append-eod never reads it (Megatron-LM's preprocess_data.py neither): accepted
     assert load_tokenizer(str(tmp_path / "tok"), require_eod=False).eod is None
     args = _flags(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path / "tok")])
-    args.append_eod = False
-    assert build_tokenizer(args).eod is None
+    assert build_tokenizer(args, require_eod=False).eod is None
     from mtmegatron import cli
 
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in tokenizer_set["docs"][:3]))
