@@ -10,18 +10,21 @@ May assume: launched by torchrun (or as a single plain process).
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import warnings
 
 from mtmegatron.backends import BackendUnavailableError, select_backend
 from mtmegatron.patches import UnsupportedMegatronVersion
-from mtmegatron.config.arguments import parse_args
+from mtmegatron.config import parse as parse_run_config
 from mtmegatron.config import megatron_core_checks
 from mtmegatron.utils.checkpoint_dirs import CheckpointError
 from mtmegatron.utils.deferred_imports import leave_out
 from mtmegatron.utils.errors import ConfigError, exit_with_user_error
 from mtmegatron.utils.quiet import quiet_known_noise
+
+_UNSET = object()
 
 # user mistakes: one line and exit status 2 (utils/errors.py)
 USER_ERRORS = (ConfigError, BackendUnavailableError, UnsupportedMegatronVersion, CheckpointError)
@@ -30,11 +33,11 @@ USER_ERRORS = (ConfigError, BackendUnavailableError, UnsupportedMegatronVersion,
 def main(argv=None) -> int:
     quiet_known_noise()
     try:
-        args, backend, task, data = prepare(argv)
+        cfg, backend, task, data = prepare(argv)
     except USER_ERRORS as e:
         exit_with_user_error(str(e))
     try:
-        return run(args, backend, task, data)
+        return run(cfg.args, backend, task, data)
     except CheckpointError as e:
         exit_with_user_error(str(e))
 
@@ -42,8 +45,10 @@ def main(argv=None) -> int:
 def prepare(argv):
     """Everything before the process groups: flags, backend, megatron-core's activation, the FP8 executor, the
     run's task and its prepared data (tasks/). Every user mistake found here is one of USER_ERRORS, reported once
-    by ``main``."""
-    args = parse_args(argv)
+    by ``main``. Returns the RunConfig resolved with what this stage learned (the FP8 executor, the data's facts,
+    the run plan), the backend, the task and its data."""
+    cfg = parse_run_config(argv)  # every flag resolved once, frozen (config/run_config.py)
+    args = copy.copy(cfg.args)  # this stage's own copy: the backend, the FP8 executor and the data add facts to it
     backend = select_backend(args.backend)
     backend.check_precision_args(args, ConfigError)  # e.g. --bf16 on an S80 (no bf16)
     import mtmegatron
@@ -59,14 +64,16 @@ def prepare(argv):
             resolve_executor(args, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    from mtmegatron.tasks.registry import task_for
+    from mtmegatron.tasks.registry import TASKS
 
-    task = task_for(args)  # the kind of run, chosen once
+    task = TASKS[cfg.task]()  # the kind of run, decided once by parse_run_config
     data = task.prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
     from mtmegatron.training.run_plan import plan_run
 
-    args.run_plan = plan_run(args)  # what this run will do, printed by run(); then args is read-only
-    return args.freeze(), backend, task, data
+    args.run_plan = plan_run(args)  # what this run will do, printed by run()
+    learned = {name: value for name, value in vars(args).items()
+               if name != "_frozen" and getattr(cfg.args, name, _UNSET) is not value}
+    return cfg.resolved(**learned), backend, task, data
 
 
 def run(args, backend, task, data=None) -> int:

@@ -1,10 +1,11 @@
-"""``task_for(args)``: the run's Task, chosen once (pretrain.prepare) from the family's ``task`` and the flags.
+"""``task_name(args)``: the kind of run, decided once (config.parse puts it in the RunConfig) from the family's
+``task`` and the flags; ``TASKS[name]`` is its Task class (pretrain.prepare makes one).
 
 A family names its task (``Family.task``: "text", "llava", "qwen_vl"). ``--sft`` turns a text run into "sft". A
 packed-vision family ("qwen_vl") trains on image/video conversations only when its data is conversations
 (``qwen_vl/data.py``'s ``reads_vision_data``: JSONL/JSON files, not ``--mock-data``, ``--sft`` or indexed text);
 otherwise its language model trains alone, as a text (or ``--sft``) run. ``--balance-micro-batches`` and
-``--vision-packing`` without such data are one ``ConfigError`` here, before any data is read.
+``--vision-packing`` without such data are one ``ConfigError`` at parse time (config/arguments.py CHECKS).
 May assume: flags parsed and checked (config/arguments.py).
 """
 
@@ -15,7 +16,7 @@ import argparse
 from mtmegatron.models import families
 from mtmegatron.tasks.base import Task
 from mtmegatron.tasks.llava.task import LlavaTask
-from mtmegatron.tasks.qwen_vl.data import check_balance, reads_vision_data
+from mtmegatron.tasks.qwen_vl.data import reads_vision_data
 from mtmegatron.tasks.qwen_vl.task import QwenVLTask
 from mtmegatron.tasks.sft import SFTTask
 from mtmegatron.tasks.text import TextTask
@@ -29,8 +30,3 @@ def task_name(args: argparse.Namespace) -> str:
     if name == "qwen_vl" and not reads_vision_data(args):  # mock data or indexed text: the language model alone
         name = "text"
     return "sft" if name == "text" and args.sft else name
-
-
-def task_for(args: argparse.Namespace) -> Task:
-    check_balance(args)
-    return TASKS[task_name(args)]()
