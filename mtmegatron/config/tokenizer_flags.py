@@ -33,7 +33,7 @@ SENTENCEPIECE_TYPES = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "L
 
 
 def add_tokenizer_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("tokenizer (Megatron-LM's flags; see README 'Data')")
+    g = p.add_argument_group("tokenizer (Megatron-LM's flags; see docs/data_and_checkpoints.md)")
     g.add_argument("--tokenizer-type", type=str, default=None, choices=TOKENIZER_TYPES,
                    help="tokenizer kind, as in Megatron-LM (default: a local HF tokenizer directory given by "
                         "--tokenizer-model, or the embedded corpus's own BPE)")

@@ -10,8 +10,8 @@ scripts/install.sh runs it where it finds mcc and torch_musa):
 Without TORCH_MUSA_ARCH_LIST the arch of MUSA device 0 is used (e.g. 22 on an S4000).
 The warp size is fixed per target at compile time (MTM_WARP_SIZE, see kernels/musa/include/mtm/musa_common.muh):
 one build serves one warp size, so all archs in TORCH_MUSA_ARCH_LIST must share it (checked here).
-May assume: torch_musa is importable when build() runs; only torch 2.7 APIs (the MUSA floor, README). The path
-helpers need neither.
+May assume: torch_musa is importable when build() runs; only torch 2.7 APIs (the MUSA floor, docs/backends.md).
+The path helpers need neither.
 """
 from __future__ import annotations
 
