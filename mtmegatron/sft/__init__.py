@@ -6,6 +6,6 @@
 - dataset.py: files -> validated, tokenized, cached plan; the per-rank micro-batch iterator
 - step.py: the SFT forward step (PackedSeqParams) and the per-token loss
 - task.py: the embedded arithmetic task (deterministic, with a held-out split); accuracy.py: its exact match
-- flags.py: ``--sft`` and its flags
-Submodules are imported on use: flags.py must stay importable before megatron-core is.
+- config/sft_flags.py: ``--sft`` and its flags
+Submodules are imported on use: config/sft_flags.py must stay importable before megatron-core is.
 """

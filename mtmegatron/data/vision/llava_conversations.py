@@ -3,7 +3,7 @@
 Everything that can go wrong with a sample is found up front, in one validation pass with a progress bar:
 the record is parsed and its roles checked (``records.py``), rendered with the template, every image is opened
 and fully decoded (missing or corrupt files), its tile count computed, and the sample cut to
-``decoder_seq_length`` (``sample.py``). The first bad sample stops the pass with one ``BadSample`` error naming
+``decoder_seq_length`` (``data/vision/llava_sample.py``). The first bad sample stops the pass with one ``BadSample`` error naming
 the file, line and id; with ``skip_bad_samples`` bad samples are left out and counted (``bad_samples``). The
 result, an index of (file, byte offset or array index, line, tiles per image) per good sample, is cached as JSON under
 ``$MTMEGATRON_CACHE/multimodal-index/`` keyed on the files' size/mtime and every setting that changes it, and

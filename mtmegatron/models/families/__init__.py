@@ -10,7 +10,7 @@ A family module defines ``FAMILY = Family(...)``, the whole of what the rest of 
 - ``matches(fingerprint) -> bool``: whether a checkpoint's recorded model fields (models/fingerprint.py) are this
   family's (asked most specific family first, ``_BY_FINGERPRINT``) when a checkpoint names no ``--model``;
 - ``is_multimodal`` (images through a vision tower: the multimodal data, step and model builder) and
-  ``chat_template`` (the conversation template its data uses by default; sft/templates.py, data/multimodal);
+  ``chat_template`` (the conversation template its data uses by default; sft/templates.py, data/vision);
 - ``vision_encoder``: ``"packed"`` for the native-resolution vision-language models (Qwen2-VL, Qwen2.5-VL: patches
   of every image in one packed sequence, M-RoPE; models/families/qwen2_vl/model.py builds them), None otherwise (LLaVA's
   fixed-size tiles go by ``is_multimodal``).

@@ -5,7 +5,7 @@ model's greedy choice given the conversation up to it (teacher-forced argmax, on
 
 It reads the whole held-out set, ``len // --global-batch-size`` global batches in file order (the last partial one
 left out, as ``--full-validation`` does), through megatron-core's forward-only schedule with the forward step of
-``packed_vision_step.py`` minus the labels (the model returns logits, gathered over TP), so it works at every
+``tasks/qwen_vl/step.py`` minus the labels (the model returns logits, gathered over TP), so it works at every
 TP/PP/DP layout; the last pipeline stage counts, the count is summed over data-parallel ranks.
 May assume: called on every rank after the last iteration (the schedule is collective); rank 0 writes.
 """

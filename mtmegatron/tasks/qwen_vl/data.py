@@ -126,7 +126,7 @@ def prepare(args: argparse.Namespace, progress: bool = True):
             "train_samples": len(train), "valid_samples": len(valid) if valid is not None else 0,
             "bad_samples": bad}
     layout = f"padded to {args.seq_length}"
-    if args.vision_packing:  # SFT's packing plan: bins of conversations (packed_vision_thd.py)
+    if args.vision_packing:  # SFT's packing plan: bins of conversations (tasks/qwen_vl/thd.py)
         from mtmegatron.tasks.qwen_vl.thd import binned
 
         info["samples_valid"] = valid  # the held-out answer scoring reads conversations, padded

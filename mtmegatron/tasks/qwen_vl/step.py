@@ -8,7 +8,7 @@ first chunk), positions on every stage (each applies its own rotary), labels on 
 them). Ignored labels (-100, padding and prompt) become id 0 for the model's cross entropy; the loss mask (1
 exactly at the answer tokens) removes them from the loss. Padding sits at the right of a causal model, so no
 attention mask is needed. The loss is ``multimodal_step.loss_func``: mean over the micro-batch's answer tokens.
-Packed micro-batches (``--vision-packing thd``: one THD row of bins, packed_vision_thd.py) go with megatron-core's
+Packed micro-batches (``--vision-packing thd``: one THD row of bins, tasks/qwen_vl/thd.py) go with megatron-core's
 ``PackedSeqParams`` (sft_step.packed_seq_params): attention per conversation, the same mean over the same answer
 tokens as ``--vision-packing padded`` (the same bins as padded rows). Context parallelism: every CP rank gets the whole micro-batch, the model merges the vision embeddings into
 the whole sequence and keeps this rank's positions (``cp_positions``: load-balanced chunks of a padded row, each
@@ -47,7 +47,7 @@ def cp_loss_func(loss_mask, output_tensor):
 
 def schedule_shape(args) -> tuple[int, int]:
     """(seq_length, micro_batch_size) of the pipeline schedule: a THD micro-batch is one row of mbs x seq, padded
-    bins ``args.vision_padded_rows`` rows (packed_vision_thd.py)."""
+    bins ``args.vision_padded_rows`` rows (tasks/qwen_vl/thd.py)."""
     packing = args.vision_packing
     if packing == "thd":
         return args.micro_batch_size * args.seq_length, 1

@@ -1,6 +1,6 @@
 """Packed vision conversations (``--vision-packing thd|padded``): SFT's packing plan over image/video conversations,
 a micro-batch of its bins as one THD row (or as padded rows, the reference layout), and which positions of a
-micro-batch a context-parallel rank holds (the forward step: packed_vision_step.py).
+micro-batch a context-parallel rank holds (the forward step: tasks/qwen_vl/step.py).
 
 ``Bins(dataset, seq_length, multiple, seed)``: the conversations grouped as ``--sft`` groups them (sft/packing.py's
 ``first_fit_decreasing``: longest first, ties in a seeded order, each into the first bin with room, none over

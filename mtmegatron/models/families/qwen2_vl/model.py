@@ -163,7 +163,7 @@ class NativeResolutionVLM(MegatronModule):
         if position_ids.dim() == 2:  # text only: one position per token, the same on the three M-RoPE axes
             position_ids = position_ids.unsqueeze(0).expand(3, -1, -1)
         decoder_input = kwargs.pop("decoder_input", None)  # given: embeddings already merged (tasks/qwen_vl/generate_*.py)
-        cp_positions = kwargs.pop("cp_positions", None)  # CP: this rank's row positions (packed_vision_step.py)
+        cp_positions = kwargs.pop("cp_positions", None)  # CP: this rank's row positions (tasks/qwen_vl/step.py)
         if self.pre_process and decoder_input is None:
             decoder_input = self.embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
             if cp_positions is not None:  # merged into the whole sequence, then this CP rank's part kept

@@ -1,14 +1,14 @@
-"""Qwen2.5-VL (``--model qwen2.5-vl``; HF ``Qwen2_5_VLForConditionalGeneration``): Qwen2-VL's model (qwen2_vl.py)
+"""Qwen2.5-VL (``--model qwen2.5-vl``; HF ``Qwen2_5_VLForConditionalGeneration``): Qwen2-VL's model (qwen2_vl/__init__.py)
 with a vision tower of RMSNorm + SwiGLU layers (biases on gate/up/down), windowed attention (``window_size``
 pixels a side) in every layer but the full-attention ones (``fullatt_block_indexes``), and an RMSNorm before the
 merger. Built by models/families/qwen2_vl/model.py (``vision_encoder="packed"``).
-Map: as qwen2_vl.py, with ``gate_proj``/``up_proj`` -> ``linear_fc1`` (rows and biases concatenated),
-``down_proj`` -> ``linear_fc2``, weight-only norms. HF config -> flags as qwen2_vl.py, the tower's from
+Map: as qwen2_vl/__init__.py, with ``gate_proj``/``up_proj`` -> ``linear_fc1`` (rows and biases concatenated),
+``down_proj`` -> ``linear_fc2``, weight-only norms. HF config -> flags as qwen2_vl/__init__.py, the tower's from
 ``depth``, ``hidden_size``, ``intermediate_size``, ``num_heads``, ``patch_size``, ``temporal_patch_size``,
 ``spatial_merge_size``, ``window_size``, ``fullatt_block_indexes`` and ``tokens_per_second`` (video time positions:
 ``--vision-tokens-per-second``; transformers' default 4 where absent, the released configs say 2), all written back
 on export; ``out_hidden_size`` must be the language width.
-May assume: what qwen2_vl.py assumes.
+May assume: what qwen2_vl/__init__.py assumes.
 """
 
 from __future__ import annotations
