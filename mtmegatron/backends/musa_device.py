@@ -60,7 +60,7 @@ def bf16_refusal(arch: int) -> str | None:
 
 def check_precision_args(args, error, local_rank: int | None = None, musa=None) -> None:
     """Refuse a dtype the device this rank will use cannot run (before any process group starts)."""
-    if not getattr(args, "bf16", False):
+    if not args.bf16:
         return
     index = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     reason = bf16_refusal(device_arch(index, musa))

@@ -74,7 +74,7 @@ _BY_NAME = {cls.name: cls for cls in (DelayedScaling, TensorwiseScaling, Blockwi
 
 def recipe_from_args(args) -> Recipe | None:
     """The recipe the flags ask for, or None when ``--fp8-format`` is not given."""
-    if not getattr(args, "fp8_format", None):
+    if not args.fp8_format:
         return None
     cls = _BY_NAME[args.fp8_recipe]
     if cls is DelayedScaling:

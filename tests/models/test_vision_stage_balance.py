@@ -56,7 +56,8 @@ def _released_7b(**over) -> argparse.Namespace:
                   vision_hidden_size=1280, vision_num_attention_heads=16, vision_window_size=112, patch_dim=14,
                   vision_full_attention_layers=[7, 15, 23, 31], vision_num_layers=32, vision_ffn_hidden_size=3420,
                   vision_swiglu=True, vision_temporal_patch_size=2, pipeline_model_parallel_size=4,
-                  decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None)
+                  decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
+                  virtual_pipeline_model_parallel_size=None, num_layers_per_virtual_pipeline_stage=None)
     return argparse.Namespace(**{**fields, **over})
 
 

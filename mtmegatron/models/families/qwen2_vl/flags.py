@@ -41,7 +41,7 @@ def packed_vision_families() -> list[str]:
 
 def _packed_family(args: argparse.Namespace):
     """The run's family when it is one of this folder's (the registry's ``of(args)`` among them), else None."""
-    return next((f for f in PACKED_VISION if f.name == getattr(args, "model", None)), None)
+    return next((f for f in PACKED_VISION if f.name == args.model), None)
 
 
 # the tower flags registered here: dest -> (value type, what), default None (the preset's value)
@@ -92,7 +92,7 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
     if model is None:
         named = [flag for flag, value in pixels.items() if value is not None]
         named += [_flag(dest) for dest in (*TOWER_FLAGS, "vision_full_attention_layers")
-                  if getattr(args, dest, None) is not None]
+                  if getattr(args, dest) is not None]
         named += ["--balance-micro-batches"] if args.balance_micro_batches else []
         named += ["--vision-packing"] if args.vision_packing else []
         if named:
@@ -109,7 +109,7 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
     if len(sections) != 3 or 2 * sum(sections) != args.kv_channels:
         raise error(f"--mrope-section {' '.join(map(str, sections))}: three sections (temporal, height, width) "
                     f"summing to half the head dim {args.kv_channels}")
-    if getattr(args, "vision_num_layers", None) is None or getattr(args, "vision_spatial_merge_size", None) is None:
+    if args.vision_num_layers is None or args.vision_spatial_merge_size is None:
         raise error(f"--model {model.name}: the vision tower comes from a preset (--model-size)")
     _check_tower(args, model, error)
     factor = args.patch_dim * args.vision_spatial_merge_size
@@ -128,7 +128,7 @@ def check_packed_vision_args(args: argparse.Namespace, error: type[Exception]) -
     if named:
         raise error(f"{', '.join(named)} with --model {model.name}: not supported yet (dense language models only)")
     cp = args.context_parallel_size  # --seq-length a multiple of 2 x CP: checked for every model
-    if cp > 1 and getattr(args, "sft", False):
+    if cp > 1 and args.sft:
         raise error(f"--context-parallel-size {cp} with --model {model.name} --sft: text SFT of these models is "
                     f"not supported under CP yet (train on image conversations, or drop CP)")
 
@@ -152,7 +152,7 @@ def _check_tower(args: argparse.Namespace, model, error: type[Exception]) -> Non
                     f"columns)")
     windowed = any(preset.get("vision_window_size") for preset in model.presets.values())
     if not windowed:
-        named = [_flag(dest) for dest in WINDOW_ONLY if getattr(args, dest, None) is not None]
+        named = [_flag(dest) for dest in WINDOW_ONLY if getattr(args, dest) is not None]
         if named:
             raise error(f"{', '.join(named)}: --model {model.name}'s vision tower attends over whole images and "
                         f"steps video time by frame group (windows and tokens per second are Qwen2.5-VL's)")

@@ -91,8 +91,7 @@ def describe(args: argparse.Namespace) -> str | None:
 
     used = ("Megatron-LM's even split" if split.used_first is None
             else f"--decoder-first-pipeline-num-layers {split.used_first}")
-    if getattr(args, "virtual_pipeline_model_parallel_size", None) or \
-            getattr(args, "num_layers_per_virtual_pipeline_stage", None):
+    if args.virtual_pipeline_model_parallel_size or args.num_layers_per_virtual_pipeline_stage:
         return (f"pipeline stages (forward FLOPs, every sequence all vision tokens of one image): the vision tower "
                 f"in stage 0's first virtual chunk costs {split.vision_in_layers:.1f} language layers; per pipeline "
                 f"rank {costs(split.used_costs)} language layers (uneven splits with virtual stages are not "
