@@ -24,8 +24,6 @@ from mtmegatron.utils.deferred_imports import leave_out
 from mtmegatron.utils.errors import ConfigError, exit_with_user_error
 from mtmegatron.utils.quiet import quiet_known_noise
 
-_UNSET = object()
-
 # user mistakes: one line and exit status 2 (utils/errors.py)
 USER_ERRORS = (ConfigError, BackendUnavailableError, UnsupportedMegatronVersion, CheckpointError)
 
@@ -71,9 +69,7 @@ def prepare(argv):
     from mtmegatron.training.run_plan import plan_run
 
     args.run_plan = plan_run(args)  # what this run will do, printed by run()
-    learned = {name: value for name, value in vars(args).items()
-               if name != "_frozen" and getattr(cfg.args, name, _UNSET) is not value}
-    return cfg.resolved(**learned), backend, task, data
+    return cfg.resolved(args), backend, task, data
 
 
 def run(args, backend, task, data=None) -> int:

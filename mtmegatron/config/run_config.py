@@ -1,7 +1,8 @@
 """The run's configuration as one frozen value: ``parse(argv) -> RunConfig``, and ``resolved(...)`` for the facts
 that only the data can tell (the tokenizer's vocabulary, the embedded corpus's path, the packing plan's rows).
 
-A ``RunConfig`` is never changed: a later stage makes a new one with ``cfg.resolved(name=value, ...)``.
+A ``RunConfig`` is never changed: a later stage writes what it learns into its own copy of the values
+(``copy.copy(cfg.args)``) and makes a new one with ``cfg.resolved(that_copy)``.
 - ``args``: every value by its Megatron-LM dest, read-only (a ``RunArgs`` namespace, frozen): the flat view that
   the packages below read until each takes its own section;
 - ``sections``: the title of each flag group (``"checkpoints"``, ``"schedule"``, ...) -> its dests, in the order
@@ -16,7 +17,6 @@ family's task, turned by the flags (tasks/registry.py).
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 from types import MappingProxyType
 from typing import Mapping
@@ -43,13 +43,10 @@ class RunConfig:
             raise KeyError(f"no flag group {title!r} (known: {', '.join(self.sections)})")
         return MappingProxyType({dest: getattr(self.args, dest) for dest in self.sections[title]})
 
-    def resolved(self, **facts) -> "RunConfig":
-        """A new RunConfig whose values also hold ``facts`` (what the data told); this one is unchanged."""
-        args = copy.copy(self.args)
-        for name, value in facts.items():
-            setattr(args, name, value)
+    def resolved(self, args: argparse.Namespace) -> "RunConfig":
+        """A new RunConfig holding ``args`` (a writable copy of ``self.args``, e.g. ``copy.copy(cfg.args)``, with
+        what a later stage learned written into it), frozen; this one is unchanged."""
         return dataclasses.replace(self, args=args.freeze())
-
 
 def parse(argv=None, world_size: int | None = None, for_training: bool = True) -> RunConfig:
     """The one entry: flags -> validated, frozen ``RunConfig`` (``ConfigError``: one line, the caller exits 2)."""
@@ -57,7 +54,7 @@ def parse(argv=None, world_size: int | None = None, for_training: bool = True) -
     args = arguments.parse_args(argv, world_size=world_size, for_training=for_training, parser=parser)
     return RunConfig(args=args.freeze(), sections=MappingProxyType(flag_groups(parser)),
                      sources=MappingProxyType(dict(args.value_sources)), family=args.model,
-                     task=task_of(args), world_size=args.world_size, preset=args.preset_name)
+                     task=task_name(args), world_size=args.world_size, preset=args.preset_name)
 
 
 def flag_groups(parser: argparse.ArgumentParser) -> dict[str, tuple[str, ...]]:
@@ -70,7 +67,3 @@ def flag_groups(parser: argparse.ArgumentParser) -> dict[str, tuple[str, ...]]:
         dests += [a.dest for a in group._group_actions if a.dest not in dests]
     return {title: tuple(dests) for title, dests in groups.items() if dests}
 
-
-def task_of(args: argparse.Namespace) -> str:
-    """The kind of run, decided once (tasks/registry.py: the family's task and the flags, e.g. ``--sft``)."""
-    return task_name(args)

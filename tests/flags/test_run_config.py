@@ -1,6 +1,7 @@
 """``mtmegatron.config.parse(argv) -> RunConfig``: one frozen value, sections by flag group, where each value came
 from, the kind of run decided once, and ``resolved`` making a new value instead of changing one."""
 
+import copy
 import dataclasses
 
 import pytest
@@ -27,7 +28,9 @@ def test_parse_returns_a_frozen_run_config_with_sections_and_sources(tmp_path):
 def test_resolved_makes_a_new_frozen_value(tmp_path):
     cfg = config.parse(["--log-dir", str(tmp_path), "--lr", "0.002"])
     assert cfg.sources["lr"] == "flag --lr"
-    later = cfg.resolved(vocab_size=1234)
+    learned = copy.copy(cfg.args)  # a later stage's own copy, with what it learned
+    learned.vocab_size = 1234
+    later = cfg.resolved(learned)
     assert later.args.vocab_size == 1234 and cfg.args.vocab_size != 1234
     with pytest.raises(AttributeError, match="read-only"):
         later.args.vocab_size = 1

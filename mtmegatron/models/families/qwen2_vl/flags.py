@@ -22,7 +22,7 @@ context parallelism (image conversations train under CP: tasks/qwen_vl/step.py).
 (tasks/qwen_vl/data.py), at least one merge window each; other models refuse them, and the tower flags
 above, ``--balance-micro-batches`` and ``--vision-packing`` (tasks/qwen_vl/data.py refuses them without
 image conversations to work on).
-May assume: the preset is applied and ``kv_channels`` resolved (models/family_args.check_family_args).
+May assume: the preset is applied and ``kv_channels`` resolved (config/family_args.check_family_args).
 """
 
 from __future__ import annotations
