@@ -77,15 +77,11 @@ def check_preprocess_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check the parsed flags, then preprocess (data/preprocess.run); 2 after one line for a bad flag."""
-    try:
-        check_preprocess_args(args)
-    except ValueError as e:
-        print(f"mtmegatron preprocess: error: {e}", file=sys.stderr)
-        return 2
+    """Preprocess (data/preprocess.run) after ``check_preprocess_args``, inside the command's one error boundary
+    (a bad flag: one line, 2)."""
     from mtmegatron.data import preprocess
 
-    return preprocess.run(args)
+    return preprocess.run(args, check=check_preprocess_args)
 
 
 def main(argv=None) -> int:

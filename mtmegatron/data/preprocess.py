@@ -178,12 +178,15 @@ class _InProcess:
         return (fn(item) for item in items)
 
 
-def run(args: argparse.Namespace) -> int:
-    """The work of ``mtmegatron preprocess`` for flags config/preprocess_flags.py parsed and checked: 0, or 2
-    after one line on stderr for an input, a tokenizer or an output that fails."""
+def run(args: argparse.Namespace, check=None) -> int:
+    """The work of ``mtmegatron preprocess`` for flags config/preprocess_flags.py parsed: ``check(args)`` first (its
+    flag checks, raising ValueError), then the work; 0, or 2 after one line on stderr for a flag, an input, a
+    tokenizer or an output that fails (the command's one error boundary)."""
     from mtmegatron.data.tokenizer_build import tokenizer_flags_text, tokenizer_from_flags
 
     try:
+        if check is not None:
+            check(args)
         if args.train_tokenizer is None:
             tokenizer = tokenizer_from_flags(args, require_eod=args.append_eod)
         else:
