@@ -30,6 +30,7 @@ from mtmegatron.config.run_control import add_run_control_args, check_run_contro
 from mtmegatron.config.schedule_flags import add_schedule_args, check_schedule_args
 from mtmegatron.config.observability_flags import add_observability_args, check_observability_args
 from mtmegatron.config.sft_flags import add_sft_args, check_sft_args
+from mtmegatron.config.lora_flags import add_lora_args, check_lora_args
 from mtmegatron.config.checkpoint_flags import (add_checkpoint_args, check_checkpoint_args, check_checkpoint_paths,
                                                 check_convert_args, check_upcycling_args, use_checkpoint_args)
 from mtmegatron.config.resilience_flags import check_resilience_args
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_llava_args(p)
     add_tokenizer_args(p)
     add_sft_args(p)
+    add_lora_args(p)
     add_family_args(p)
     add_initialization_args(p)
     run_args.add_run_args(p)
@@ -431,7 +433,7 @@ CHECKS = (
     ("checkpoints", check_checkpoint_args), ("resilience", check_resilience_args),
     ("checkpoint conversion", check_convert_args), ("upcycling", check_upcycling_args),
     ("training flags", training_flags.check_training_args), ("evaluation and samples", run_args.check_run_args),
-    ("sft", partial(check_sft_args, error=ConfigError)),
+    ("sft", partial(check_sft_args, error=ConfigError)), ("lora", partial(check_lora_args, error=ConfigError)),
     ("fp8", _check_fp8),
     ("megatron-core's own requirements", megatron_core_checks.check_rules),  # its configs: pretrain.prepare
 )

@@ -1,0 +1,52 @@
+"""LoRA's flags, with MindSpeed-LLM's Megatron-style names so its scripts carry over, and their rules.
+
+``--lora-r N`` turns LoRA on (MindSpeed-LLM turns it on with ``--lora-target-modules`` and defaults the rank to
+16; here the rank is the switch and the targets default to the four dense linears). ``--lora-alpha`` defaults
+to MindSpeed-LLM's 32 (the scale is alpha / r, as HF peft), ``--lora-dropout`` to 0.0 (dropout on the adapter
+input only). ``--lora-load DIR`` names adapters to continue from; ``--load`` names the base (docs/lora.md).
+May assume: nothing beyond argparse (imported before megatron-core).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mtmegatron.models import families
+
+TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+def add_lora_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("LoRA adapters (see docs/lora.md)")
+    g.add_argument("--lora-r", type=int, default=None,
+                   help="train rank-N adapters over the target linears with the base frozen (turns LoRA on)")
+    g.add_argument("--lora-alpha", type=float, default=32.0, help="adapter scale alpha / r (default 32, as MindSpeed-LLM)")
+    g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapter input only (default 0)")
+    g.add_argument("--lora-target-modules", nargs="+", default=list(TARGETS),
+                   help=f"which linears get adapters (any of {' '.join(TARGETS)}; default all four)")
+    g.add_argument("--lora-load", default=None,
+                   help="adapters to continue from (a LoRA run's --save); --load names the base checkpoint")
+
+
+def check_lora_args(args: argparse.Namespace, error: type[Exception]) -> None:
+    if args.lora_r is None:
+        given = sorted(flag for dest, flag in args.given_flags.items() if dest.startswith("lora_"))
+        if given:
+            raise error(f"{given[0]} needs --lora-r")
+        return
+    if args.lora_r < 1:
+        raise error(f"--lora-r must be >= 1, not {args.lora_r}")
+    unknown = [t for t in args.lora_target_modules if t not in TARGETS]
+    if unknown:
+        raise error(f"--lora-target-modules: unknown module {unknown[0]!r} (choose from {', '.join(TARGETS)})")
+    if not 0.0 <= args.lora_dropout < 1.0:
+        raise error(f"--lora-dropout {args.lora_dropout} is not a probability below 1")
+    if args.lora_load and not args.load:
+        raise error("--lora-load needs --load (the base checkpoint the adapters belong to)")
+    for flag, value in (("--num-experts", args.num_experts), ("--multi-latent-attention", args.multi_latent_attention),
+                        ("--fp8-format", args.fp8_format), ("--use-megatron-fsdp", args.use_megatron_fsdp),
+                        ("--use-torch-fsdp2", args.use_torch_fsdp2)):
+        if value:
+            raise error(f"--lora-r with {flag}: not supported yet (docs/lora.md)")
+    if families.of(args).is_multimodal:
+        raise error(f"--lora-r with --model {args.model}: not supported yet (docs/lora.md)")
