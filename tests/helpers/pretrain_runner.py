@@ -26,6 +26,11 @@ TINY = [
     "--max-position-embeddings", "32", "--vocab-size", "256", "--micro-batch-size", "2",
     "--global-batch-size", "8", "--lr", "3e-3", "--lr-decay-style", "constant", "--mock-data",
     "--hidden-dropout", "0", "--attention-dropout", "0", "--log-interval", "100",
+    # read in the rank's own process: DataLoader workers (the default 2) add two forked readers per rank, and on
+    # a 2-core box running two 4-rank jobs their fd passing (torch's resource_sharer) has crashed (SIGSEGV) or left a
+    # rank waiting; workers are proven to read the same batches in tests/data/test_data_flags.py and to exit with
+    # the job in tests/robustness/test_signals_torchrun.py
+    "--num-workers", "0",
 ]
 
 

@@ -11,8 +11,10 @@ from helpers.pretrain_runner import TINY, run_pretrain
 from helpers.real_data import REAL, use_corpus_cache
 
 RTOL = 1e-4
+# with DataLoader workers (Megatron-LM's default 2; the shared TINY reads in-process): the data position resumes
+# through the workers' readers too
 BASE = REAL + ["--train-iters", "20", "--eval-interval", "5", "--eval-iters", "1", "--lr-decay-style", "cosine",
-               "--lr-warmup-iters", "3"]
+               "--lr-warmup-iters", "3", "--num-workers", "2"]
 TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"]
 PP2 = ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"]
 

@@ -59,7 +59,7 @@ def _stop_and_check(proc, log_dir, ckpt, deliver, agent_signalled: bool) -> int:
 def test_sigterm_to_the_whole_job_saves_exits_0_and_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
     # 1: DataLoader workers (the default --num-workers 2) and SIGTERM to every process of the job
-    proc = launch(2, ARGS + ["--save", str(ckpt)], tmp_path / "log1", new_session=True)
+    proc = launch(2, ARGS + ["--num-workers", "2", "--save", str(ckpt)], tmp_path / "log1", new_session=True)
     first = _stop_and_check(proc, tmp_path / "log1", ckpt, _whole_job, agent_signalled=True)
     # 2: resumed from that checkpoint without DataLoader workers; SIGTERM to rank 1 only
     proc = launch(2, ARGS + ["--num-workers", "0", "--save", str(ckpt), "--load", str(ckpt)], tmp_path / "log2",
