@@ -20,7 +20,8 @@ def add_lora_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("LoRA adapters (see docs/lora.md)")
     g.add_argument("--lora-r", type=int, default=None,
                    help="train rank-N adapters over the target linears with the base frozen (turns LoRA on)")
-    g.add_argument("--lora-alpha", type=float, default=32.0, help="adapter scale alpha / r (default 32, as MindSpeed-LLM)")
+    g.add_argument("--lora-alpha", type=float, default=32.0,
+                   help="adapter scale alpha / r (default 32, as MindSpeed-LLM)")
     g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapter input only (default 0)")
     g.add_argument("--lora-target-modules", nargs="+", default=list(TARGETS),
                    help=f"which linears get adapters (any of {' '.join(TARGETS)}; default all four)")

@@ -22,6 +22,7 @@ from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataPa
 from megatron.core.transformer.module import Float16Module
 from torch.distributed.fsdp import CPUOffloadPolicy
 
+from mtmegatron import lora
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
 from mtmegatron.backends.device import compute_device, move_module, on_host
@@ -110,6 +111,8 @@ def build(args):
     device = compute_device()
     for chunk in chunks if not args.init_model_with_meta_device else ():
         move_module(chunk, device)  # host-initialised parameters (attributes kept) and buffers; else a no-op
+    if args.lora_r:  # --lora-r: base frozen before DDP and the optimizer see it, adapters attached (lora/wrap.py)
+        chunks = lora.wrap(chunks, args)
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = overlap.ddp_config(args)

@@ -1,0 +1,109 @@
+"""One low-rank adapter over one megatron-core parallel linear: ``y = base(x) + (alpha / r) * B(A(dropout(x)))``.
+
+The adapter is a child module ``lora`` of the base linear (so the base's own parameter names, and so every
+checkpoint of the base, stay as they are) and runs as a forward hook that adds its path to the base's output.
+TP layout, as Megatron-Bridge's ParallelLinearAdapter keeps the low-rank path beside the base:
+- column-parallel base (linear_qkv, linear_fc1): A whole (r x in), B sharded on the output like the base weight.
+  The input is the base's (under sequence parallelism gathered from the sequence shards, the gradient split back,
+  as the base's all-gather does); the r-wide hidden is all-reduced in the backward (so A's gradient is the whole
+  sum on every TP rank), never in the forward.
+- row-parallel base (linear_proj, linear_fc2): A sharded on the input like the base weight, B whole (out x r).
+  The r-wide partial product is all-reduced in the forward (the base reduces its output there too), and under
+  sequence parallelism the output is cut to this rank's sequence shard, as the base's reduce-scatter leaves it.
+A is initialised as HF peft does (kaiming-uniform, a=sqrt(5)) from a generator of its own, seeded by the run's
+seed and the linear's global name, over the whole matrix before it is cut: every layout starts from the same
+adapters. B starts at zero, so a wrapped model computes what its base does.
+May assume: megatron-core 0.16's local ColumnParallelLinear / RowParallelLinear (TE layers: see wrap.py);
+parallel state initialised.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import mappings
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+A_KEY, B_KEY = "lora.lora_a", "lora.lora_b"
+
+
+def init_generator(seed: int, name: str) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+
+
+class LoRA(torch.nn.Module):
+    """The adapter of one base linear. ``kind`` is "column" or "row"; ``gated`` marks a SwiGLU linear_fc1 (its
+    B rows are [gate; up] per TP rank, resharded as megatron-core reshards the base weight)."""
+
+    def __init__(self, base: torch.nn.Module, kind: str, r: int, alpha: float, dropout: float, name: str,
+                 seed: int, gated: bool = False):
+        super().__init__()
+        self.kind, self.scale, self.gated = kind, alpha / r, gated
+        self.sequence_parallel, self.tp_group = base.sequence_parallel, base.tp_group
+        self.dropout = torch.nn.Dropout(dropout) if dropout else torch.nn.Identity()
+        tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
+                    parallel_state.get_tensor_model_parallel_rank())
+        weight = base.weight
+        a = torch.empty(r, base.input_size)  # the whole A, on the host, from the linear's own generator
+        bound = 1.0 / math.sqrt(base.input_size)  # kaiming_uniform_(a=sqrt(5)), as peft's reset_lora_parameters
+        a.uniform_(-bound, bound, generator=init_generator(seed, name))
+        if kind == "row":
+            a = a.chunk(tp, dim=1)[rank]
+            b = torch.zeros(base.output_size, r)
+        else:
+            b = torch.zeros(weight.shape[0], r)
+        self.lora_a = torch.nn.Parameter(a.to(device=weight.device, dtype=weight.dtype).contiguous())
+        self.lora_b = torch.nn.Parameter(b.to(device=weight.device, dtype=weight.dtype))
+        set_tensor_model_parallel_attributes(self.lora_a, kind == "row", 1, 1)
+        set_tensor_model_parallel_attributes(self.lora_b, kind == "column", 0, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "column":
+            if self.sequence_parallel:
+                x = mappings.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False,
+                                                                  group=self.tp_group)
+            h = mappings.copy_to_tensor_model_parallel_region(self.dropout(x) @ self.lora_a.t(), group=self.tp_group)
+            return (h @ self.lora_b.t()) * self.scale
+        h = mappings.reduce_from_tensor_model_parallel_region(self.dropout(x) @ self.lora_a.t(), group=self.tp_group)
+        y = (h @ self.lora_b.t()) * self.scale
+        return mappings.scatter_to_sequence_parallel_region(y, group=self.tp_group) if self.sequence_parallel else y
+
+    def delta(self) -> torch.Tensor:
+        """This rank's shard of ``scale * B @ A``: what merging adds to the base weight's shard."""
+        return (self.lora_b @ self.lora_a) * self.scale
+
+    def sharded_state_dict(self, prefix: str, sharded_offsets, metadata) -> dict:
+        axis = {B_KEY: 0} if self.kind == "column" else {A_KEY: 1}
+        params = {A_KEY: self.lora_a, B_KEY: self.lora_b}
+        sd = make_sharded_tensors_for_checkpoint(params, prefix, axis, sharded_offsets, tp_group=self.tp_group,
+                                                 dp_cp_group=metadata["dp_cp_group"])
+        if self.gated:
+            sd[prefix + B_KEY] = apply_swiglu_sharded_factory(sd[prefix + B_KEY], sharded_offsets)
+        return sd
+
+
+def _add_adapter(module, inputs, output):
+    out, bias = output
+    return out + module.lora(inputs[0]).to(out.dtype), bias
+
+
+def _sharded_state_dict(module, base_method):
+    def sharded_state_dict(prefix="", sharded_offsets=(), metadata=None):
+        sd = {k: v for k, v in base_method(prefix, sharded_offsets, metadata).items()
+              if not k.startswith(prefix + "lora.")}
+        sd.update(module.lora.sharded_state_dict(prefix, sharded_offsets, metadata))
+        return sd
+    return sharded_state_dict
+
+
+def attach(base: torch.nn.Module, adapter: LoRA) -> None:
+    """Make ``adapter`` the ``lora`` child of ``base``, run it beside the base's forward, and checkpoint its
+    weights with their TP axes (the base's own ``sharded_state_dict`` would call them replicated)."""
+    base.lora = adapter
+    base.register_forward_hook(_add_adapter)
+    base.sharded_state_dict = _sharded_state_dict(base, base.sharded_state_dict)
