@@ -10,6 +10,7 @@ May assume: nothing beyond argparse (imported before megatron-core).
 from __future__ import annotations
 
 import argparse
+import os
 
 from mtmegatron.models import families
 
@@ -44,6 +45,8 @@ def check_lora_args(args: argparse.Namespace, error: type[Exception]) -> None:
         raise error(f"--lora-dropout {args.lora_dropout} is not a probability below 1")
     if args.lora_load and not args.load:
         raise error("--lora-load needs --load (the base checkpoint the adapters belong to)")
+    if args.lora_load and not os.path.isdir(args.lora_load):
+        raise error(f"--lora-load {args.lora_load}: no such directory")
     for flag, value in (("--num-experts", args.num_experts), ("--multi-latent-attention", args.multi_latent_attention),
                         ("--fp8-format", args.fp8_format), ("--use-megatron-fsdp", args.use_megatron_fsdp),
                         ("--use-torch-fsdp2", args.use_torch_fsdp2)):

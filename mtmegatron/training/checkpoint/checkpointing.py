@@ -46,6 +46,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (FullyPar
                                                                         FullyParallelSaveStrategyWrapper)
 from torch.distributed.checkpoint.api import CheckpointException
 
+from mtmegatron.lora import checkpoint as lora_checkpoint
 from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
 from mtmegatron.utils.checkpoint_dirs import (TRACKER, CheckpointError, check_load, checkpoint_dir, complete_iterations,
                                              latest_complete_iteration, resume_point)
@@ -292,6 +293,8 @@ def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_st
                                                        else optimizer, metadata)
     else:
         state = _model_state(model, metadata)
+    if args.lora_r:  # a LoRA run writes its adapters, never the frozen base (lora/checkpoint.py)
+        state = lora_checkpoint.select(state, _model_keys(model), "adapters")
     if not args.no_save_optim:
         if "optimizer" not in state:
             state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
@@ -308,6 +311,8 @@ def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_st
     state["num_floating_point_operations_so_far"] = train_state.pop("num_floating_point_operations_so_far", 0)
     state[mlm.OURS] = {"fingerprint": fingerprint(args), "train_state": train_state, "layout": _layout(),
                        "distributed_optimizer": bool(args.use_distributed_optimizer)}
+    if args.lora_r:
+        state[mlm.OURS]["lora"] = lora_checkpoint.record(args)
     strategy, validate = _save_strategy(args)
     _in_process_write_results()
     if os.environ.get(ENOSPC_ENV) == str(iteration) and rank == 0:  # test hook: a full disk where none can be made
@@ -462,7 +467,20 @@ def _say(text: str) -> None:
 def load(root: str, model, optimizer, scheduler, args, train_state: dict | None = None) -> int:
     """Load the latest complete checkpoint under ``root`` (ours or Megatron-LM's); returns the iteration to
     continue from (0, after a message, when ``root`` is missing or holds nothing a save writes). ``train_state``
-    (when given) is updated with the counters saved beside the weights."""
+    (when given) is updated with the counters saved beside the weights. A LoRA run (``--lora-r``) loads the base
+    weights from ``root`` (starting over), then, with ``--lora-load``, its adapters and their optimizer state,
+    RNG, schedule and iteration from there (lora/checkpoint.py)."""
+    if not args.lora_r:
+        return _load(root, model, optimizer, scheduler, args, train_state, None)
+    _load(root, model, optimizer, scheduler, args, None, "base")
+    if not args.lora_load:
+        return 0
+    return _load(args.lora_load, model, optimizer, scheduler, args, train_state, "adapters")
+
+
+def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None, part: str | None) -> int:
+    """``load`` of one checkpoint; ``part``: None (all of it), "base" (a LoRA run's frozen weights) or
+    "adapters" (a LoRA run's own checkpoint)."""
     point = resume_point(root, args)  # the newer of the persistent and the non-persistent checkpoint
     if point is None:  # anything but a fresh start was refused before the process groups started; again here
         check_load(root, args, CheckpointError)  # in case the directory changed since
@@ -482,11 +500,12 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     directory = checkpoint_dir(root, iteration)
     common = dist_checkpointing.load_common_state_dict(directory)
     saved = _saved_facts(common, args)
+    lora_checkpoint.check((common.get(mlm.OURS) or {}).get("lora"), part, directory, args)
     mismatched = mismatches(saved["fingerprint"], args)
     if mismatched:
         raise CheckpointError(f"checkpoint {directory} was written for a different model "
                               f"({describe_mismatches(mismatched, args)}) by {saved['written_by']}")
-    starts_over = args.finetune or saved["model_only"]
+    starts_over = args.finetune or saved["model_only"] or part == "base"
     load_optim = not (starts_over or args.no_load_optim) and saved["has_optim"]
     load_rng = not (starts_over or args.no_load_rng) and saved["has_rng"]
     if (load_optim and saved["distributed_optimizer"] != bool(args.use_distributed_optimizer)
@@ -529,6 +548,8 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
                                                        metadata, directory)
     else:
         state = _model_state(model, metadata)
+    if part:
+        state = lora_checkpoint.select(state, _model_keys(model), part)
     if load_optim and "optimizer" not in state:
         _materialize_optimizer_state(optimizer)
         if plain_to_distributed_optimizer.applies(saved, args):  # a plain optimizer's state, converted
@@ -557,7 +578,7 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     in_place = fsdp_checkpoint.loads_in_place(args)  # FSDP: the load filled the DTensors' local shards itself
     for key, chunk in zip(_model_keys(model), model):
         if not in_place:
-            _unwrap(chunk).load_state_dict(loaded[key])
+            _unwrap(chunk).load_state_dict(loaded[key], strict=part is None)
     if load_optim:
         optimizer_state = _regroup_optimizers(loaded["optimizer"], optimizer)
         if megatron_fsdp_checkpoint.applies(args):

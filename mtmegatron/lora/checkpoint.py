@@ -1,0 +1,58 @@
+"""What a LoRA run's checkpoint holds: its adapters (+ optimizer state, RNG, schedule, written by
+training/checkpoint/checkpointing.py) and a record of the base they belong to; never the frozen base weights.
+
+``record(args)`` is stored in the checkpoint's common state: rank, alpha, targets, the base's ``--load`` path and
+the base's fingerprint (models/fingerprint.py: every flag that fixes a parameter shape or the forward's math).
+``check(record, part, ...)`` refuses, in one line, a base directory that holds adapters, an adapter directory
+that holds none, and adapters made for another base or with another rank/alpha/targets. ``select(state, ...)``
+keeps one part (``"adapters"`` or ``"base"``) of a model's sharded state dict.
+May assume: adapters are the ``lora.`` children of the base linears (adapter.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
+from mtmegatron.utils.checkpoint_dirs import CheckpointError
+
+MARK = ".lora."
+
+
+def is_adapter(key: str) -> bool:
+    return MARK in key
+
+
+def select(state: dict, model_keys: list[str], part: str) -> dict:
+    """``state`` with each model chunk's sharded state dict cut to the adapter keys or to the base keys."""
+    keep = is_adapter if part == "adapters" else (lambda key: not is_adapter(key))
+    out = dict(state)
+    for key in model_keys:
+        out[key] = {k: v for k, v in state[key].items() if keep(k)}
+    return out
+
+
+def record(args) -> dict:
+    return {"r": args.lora_r, "alpha": args.lora_alpha, "targets": sorted(args.lora_target_modules),
+            "base": os.path.abspath(args.load) if args.load else None, "base_fingerprint": fingerprint(args)}
+
+
+def check(saved: dict | None, part: str | None, directory: str, args) -> None:
+    """Refuse a checkpoint for this ``part`` of a load (None: a run without LoRA; "base": --load of a LoRA run;
+    "adapters": its --lora-load). ``saved`` is the checkpoint's record (None when it holds no adapters)."""
+    if saved is not None and part != "adapters":
+        raise CheckpointError(f"checkpoint {directory} holds LoRA adapters only (base {saved['base']}): load them "
+                              f"with --load BASE --lora-load {os.path.dirname(directory)} --lora-r {saved['r']}")
+    if part != "adapters":
+        return
+    if saved is None:
+        raise CheckpointError(f"--lora-load {args.lora_load}: checkpoint {directory} holds no LoRA adapters")
+    found = mismatches(saved["base_fingerprint"], args)
+    if found:
+        raise CheckpointError(f"--lora-load {args.lora_load}: adapters made for another base "
+                              f"({describe_mismatches(found, args)}; their base: {saved['base']})")
+    ours = record(args)
+    for field, flag in (("r", "--lora-r"), ("alpha", "--lora-alpha"), ("targets", "--lora-target-modules")):
+        if saved[field] != ours[field]:
+            raise CheckpointError(f"--lora-load {args.lora_load}: adapters with {flag} {saved[field]}, this run "
+                                  f"has {ours[field]}")
