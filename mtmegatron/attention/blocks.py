@@ -9,7 +9,8 @@ results by their log-sum-exp (online softmax). This module is that per-block ker
 
 Layout ``[b, heads, s, d]``; GQA: ``k``/``v`` have ``hq / g`` heads, query head ``j`` uses kv head ``j // g``
 (megatron's repeat_interleave order) and repeated KV heads are never materialised. ``causal`` is the square
-top-left causal mask (a diagonal block of the load-balanced layout). q/k head dim may differ from v's (MLA).
+top-left causal mask (a diagonal block of the load-balanced layout); ``allowed`` an explicit mask (a block a sliding
+window cuts), always on the math kernel. q/k head dim may differ from v's (MLA).
 One contract, one kernel per (device, dtype, head dim), named by the backend (``Backend.attention_kernel``; only
 ``block_kernel`` asks): ``cpu_flash``, ``cuda_flash`` (GQA native), ``cuda_efficient`` and ``musa_flash`` (where
 torch_musa registers its op; both take no GQA: K/V repeated, their gradients summed back per group) wrap torch's
@@ -75,20 +76,30 @@ def _fold_groups(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return q.reshape(b, num_kv_heads, (hq // num_kv_heads) * s, d)
 
 
-def _math_forward(q, k, v, causal, scale):
+def _masked(causal, sq: int, sk: int, device, allowed=None):
+    """True where a score is masked: the top-left causal mask, or ``~allowed`` when a mask is given."""
+    if allowed is not None:
+        return ~allowed
+    return _causal_mask(sq, sk, device) if causal else None
+
+
+def _math_forward(q, k, v, causal, scale, allowed=None):
     b, hq, sq, _ = q.shape
     hk, sk = k.shape[1], k.shape[2]
     acc = _acc_dtype(q.dtype)
     scores = torch.matmul(_fold_groups(q, hk).to(acc), k.to(acc).transpose(-1, -2)) * scale
-    if causal:
-        scores = scores.view(b, hk, hq // hk, sq, sk).masked_fill(_causal_mask(sq, sk, q.device), float("-inf"))
+    masked = _masked(causal, sq, sk, q.device, allowed)
+    if masked is not None:
+        scores = scores.view(b, hk, hq // hk, sq, sk).masked_fill(masked, float("-inf"))
         scores = scores.view(b, hk, -1, sk)
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.to(acc))
+    # a row that may attend no key of this block (a window's edge) has lse -inf: it contributes nothing
+    finite = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    out = torch.matmul(torch.exp(scores - finite.unsqueeze(-1)), v.to(acc))
     return out.view(b, hq, sq, -1).to(q.dtype), lse.view(b, hq, sq)
 
 
-def _math_backward(dout, q, k, v, out, lse, causal, scale):
+def _math_backward(dout, q, k, v, out, lse, causal, scale, allowed=None):
     b, hq, sq, _ = q.shape
     hk, sk = k.shape[1], k.shape[2]
     acc = _acc_dtype(q.dtype)
@@ -96,8 +107,9 @@ def _math_backward(dout, q, k, v, out, lse, causal, scale):
     dof, of = _fold_groups(dout, hk).to(acc), _fold_groups(out, hk).to(acc)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     probs = torch.exp(scores - lse.reshape(b, hk, -1, 1).to(acc))
-    if causal:
-        probs = probs.view(b, hk, hq // hk, sq, sk).masked_fill(_causal_mask(sq, sk, q.device), 0.0)
+    masked = _masked(causal, sq, sk, q.device, allowed)
+    if masked is not None:
+        probs = probs.view(b, hk, hq // hk, sq, sk).masked_fill(masked, 0.0)
         probs = probs.view(b, hk, -1, sk)
     dv = torch.matmul(probs.transpose(-1, -2), dof)
     dprobs = torch.matmul(dof, vf.transpose(-1, -2))
@@ -204,20 +216,28 @@ KERNELS = {  # name: (forward, backward)
 }
 
 
-def block_forward(q, k, v, causal: bool, scale: float):
-    """(out [b, hq, sq, dv] in q's dtype, lse [b, hq, sq] in fp32 (fp64 for fp64 inputs))."""
+def block_forward(q, k, v, causal: bool, scale: float, allowed=None):
+    """(out [b, hq, sq, dv] in q's dtype, lse [b, hq, sq] in fp32 (fp64 for fp64 inputs)). ``allowed``: a
+    ``[sq, sk]`` boolean mask (True = may attend; a sliding window's band) instead of ``causal``, computed
+    by the math kernel (a row it leaves empty gets out 0, lse -inf)."""
+    if allowed is not None:
+        return _math_forward(q, k, v, False, scale, allowed)
     return KERNELS[_kernel(q, v)][0](q, k, v, causal, scale)
 
 
-def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
+def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float, allowed=None):
     """Gradients of this block's contribution given the final output and LSE of the query rows."""
+    if allowed is not None:
+        return _math_backward(dout, q, k, v, out, lse, False, scale, allowed)
     return KERNELS[_kernel(q, v)][1](dout, q, k, v, out, lse, causal, scale)
 
 
 def merge(out_acc: torch.Tensor, lse_acc: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
     """In place: (out_acc, lse_acc) <- softmax-weighted combination with a new block's (out, lse)."""
     new_lse = torch.logaddexp(lse_acc, lse)
-    # rows no block has reached yet have lse_acc = -inf: exp(-inf - x) = 0, so they take the new block as is
-    out_acc.mul_(torch.exp(lse_acc - new_lse).unsqueeze(-1)).add_(
-        out.to(out_acc.dtype) * torch.exp(lse - new_lse).unsqueeze(-1))
+    # rows no block has reached yet have lse_acc = -inf: exp(-inf - x) = 0, so they take the new block as is; a row
+    # that neither has reached (a window's edge) stays 0 with lse -inf (-inf - -inf would be NaN)
+    reference = torch.where(torch.isinf(new_lse), torch.zeros_like(new_lse), new_lse)
+    out_acc.mul_(torch.exp(lse_acc - reference).unsqueeze(-1)).add_(
+        out.to(out_acc.dtype) * torch.exp(lse - reference).unsqueeze(-1))
     lse_acc.copy_(new_lse)

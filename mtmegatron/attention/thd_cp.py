@@ -5,7 +5,8 @@ Layout (megatron-core's THD CP convention, attention/cp_batch.py): the packed ro
 sequence, sequence after sequence. Here K and V are gathered over the CP group with megatron-core's
 autograd-aware sequence gather (backward: reduce-scatter), put back in packed-row order with the inverse of
 the partition index, and each of this rank's query chunks attends, inside its own sequence only, to the key
-prefix causality allows (a bottom-right causal mask), through ``scaled_dot_product_attention``. So no token
+prefix causality allows (a bottom-right causal mask; sliding windows and sinks through window_sink.py on positions inside the sequence), through
+``scaled_dot_product_attention``. So no token
 sees another sequence, and autograd does the backward.
 Cost: every rank holds the whole packed K/V of the micro-batch (as ``--cp-comm-type all_gather`` does) and
 attention is a Python loop of two SDPA calls per sequence per layer; ``--cp-comm-type p2p`` (the ring) takes
@@ -22,6 +23,7 @@ from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel
 
 from mtmegatron.attention.cp_batch import thd_partition_index
 from mtmegatron.attention.sdpa import sdpa
+from mtmegatron.attention.window_sink import block_allowed, sdpa_window_sink
 
 
 def _gather_in_row_order(t: torch.Tensor, cu_seqlens_padded: torch.Tensor, group) -> torch.Tensor:
@@ -38,8 +40,9 @@ def _heads_first(t: torch.Tensor) -> torch.Tensor:
 
 
 def thd_cp_attention(query, key, value, cu_seqlens_padded: torch.Tensor, causal: bool, scale: float,
-                     group) -> torch.Tensor:
-    """This rank's share of packed sequences attending within their sequences; ``[t_local, hq, dv]``."""
+                     group, window=None, sink=None) -> torch.Tensor:
+    """This rank's share of packed sequences attending within their sequences; ``[t_local, hq, dv]``.
+    ``window``/``sink``: window_sink.py's, on positions inside each sequence."""
     rank, size = group.rank(), group.size()
     bounds = cu_seqlens_padded.tolist()
     key_all = _gather_in_row_order(key, cu_seqlens_padded, group)
@@ -52,8 +55,13 @@ def thd_cp_attention(query, key, value, cu_seqlens_padded: torch.Tensor, causal:
             local += chunk
             stop = start + (chunk_id + 1) * chunk if causal else end
             k, v = _heads_first(key_all[start:stop]), _heads_first(value_all[start:stop])
-            # query row i sits at chunk_id*chunk + i in its sequence and sees keys up to and including it
-            mask = (torch.ones(chunk, stop - start, dtype=torch.bool, device=query.device)
-                    .tril(diagonal=chunk_id * chunk) if causal else None)
-            outs.append(sdpa(q, k, v, attn_mask=mask, scale=scale)[0].transpose(0, 1))
+            if window is None and sink is None:
+                # query row i sits at chunk_id*chunk + i in its sequence and sees keys up to and including it
+                mask = (torch.ones(chunk, stop - start, dtype=torch.bool, device=query.device)
+                        .tril(diagonal=chunk_id * chunk) if causal else None)
+                out = sdpa(q, k, v, attn_mask=mask, scale=scale)
+            else:
+                allowed = block_allowed(chunk_id * chunk, chunk, 0, stop - start, window, causal, query.device)
+                out = sdpa_window_sink(q, k, v, allowed, sink, scale)
+            outs.append(out[0].transpose(0, 1))
     return torch.cat(outs, dim=0)

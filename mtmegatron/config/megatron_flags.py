@@ -245,8 +245,6 @@ REFUSED = {
     "ckpt_convert_update_legacy_dist_opt_format": "it rewrites the distrib_optim.pt of a legacy --ckpt-format "
                                                   "torch checkpoint saved before Feb 2024; mtmegatron reads no "
                                                   "--ckpt-format torch checkpoint (convert those with Megatron-LM)",
-    **dict.fromkeys(("window_size", "window_attn_skip_freq"),
-                    "sliding-window attention is not implemented in mtmegatron's attention yet"),
     "check_for_large_grads": "megatron-core's in-DDP large-gradient check is not wired in: this loop handles NaN/Inf "
                              "gradients itself (training/resilience/robustness.py, --no-check-for-nan-in-loss-and-grad)",
     "moe_per_layer_logging": "Megatron-LM's per-layer MoE metrics (its training loop's track_moe_metrics) are not "

@@ -84,8 +84,6 @@ def test_defaults_are_megatron_lms(parser):
 
 @pytest.mark.parametrize("extra, says", [
     # found by trying flags with non-default values: each was a traceback (or a hang) before issue 35
-    (["--window-size", "4,0"], "--window-size: sliding-window attention is not implemented"),
-    (["--window-attn-skip-freq", "2"], "--window-attn-skip-freq: sliding-window attention is not implemented"),
     (["--window-size", "4,x"], "argument --window-size: invalid tuple_type value: '4,x'"),
     (["--no-rope-freq", "3"], "--no-rope-freq 3: megatron-core's TransformerConfig refuses it: no_rope_freq=3 should be"),
     (["--no-rope-freq", "__import__"], "argument --no-rope-freq: invalid freq_type value"),
@@ -130,8 +128,7 @@ def test_flags_command_looks_up_and_helps(capsys):
                  "layernorm", "--tp-comm-overlap"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
-        "--window-size: refused unless at its default — sliding-window attention is not implemented in mtmegatron's "
-        "attention yet",
+        "--window-size: copied into a megatron-core config by name",
         "--lr: honoured (read by mtmegatron)",
         "--apply-residual-connection-post-layernorm: accepted, no effect (as in Megatron-LM 0.16) — "
         + megatron_flags.NOOP["apply_residual_connection_post_layernorm"],
