@@ -1,0 +1,109 @@
+"""Exact parameters of every pipeline stage: the run's own model chunks built on the meta device.
+
+For each pipeline stage (with all its virtual-pipeline chunks) the chunks come from the training builder
+(models/gpt.build_model_chunks, the same layer specs, families and patches) inside ``torch.device("meta")``,
+under the parallel state of that stage (plan/rank_state.py), with the host-init path and
+``perform_initialization=False``: no storage is allocated and nothing is drawn, so Llama-3-8B's stages build in
+well under a second each. Each parameter is sorted as megatron-core treats it: expert parameters
+(``allreduce=False``: sharded over expert-TP, distinct per EP rank, reduced over the expert data-parallel group)
+or dense ones (reduced over data-parallel x context-parallel); TP-sharded dense parameters
+(``tensor_model_parallel``) count once per TP rank in the model total, replicated ones once; the output layer of
+the last stage that shares the first stage's embedding (``shared_embedding``) is memory on its rank but not a
+parameter of the model.
+May assume: ``args`` is a parsed, validated pretrain configuration (config.parse), world size included.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+
+from mtmegatron.plan.rank_state import Layout, rank_position
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One model chunk of a stage (one virtual pipeline stage)."""
+    layers: int
+    moe_layers: int
+    mtp_layers: int
+    pre_process: bool
+    post_process: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StageParams:
+    """One rank of a pipeline stage: its parameters by kind (elements on this rank) and its chunks."""
+    stage: int
+    dense: int  # non-expert parameters held by this rank
+    expert: int  # expert parameters held by this rank
+    dense_tp_sharded: int  # of ``dense``: split over TP ranks
+    shared_embedding: int  # of ``dense``: the last stage's copy of a tied embedding
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def local(self) -> int:
+        return self.dense + self.expert
+
+    def model_share(self, layout: Layout) -> int:
+        """This stage's parameters of the whole model (every TP and EP rank of the stage, counted once)."""
+        replicated = self.dense - self.dense_tp_sharded - self.shared_embedding
+        return self.dense_tp_sharded * layout.tp + replicated + self.expert * layout.ep * layout.etp
+
+
+def _chunk(model) -> Chunk:
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    layers = list(model.decoder.layers) if getattr(model, "decoder", None) is not None else []
+    mtp = getattr(model, "mtp", None)
+    return Chunk(layers=len(layers), moe_layers=sum(isinstance(getattr(l, "mlp", None), MoELayer) for l in layers),
+                 mtp_layers=len(mtp.layers) if mtp is not None else 0,
+                 pre_process=bool(model.pre_process), post_process=bool(model.post_process))
+
+
+def stage_params(args, stage: int) -> StageParams:
+    """Build stage ``stage``'s chunks on the meta device and count what the rank holds."""
+    from mtmegatron.models.gpt import build_model_chunks, transformer_config
+
+    args = copy.copy(args)  # the planner's own copy: the host-init path, whatever the backend
+    args.use_cpu_initialization = True
+    with rank_position(Layout.of(args), stage):
+        config = transformer_config(args)
+        config.perform_initialization = False  # shapes only: nothing is drawn
+        with torch.device("meta"):
+            chunks = build_model_chunks(args, config)
+    dense = expert = sharded = shared = 0
+    for chunk in chunks:
+        for p in chunk.parameters():
+            n = p.numel()
+            if not getattr(p, "allreduce", True):
+                expert += n
+                continue
+            dense += n
+            if getattr(p, "shared_embedding", False) and chunk.post_process and not chunk.pre_process:
+                shared += n
+            elif getattr(p, "tensor_model_parallel", False):
+                sharded += n
+    return StageParams(stage=stage, dense=dense, expert=expert, dense_tp_sharded=sharded, shared_embedding=shared,
+                       chunks=tuple(_chunk(c) for c in chunks))
+
+
+def all_stages(args) -> list[StageParams]:
+    """Every pipeline stage, built with the CPU backend's bridge and patches when no backend is active (the planner
+    runs on a login node; the parameter shapes do not depend on the backend)."""
+    from mtmegatron.backends.active import active_backend
+
+    activated = active_backend() is None
+    if activated:
+        import mtmegatron
+
+        mtmegatron.activate("cpu")
+    try:
+        return [stage_params(args, stage) for stage in range(args.pipeline_model_parallel_size)]
+    finally:
+        if activated:
+            import mtmegatron
+
+            mtmegatron.deactivate()
