@@ -1,10 +1,14 @@
 # Shared by the dist_run_pretrain_*.sh launchers: torchrun arguments from the usual cluster variables.
-# Single box by default; for several nodes export NNODES, NODE_RANK, MASTER_ADDR (and MASTER_PORT) on each.
+# Single box by default; several nodes (multinode.sh, docs/launchers.md): HOSTFILE=path starts every host from
+# here, under Slurm the SLURM_* variables say the node, or export NNODES, NODE_RANK, MASTER_ADDR (MASTER_PORT) on each.
 # Every argument given to a launcher is passed to mtmegatron.pretrain, after the example's defaults,
 # so any Megatron-LM flag (or --backend cpu|cuda|musa) overrides them. Data: mock data unless the arguments
 # give --data-path (with --tokenizer-model) or DATA_PATH=prefix [TOKENIZER_MODEL=dir] is exported.
 # Each example writes to its own run directory, runs/<script name> (LOG_DIR= or --log-dir changes it).
 
+source "$(dirname "${BASH_SOURCE[0]}")/multinode.sh"
+if [[ -n ${HOSTFILE:-} ]]; then FORWARD_WORDS=$(forward_env); fi  # what the user exported, before any default
+slurm_defaults
 NPROC_PER_NODE=${NPROC_PER_NODE:-2}
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
@@ -12,6 +16,9 @@ MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 MASTER_PORT=${MASTER_PORT:-29500}
 
 launch_pretrain() {
+  if [[ -n ${HOSTFILE:-} ]]; then launch_hostfile "$@"; fi  # every host's node started from here; exits
+  layout_checks "$@"
+  if [[ -n ${RDZV_ID:-} ]]; then run_node "$@"; fi  # a node of a HOSTFILE run (c10d rendezvous); exits
   exec torchrun --nproc_per_node "$NPROC_PER_NODE" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m mtmegatron.pretrain "$@"
 }
@@ -38,6 +45,7 @@ print("\n".join(f"export {k}=${{{k}:-{v}}}" for k, v in env.items()))') || retur
 from_hf_args() {
   HF_ARGS=()
   [[ -z "${HF_DIR:-}" ]] && return 0
+  [[ -n "${HOSTFILE:-}" ]] && return 0  # the launching shell converts nothing: each node runs this itself
   local hf=${HF_DIR%/}  # a trailing slash must not put the output inside the HF directory
   local out=${MCORE_DIR:-$hf-mcore}
   out=${out%/}
@@ -110,7 +118,9 @@ set_threads() {
 prepare_launch() {
   local default=$1
   shift
+  LAUNCH_ARGS=("$@")  # what a HOSTFILE run hands every node
   BACKEND_USED=$(flag_value backend "${BACKEND:-$default}" "$@")
+  node_checks
   set_threads "$BACKEND_USED"
   data_args "$@"
   RUN_DIR=${LOG_DIR:-runs/$(basename "$0" .sh)}
