@@ -1,7 +1,7 @@
 """The ``mtmegatron`` console command: ``env``/``doctor`` (what this machine offers), ``patches`` (what is
 changed in megatron-core and why), ``preprocess`` (text -> indexed dataset), ``convert`` (HF <->
-megatron-core checkpoints), ``generate`` (text from a checkpoint, mtmegatron/generate/) and ``flags`` (how each of
-Megatron-LM's flags is treated). Training itself is ``torchrun -m mtmegatron.pretrain``.
+megatron-core checkpoints), ``generate`` (text from a checkpoint, mtmegatron/generate/), ``flags`` (how each of
+Megatron-LM's flags is treated) and ``plan`` (each rank's memory for a pretrain command line, mtmegatron/plan/). Training itself is ``torchrun -m mtmegatron.pretrain``.
 May assume: torch installed; megatron-core imported only by the subcommands that need it.
 """
 
@@ -109,9 +109,14 @@ def main(argv=None) -> int:
     from mtmegatron.config import flag_report
 
     flag_report.add_flag_report_args(sub)
+    sub.add_parser("plan", add_help=False, help="per-rank memory of a pretrain command line (--world-size N ...)")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["flags"]:  # its arguments are other programs' option strings
         return flag_report.run(argparse.Namespace(names=argv[1:]))
+    if argv[:1] == ["plan"]:  # its arguments are the pretrain command line, parsed by mtmegatron.config
+        from mtmegatron.plan.command import main as plan_main
+
+        return plan_main(argv[1:])
     args, extras = parser.parse_known_args(argv)
     if extras:
         from mtmegatron.config.flag_help import unknown_flags_message
