@@ -1,0 +1,58 @@
+"""LoRA through ``mtmegatron.pretrain`` as users launch it, one shared set of three runs (module fixture): a base
+checkpoint (one iteration of full training, hidden 128, fp32); LoRA (rank 8) over it at TP2 + sequence
+parallelism for 16 iterations, saving at 8, whose loss falls; its checkpoint is under 20% of the base
+checkpoint's bytes (measured: 494 KB vs 4.5 MB at 6 iterations); the iteration-8 adapters resumed at PP2
+(TP1: another layout, through megatron-core's resharding) give the uninterrupted run's losses for iterations
+9-16 within 1e-5. (TP1 x DP2 vs TP2 + SP over a whole run was measured equal too: 1.2e-7.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.pretrain_runner import TINY, run_pretrain
+
+ITERS, RESUME_AT = 16, 8
+
+
+def _argv(*extra: str) -> list[str]:
+    argv = list(TINY)
+    for flag, value in (("--hidden-size", "128"), ("--ffn-hidden-size", "256"), ("--num-layers", "2")):
+        argv[argv.index(flag) + 1] = value
+    return argv + ["--transformer-impl", "local", "--log-interval", "1", *extra]
+
+
+def _bytes(directory) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lora")
+    base, adapters = tmp / "base", tmp / "adapters"
+    run_pretrain(1, _argv("--train-iters", "1", "--save", str(base)), tmp / "log_base")
+    lora = ["--load", str(base), "--lora-r", "8", "--lora-alpha", "16", "--train-iters", str(ITERS), "--lr", "5e-3"]
+    _, rows = run_pretrain(2, _argv(*lora, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--save",
+                                    str(adapters), "--save-interval", str(RESUME_AT)), tmp / "log_tp2sp")
+    whole = [r["loss"] for r in rows if "loss" in r]
+    (adapters / "latest_checkpointed_iteration.txt").write_text(str(RESUME_AT))  # resume from iteration 8
+    _, rows = run_pretrain(2, _argv(*lora, "--lora-load", str(adapters), "--pipeline-model-parallel-size", "2"),
+                           tmp / "log_pp2")
+    resumed = [r["loss"] for r in rows if "loss" in r]
+    return whole, resumed, _bytes(base / "iter_0000001"), _bytes(adapters / f"iter_{RESUME_AT:07d}")
+
+
+def test_the_loss_falls(runs):
+    whole, _, _, _ = runs
+    assert len(whole) == ITERS
+    assert sum(whole[-4:]) / 4 < sum(whole[:4]) / 4 - 0.2, whole  # measured: 4.94 -> 4.54 at one rank
+
+
+def test_adapter_checkpoint_is_small(runs):
+    _, _, base_bytes, adapter_bytes = runs
+    assert adapter_bytes < 0.2 * base_bytes, (adapter_bytes, base_bytes)
+
+
+def test_resume_at_another_layout_reproduces_the_losses(runs):
+    whole, resumed, _, _ = runs
+    assert len(resumed) == ITERS - RESUME_AT
+    assert max(abs(a - b) for a, b in zip(resumed, whole[RESUME_AT:])) < 1e-5, (whole, resumed)
