@@ -5,7 +5,8 @@ from the layer's shapes (s = sequence / CP, b = micro-batch, h = hidden, kv = qu
 f = FFN hidden, D = bytes of the activation dtype, t = TP):
 - attention block: the norm's input (h), the QKV linear's input (h), Q/K/V after RoPE (h + 2 kv), the core
   attention's output = the projection's input (h); without selective recompute of ``core_attn`` the unfused
-  (``--attention-backend local``) softmax probabilities (heads x s x s) too; flash/SDPA keep only the output;
+  (``--attention-backend local``) attention's scores and softmax output (D bytes each) and dropout mask (1 byte),
+  heads x s x s per sequence (Korthikanti's 5 a s^2 b at D = 2); flash/SDPA keep only the output;
 - MLP block: the norm's input (h), fc1's input (h), fc1's output (2f gated / f), the activation's output (f);
   an MoE layer's experts see top-k copies of the tokens (permuted input h, fc1 out, act out, unpermute input h per
   copy) plus the router's fp32 logits: approximate (balanced routing assumed);
@@ -49,9 +50,7 @@ def layer_bytes(args, moe: bool) -> float:
     recomputed = _selective_modules(args)
     norm_side = 4 * h  # norm inputs and linear inputs: whole on every TP rank without SP
     attention = (h + 2 * kv) + h  # Q/K/V after RoPE, core attention output
-    if "core_attn" not in recomputed and args.attention_backend in ("local", "unfused"):
-        heads = args.num_attention_heads
-        attention += heads * s  # softmax probabilities, heads x s per token
+    unfused = "core_attn" not in recomputed and args.attention_backend in ("local", "unfused")
     gated = 2 if args.swiglu else 1
     if moe:
         f = args.moe_ffn_hidden_size or args.ffn_hidden_size
@@ -72,8 +71,8 @@ def layer_bytes(args, moe: bool) -> float:
     masks = 0.0
     if args.hidden_dropout > 0:
         masks += 2 * s * b * h / (t if sp else 1)
-    if args.attention_dropout > 0 and "core_attn" not in recomputed and args.attention_backend in ("local", "unfused"):
-        masks += s * b * args.num_attention_heads * s / t
+    if unfused:  # QK^T scores and softmax output in D bytes, the dropout mask in 1 (Korthikanti: 5 a s^2 b at D=2)
+        masks += s * b * args.num_attention_heads * s * (2 * D + 1) / t
     return total + masks
 
 
