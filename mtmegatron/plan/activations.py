@@ -95,10 +95,18 @@ def chunk_bytes(args, chunk) -> float:
 
 
 def recompute_transient(args, stage) -> float:
-    """Full recompute: one layer's activations live again during its backward."""
-    if args.recompute_granularity != "full":
+    """What one layer's backward adds while it runs: full recompute, the layer's activations live again; unfused
+    attention, the gradients of its scores and probabilities (2 D bytes per s^2 element), and with selective
+    recompute of ``core_attn`` the recomputed scores, probabilities and mask too (2 D + 1)."""
+    moe = any(c.moe_layers for c in stage.chunks)  # the larger kind where both are present
+    if args.recompute_granularity == "full":
+        return layer_bytes(args, moe)
+    if args.attention_backend not in ("local", "unfused"):
         return 0.0
-    return layer_bytes(args, any(c.moe_layers for c in stage.chunks))  # the larger kind where both are present
+    s, b, _, _, _ = _dims(args)
+    D = activation_dtype_bytes(args)
+    per_element = 2 * D + ((2 * D + 1) if "core_attn" in _selective_modules(args) else 0)
+    return s * b * args.num_attention_heads * s * per_element / args.tensor_model_parallel_size
 
 
 def in_flight(args, stage: int) -> int:

@@ -9,8 +9,8 @@
   instance) and expert state over the expert data-parallel group; ``--optimizer-cpu-offload`` moves
   ``--optimizer-offload-fraction`` of it to the host (reported, not on the device);
 - activations: plan/activations.py, times the schedule's in-flight micro-batches;
-- buffers: the last stage's logits and vocab-parallel cross-entropy (the logits in the activation dtype, their
-  fp32 copy exponentiated in place and its gradient: D + 8 bytes a logit, approximate), the pipeline's send/recv
+- buffers: the last stage's logits and vocab-parallel cross-entropy (the logits in the activation dtype and their
+  fp32 copy, exponentiated in place and turned into the gradient in place: D + 4 bytes a logit), the pipeline's send/recv
   tensors, MoE dispatch (the permuted top-k token copies sent and received, balanced routing: approximate), the
   first stage's token and position ids.
 Peak = the sum: every term is live at the last micro-batch's backward of an iteration after the first (the
@@ -75,7 +75,7 @@ def buffer_bytes(args, stage: StageParams) -> float:
     sp = bool(args.sequence_parallel) or t == 1
     total = 0.0
     if any(c.post_process for c in stage.chunks):
-        total += s * b * args.padded_vocab_size / t * (D + 8)
+        total += s * b * args.padded_vocab_size / t * (D + 4)
     if any(c.pre_process for c in stage.chunks):
         total += s * b * 8 * 2
     if args.pipeline_model_parallel_size > 1:
