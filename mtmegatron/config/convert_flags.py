@@ -32,6 +32,8 @@ def add_convert_args(sub) -> tuple[argparse.ArgumentParser, argparse.ArgumentPar
     b = kinds.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF safetensors")
     b.add_argument("--load", required=True)
     b.add_argument("--out", required=True)
+    b.add_argument("--lora-load", default=None,
+                   help="a LoRA run's checkpoint (its --save): write the base with these adapters merged in")
     b.add_argument("--workers", type=int, default=1,
                    help="worker processes that read, transform and write tensors in parallel (default 1)")
     b.add_argument("--dtype", choices=list(DTYPES), default=None,

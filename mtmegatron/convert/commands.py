@@ -89,12 +89,12 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
 
 def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool | None = None,
                 image_token_id: int | None = None, workers: int = 1, dtype: torch.dtype | None = None,
-                max_shard_bytes: int = 5 * 2**30) -> dict:
+                max_shard_bytes: int = 5 * 2**30, lora_load: str | None = None) -> dict:
     """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config. The RoPE row
     layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's. Streams
     (convert/streaming_export.py: ``workers`` processes, the stored dtype kept unless ``dtype``). LLaVA: the HF
     image token id and key layout recorded at conversion (``image_token_id`` overrides), the carried tower layers
-    when ``load`` has them (convert/llava.py)."""
+    when ``load`` has them (convert/llava.py). ``lora_load``: LoRA adapters merged into the weights (lora_merge.py)."""
     from mtmegatron.convert.model import checkpoint_common, parse_flags
 
     common = checkpoint_common(load)
@@ -124,7 +124,7 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
     else:
         config, hf_layout = family.hf_config(args, rope_interleave=rope_interleave), None
     export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype,
-           max_shard_bytes=max_shard_bytes, hf_layout=hf_layout)
+           max_shard_bytes=max_shard_bytes, hf_layout=hf_layout, lora_load=lora_load)
     return config
 
 
@@ -184,7 +184,7 @@ def _run_mcore_to_hf(args) -> int:
         raise ConversionError(f"--max-shard-mb must be >= 1, not {args.max_shard_mb}")
     flags = [f for f in args.model_flags if f != "--"] or None
     mcore_to_hf(args.load, args.out, flags, image_token_id=args.image_token_id, workers=args.workers,
-                dtype=_DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_mb * 2**20)
+                dtype=_DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_mb * 2**20, lora_load=args.lora_load)
     print(f"mtmegatron convert: wrote {args.out} (HF safetensors + config.json)")
     return 0
 

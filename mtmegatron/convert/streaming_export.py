@@ -317,9 +317,10 @@ def _export_part_body(index, reader, groups, mine, staging, files, where, dtype,
 # ---- the parent ---------------------------------------------------------------------------------------------
 def export(load: str, out: str, family: str, flags: list[str], config: dict, rope_interleave: bool,
            workers: int = 1, dtype: torch.dtype | None = None, quiet: bool = False,
-           max_shard_bytes: int = 5 * 2**30, hf_layout: dict | None = None) -> dict:
+           max_shard_bytes: int = 5 * 2**30, hf_layout: dict | None = None, lora_load: str | None = None) -> dict:
     """Write the checkpoint under ``load`` as HF safetensors + ``config`` in ``out`` (atomically); returns stats
-    incl. every worker's VmHWM. ``hf_layout``: what mapping.hf_groups needs beyond the flags (LLaVA's)."""
+    incl. every worker's VmHWM. ``hf_layout``: what mapping.hf_groups needs beyond the flags (LLaVA's).
+    ``lora_load``: a LoRA run's adapters, folded into the weights they adapt (convert/lora_merge.py)."""
     from mtmegatron.convert.hf_io import INDEX
     from mtmegatron.convert.mapping import hf_groups
     from mtmegatron.convert.model import init_single_rank, parse_flags
@@ -341,6 +342,10 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
     reader = _Reader(checkpoint_dir(load, iteration), chunks_of, shapes, args.vocab_size)
     reader.check()
     reader.check_files()
+    if lora_load:
+        from mtmegatron.convert.lora_merge import merging_reader
+
+        reader = merging_reader(reader, args, lora_load)
     groups = hf_groups(family, args, rope_interleave, hf_layout)
     missing = sorted({n for names, _ in groups for n in names} - set(shapes))
     if missing:
