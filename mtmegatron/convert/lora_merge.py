@@ -41,7 +41,6 @@ def merging_reader(reader, args, lora_load: str):
     """``reader`` (the base's) wrapped to fold in the adapters of the latest checkpoint under ``lora_load``."""
     from mtmegatron.convert.model import checkpoint_common
     from mtmegatron.convert.streaming import _meta_model, plan_chunks
-    from mtmegatron.convert.streaming_export import _Reader
     from mtmegatron.lora import checkpoint as lora_checkpoint
     from mtmegatron.lora.wrap import wrap
     from mtmegatron.training.checkpoint.megatron_lm_checkpoint import OURS
@@ -62,7 +61,7 @@ def merging_reader(reader, args, lora_load: str):
             chunks_of.setdefault(c.local, []).append(c)
     if not chunks_of:
         raise ConversionError(f"--lora-load {lora_load}: no adapter in the model its record describes")
-    adapters = _Reader(common["directory"], chunks_of, shapes, args.vocab_size)
+    adapters = type(reader)(common["directory"], chunks_of, shapes, args.vocab_size)  # the export's _Reader
     adapters.check()
     adapters.check_files()
     return MergingReader(reader, adapters, run.lora_alpha / run.lora_r)
