@@ -52,5 +52,8 @@ def check_lora_args(args: argparse.Namespace, error: type[Exception]) -> None:
                         ("--use-torch-fsdp2", args.use_torch_fsdp2)):
         if value:
             raise error(f"--lora-r with {flag}: not supported yet (docs/lora.md)")
+    if args.transformer_impl == "transformer_engine":  # TE's fused norm-linears see the input before the norm
+        raise error("--lora-r with TransformerEngine's layers: not supported yet; use --transformer-impl local or "
+                    "mtmegatron (docs/lora.md)")
     if families.of(args).is_multimodal:
         raise error(f"--lora-r with --model {args.model}: not supported yet (docs/lora.md)")

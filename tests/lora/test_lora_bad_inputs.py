@@ -63,3 +63,13 @@ def test_adapters_of_another_base_or_rank_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"holds no LoRA adapters$"):
         check(None, "adapters", "base/iter_0000001", _args())
     check(record(_args()), "adapters", "adapters/iter_0000002", _args())  # the same base and rank: loads
+
+
+def test_transformer_engine_layers_are_refused_where_te_serves():
+    from unittest import mock
+
+    from mtmegatron.utils.errors import ConfigError
+
+    with mock.patch("mtmegatron.backends.cpu.CpuBackend.transformer_engine_missing", return_value=None):  # TE serves
+        with pytest.raises(ConfigError, match=r"^--lora-r with TransformerEngine's layers: not supported yet"):
+            _args("--transformer-impl", "transformer_engine")
