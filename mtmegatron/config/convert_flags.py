@@ -31,9 +31,12 @@ def add_convert_args(sub) -> tuple[argparse.ArgumentParser, argparse.ArgumentPar
                    help="dtype of the written weights (default: each tensor's dtype in the HF files; FP8 -> bf16)")
     b = kinds.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF safetensors")
     b.add_argument("--load", required=True)
-    b.add_argument("--out", required=True)
+    b.add_argument("--out", default=None, help="the HF checkpoint to write (required unless --peft-out)")
     b.add_argument("--lora-load", default=None,
                    help="a LoRA run's checkpoint (its --save): write the base with these adapters merged in")
+    b.add_argument("--peft-out", default=None,
+                   help="with --lora-load: write its adapters as an HF PEFT adapter (adapter_config.json + "
+                        "adapter_model.safetensors) here; the merged weights too only when --out is given")
     b.add_argument("--workers", type=int, default=1,
                    help="worker processes that read, transform and write tensors in parallel (default 1)")
     b.add_argument("--dtype", choices=list(DTYPES), default=None,

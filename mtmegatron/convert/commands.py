@@ -89,12 +89,14 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
 
 def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interleave: bool | None = None,
                 image_token_id: int | None = None, workers: int = 1, dtype: torch.dtype | None = None,
-                max_shard_bytes: int = 5 * 2**30, lora_load: str | None = None) -> dict:
+                max_shard_bytes: int = 5 * 2**30, lora_load: str | None = None, peft_out: str | None = None) -> dict:
     """Write the checkpoint under ``load`` as an HF checkpoint in ``out``; returns the HF config. The RoPE row
     layout is the one the checkpoint was converted from (recorded by hf-to-mcore), else DeepSeek's. Streams
     (convert/streaming_export.py: ``workers`` processes, the stored dtype kept unless ``dtype``). LLaVA: the HF
     image token id and key layout recorded at conversion (``image_token_id`` overrides), the carried tower layers
-    when ``load`` has them (convert/llava.py). ``lora_load``: LoRA adapters merged into the weights (lora_merge.py)."""
+    when ``load`` has them (convert/llava.py). ``lora_load``: LoRA adapters merged into the weights (lora_merge.py);
+    with ``peft_out`` written there as an HF PEFT adapter (lora_peft.py), the merged weights only when ``out`` is
+    given too."""
     from mtmegatron.convert.model import checkpoint_common, parse_flags
 
     common = checkpoint_common(load)
@@ -114,6 +116,14 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
         raise ConversionError("--image-token-id is only meaningful for --model llava")
     from mtmegatron.convert.streaming_export import export
 
+    if peft_out:
+        from mtmegatron.convert.lora_peft import export_peft
+
+        if not lora_load or family.is_multimodal:
+            raise ConversionError("--peft-out needs --lora-load (a LoRA run's adapters) over a text model")
+        peft_config = export_peft(load, lora_load, peft_out, args.model, args, rope_interleave)
+        if not out:
+            return peft_config
     if family.is_multimodal:
         from mtmegatron.convert import llava
 
@@ -183,9 +193,14 @@ def _run_mcore_to_hf(args) -> int:
     if args.max_shard_mb < 1:
         raise ConversionError(f"--max-shard-mb must be >= 1, not {args.max_shard_mb}")
     flags = [f for f in args.model_flags if f != "--"] or None
+    if not args.out and not args.peft_out:
+        raise ConversionError("mcore-to-hf needs --out (HF weights) or --peft-out (an HF PEFT adapter of --lora-load)")
     mcore_to_hf(args.load, args.out, flags, image_token_id=args.image_token_id, workers=args.workers,
-                dtype=_DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_mb * 2**20, lora_load=args.lora_load)
-    print(f"mtmegatron convert: wrote {args.out} (HF safetensors + config.json)")
+                dtype=_DTYPES.get(args.dtype), max_shard_bytes=args.max_shard_mb * 2**20, lora_load=args.lora_load,
+                peft_out=args.peft_out)
+    for written, what in ((args.out, "HF safetensors + config.json"), (args.peft_out, "HF PEFT adapter")):
+        if written:
+            print(f"mtmegatron convert: wrote {written} ({what})")
     return 0
 
 

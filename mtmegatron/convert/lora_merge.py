@@ -37,8 +37,10 @@ class MergingReader:
         return (tensor.float() + self.scale * (b.float() @ a.float())).to(tensor.dtype)
 
 
-def merging_reader(reader, args, lora_load: str):
-    """``reader`` (the base's) wrapped to fold in the adapters of the latest checkpoint under ``lora_load``."""
+def adapter_reader(reader_type, args, lora_load: str):
+    """(reader of the adapters of the latest checkpoint under ``lora_load``, the LoRA values of their record):
+    keys, global shapes and resharding from the TP1 meta model wrapped as their run wrapped it. ``reader_type``:
+    the export's reader class; ``args``: the base model's flags."""
     from mtmegatron.convert.model import checkpoint_common
     from mtmegatron.convert.streaming import _meta_model, plan_chunks
     from mtmegatron.lora import checkpoint as lora_checkpoint
@@ -61,7 +63,13 @@ def merging_reader(reader, args, lora_load: str):
             chunks_of.setdefault(c.local, []).append(c)
     if not chunks_of:
         raise ConversionError(f"--lora-load {lora_load}: no adapter in the model its record describes")
-    adapters = type(reader)(common["directory"], chunks_of, shapes, args.vocab_size)  # the export's _Reader
+    adapters = reader_type(common["directory"], chunks_of, shapes, args.vocab_size)
     adapters.check()
     adapters.check_files()
+    return adapters, run
+
+
+def merging_reader(reader, args, lora_load: str):
+    """``reader`` (the base's) wrapped to fold in the adapters of the latest checkpoint under ``lora_load``."""
+    adapters, run = adapter_reader(type(reader), args, lora_load)
     return MergingReader(reader, adapters, run.lora_alpha / run.lora_r)

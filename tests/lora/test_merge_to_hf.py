@@ -2,7 +2,9 @@
 Llama converted to our base, wrapped with rank-4 adapters on all four targets whose B is made non-zero, saved as
 a LoRA run saves (adapters only); the merged export loaded by HF's LlamaForCausalLM gives our adapted model's
 logits (fp32, helpers.hf_parity.MAX_ABS = 1e-4): the fold (alpha / r), the fused q/k/v and [gate; up] rows and
-the TP axes of the adapter keys all check out against an implementation we did not write."""
+the TP axes of the adapter keys all check out against an implementation we did not write. ``--peft-out`` (same
+call): peft's file layout and names, and for every HF module the PEFT update on the original HF weight gives
+the merged export's weight (peft itself is not installed here: its loading is not tested)."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def merged(tmp_path_factory):
         args.no_save_optim = True  # a LoRA run's checkpoint without the optimizer state: the adapters are enough
         checkpointing.save(str(saved), 1, [model], None, None, args)
         parallel_state.destroy_model_parallel()
-        mcore_to_hf(str(base), str(out), lora_load=str(saved))
+        mcore_to_hf(str(base), str(out), lora_load=str(saved), peft_out=str(tmp / "peft"))
     finally:
         parallel_state.destroy_model_parallel()
         torch.distributed.destroy_process_group()
@@ -68,3 +70,28 @@ def test_adapter_checkpoint_holds_no_base_weight(merged):
     _, _, _, saved = merged
     keys = list(load_tensors_metadata(str(saved / "iter_0000001")))
     assert keys and all(".lora.lora_a" in k or ".lora.lora_b" in k for k in keys), keys
+
+
+def test_peft_adapter_updates_the_hf_weights_to_the_merged_ones(merged):
+    import json
+
+    from safetensors.torch import load_file
+
+    from mtmegatron.convert.hf_io import HFCheckpoint
+
+    _, _, out, _ = merged
+    peft = out.parent / "peft"
+    config = json.loads((peft / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
+    assert config["target_modules"] == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                               "down_proj"])
+    tensors = load_file(str(peft / "adapter_model.safetensors"))
+    original, merged_hf = HFCheckpoint(str(out.parent / "hf")), HFCheckpoint(str(out))
+    modules = sorted({k[:-len(".lora_A.weight")] for k in tensors if k.endswith(".lora_A.weight")})
+    assert len(modules) == 2 * 7 and all(m.startswith("base_model.model.model.layers.") for m in modules)
+    for module in modules:
+        name = module[len("base_model.model."):] + ".weight"
+        a, b = tensors[module + ".lora_A.weight"], tensors[module + ".lora_B.weight"]
+        assert a.shape[0] == 4 and b.shape[1] == 4, module
+        updated = original[name] + (8.0 / 4) * (b @ a)
+        assert (updated - merged_hf[name]).abs().max().item() < 1e-6, name
