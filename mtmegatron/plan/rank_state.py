@@ -69,7 +69,9 @@ def _groups(layout: Layout, pp_rank: int) -> dict[str, PlannedGroup]:
         "_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": g(tp * dp * cp),
         "_DATA_PARALLEL_GROUP": g(dp), "_DATA_PARALLEL_GROUP_GLOO": g(dp), "_DATA_PARALLEL_GROUP_WITH_CP": g(dp * cp),
         "_DATA_PARALLEL_GROUP_WITH_CP_GLOO": g(dp * cp), "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": g(dp * cp),
-        "_EMBEDDING_GROUP": g(1 if pp == 1 else 2, 0 if pp_rank == 0 else 1), "_POSITION_EMBEDDING_GROUP": g(1),
+        # no embedding group: megatron-core then skips the all-reduce that copies a tied embedding (or MTP's) from
+        # the first stage to the last at construction (language_module.py); the copy still exists and is counted
+        "_EMBEDDING_GROUP": None, "_POSITION_EMBEDDING_GROUP": g(1),
         "_EXPERT_MODEL_PARALLEL_GROUP": g(ep), "_EXPERT_TENSOR_PARALLEL_GROUP": g(etp),
         "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": g(etp * ep),
         "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": g(etp * ep * pp),

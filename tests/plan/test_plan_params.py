@@ -59,3 +59,15 @@ def test_layout_stages_add_up_to_the_single_rank_model(tmp_path):
     assert len(split["ranks"]) == 2 and single["ranks"][0]["params"] == single["params_total"]
     pp_only = plan(["--world-size", "2", *MIXTRAL, *log, "--pipeline-model-parallel-size", "2"])
     assert sum(r["params"] for r in pp_only["ranks"]) == single["params_total"]  # untied: no parameter twice
+
+
+def test_mla_mtp_moe_stages_add_up(tmp_path):
+    """DeepSeek-V3's tiny preset (MLA, MoE after a dense layer, an MTP layer on the last stage that keeps a copy of
+    the embedding): PP2 x EP2 counts the single-rank model, the copy once."""
+    argv = ["--model", "deepseek-v3", "--model-size", "tiny", "--mock-data", "--train-iters", "1",
+            "--log-dir", str(tmp_path)]
+    single = plan(["--world-size", "1", *argv])
+    split = plan(["--world-size", "4", *argv, "--pipeline-model-parallel-size", "2",
+                  "--expert-model-parallel-size", "2"])
+    assert split["params_total"] == single["params_total"] > 0
+    assert sum(r["params"] for r in split["ranks"]) < single["params_total"]  # experts halved over EP
