@@ -22,6 +22,9 @@ def add_convert_args(sub) -> tuple[argparse.ArgumentParser, argparse.ArgumentPar
     a.add_argument("--model", required=True, choices=names)
     a.add_argument("--hf-dir", required=True)
     a.add_argument("--out", required=True)
+    a.add_argument("--peft-in", default=None,
+                   help="an HF PEFT LoRA adapter over --hf-dir's model: write it as LoRA adapters (for --lora-load) "
+                        "instead of the base")
     a.add_argument("--tensor-model-parallel-size", type=int, default=1)
     a.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     a.add_argument("--expert-model-parallel-size", type=int, default=1)

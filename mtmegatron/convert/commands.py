@@ -49,10 +49,11 @@ def validate_layout(flags: list[str], tp: int, pp: int, ep: int) -> None:
 
 
 def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1, ep: int = 1, workers: int = 1,
-                dtype: torch.dtype | None = None) -> list[str]:
+                dtype: torch.dtype | None = None, peft_in: str | None = None) -> list[str]:
     """Convert; returns the model flags a pretrain run needs next to ``--load out``. Streams (convert/streaming.py:
     ``workers`` processes, the source dtype kept unless ``dtype``); LLaVA's carried tower tensors are written
-    beside the checkpoint before it is marked complete (convert/llava.py)."""
+    beside the checkpoint before it is marked complete (convert/llava.py). ``peft_in``: convert that HF PEFT
+    adapter over ``hf_dir``'s model instead, as LoRA adapters for ``--lora-load`` (convert/lora_peft.py)."""
     hf = HFCheckpoint(hf_dir)  # names and config only here (LLaVA's stored tied head: compared, then dropped)
     config = hf.config()
     family = families.for_hf_config(config, model_name).name
@@ -81,6 +82,13 @@ def hf_to_mcore(hf_dir: str, out: str, model_name: str, tp: int = 1, pp: int = 1
         raise ConversionError(f"{os.path.join(hf_dir, 'config.json')}: a field of the wrong type or value "
                               f"({e})") from None
     validate_layout(flags, tp, pp, ep)
+    if peft_in:
+        from mtmegatron.convert.lora_peft import import_peft
+
+        if families.get(family).is_multimodal:
+            raise ConversionError("--peft-in: adapters of text models only")
+        import_peft(hf_dir, peft_in, out, family, flags, rope_interleave)
+        return flags
     from mtmegatron.convert import streaming
 
     streaming.convert(hf_dir, out, family, flags, rope_interleave, hf_layout, workers=workers, dtype=dtype, **extra)
@@ -179,7 +187,11 @@ def _run_hf_to_mcore(args) -> int:
     if args.workers < 1:
         raise ConversionError(f"--workers must be >= 1, not {args.workers}")
     flags = hf_to_mcore(args.hf_dir, args.out, args.model, *(getattr(args, k) for k in _LAYOUT),
-                        workers=args.workers, dtype=_DTYPES.get(args.dtype))
+                        workers=args.workers, dtype=_DTYPES.get(args.dtype), peft_in=args.peft_in)
+    if args.peft_in:
+        print(f"mtmegatron convert: wrote {args.out} (LoRA adapters of {args.peft_in}, iteration 0)")
+        print(f"  train or export with: --load BASE --lora-load {args.out} (BASE: hf-to-mcore of {args.hf_dir})")
+        return 0
     print(f"mtmegatron convert: wrote {args.out} (model-only, iteration 0; loads under any TP/PP/EP layout)")
     print(f"  pretrain with: --load {args.out} {shlex.join(flags)}")
     return 0

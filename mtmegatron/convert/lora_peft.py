@@ -75,3 +75,80 @@ def export_peft(load: str, lora_load: str, out: str, family: str, args, rope_int
     finally:  # the merged export, when asked for too, sets up its own one-rank parallel state
         parallel_state.destroy_model_parallel()
     return write_peft(out, tensors, run, load)
+
+
+# ---- the way in: hf-to-mcore --peft-in ----------------------------------------------------------------------
+OURS_OF_HF = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "o_proj": "linear_proj",
+              "gate_proj": "linear_fc1", "up_proj": "linear_fc1", "down_proj": "linear_fc2"}
+
+
+def _peft_config(peft_dir: str) -> dict:
+    path = os.path.join(peft_dir, "adapter_config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"--peft-in {peft_dir}: no readable adapter_config.json ({type(e).__name__})") from None
+    if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("use_rslora") \
+            or config.get("bias", "none") != "none":
+        raise ConversionError(f"{path}: only plain LoRA adapters (no DoRA, rsLoRA or trained biases) import here")
+    targets = config.get("target_modules") or []
+    if isinstance(targets, str) or any(t not in OURS_OF_HF for t in targets):
+        raise ConversionError(f"{path}: target_modules {targets!r}: only {', '.join(OURS_OF_HF)} import here")
+    return config
+
+
+def import_peft(hf_dir: str, peft_dir: str, out: str, family: str, flags: list[str], rope_interleave: bool) -> None:
+    """An HF PEFT adapter over the HF model in ``hf_dir`` as a LoRA checkpoint in ``out`` (for ``--lora-load``,
+    starting at iteration 0): q/k/v (and gate/up) adapters fused as the base weights are, which needs their A
+    matrices to be equal (as ``--peft-out`` writes them); B's rows fused by the family's HF map."""
+    from megatron.core import dist_checkpointing, parallel_state
+    from safetensors.torch import load_file
+
+    from mtmegatron.convert.model import MODEL_ONLY_KEY, init_single_rank, parse_flags
+    from mtmegatron.convert.streaming import _meta_model
+    from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.lora.wrap import adapters as adapters_of, wrap
+    from mtmegatron.models import families
+    from mtmegatron.models.fingerprint import fingerprint
+    from mtmegatron.training.checkpoint.megatron_lm_checkpoint import OURS
+    from mtmegatron.utils.checkpoint_dirs import TRACKER, checkpoint_dir
+
+    if os.path.exists(out):
+        raise ConversionError(f"--out {out} already exists; remove it or choose another directory")
+    config = _peft_config(peft_dir)
+    ours = sorted({OURS_OF_HF[t] for t in config["target_modules"]})
+    tensors = load_file(os.path.join(peft_dir, "adapter_model.safetensors"))
+    args = parse_flags(list(flags) + ["--lora-r", str(config["r"]), "--lora-alpha", str(config["lora_alpha"]),
+                                      "--lora-target-modules", *ours, "--transformer-impl", "local"])
+    init_single_rank(args)
+    try:
+        (model,) = wrap([_meta_model(args)], args)
+        entries = {e.mcore: e for e in families.get(family).hf_map(args, rope_interleave=rope_interleave,
+                                                                  layout=None)}
+        for name, _, lora in adapters_of([model]):
+            entry = entries["decoder." + name + ".weight"]
+            modules = ["base_model.model." + hf[:-len(".weight")] for hf in entry.hf]
+            missing = [m for m in modules if m + ".lora_A.weight" not in tensors]
+            if missing:
+                raise ConversionError(f"--peft-in {peft_dir}: no adapter {missing[0]} (our {name} needs "
+                                      f"{', '.join(m.rsplit('.', 1)[1] for m in modules)} together)")
+            a_parts = [tensors[m + ".lora_A.weight"] for m in modules]
+            if any(not torch.equal(a, a_parts[0]) for a in a_parts[1:]):
+                raise ConversionError(f"--peft-in {peft_dir}: {', '.join(m.rsplit('.', 1)[1] for m in modules)} of "
+                                      f"{modules[0].rsplit('.', 1)[0]} have different A matrices; fusing them "
+                                      f"needs rank {len(modules)} x r (not supported yet)")
+            b = entry.to_mcore(*[tensors[m + ".lora_B.weight"] for m in modules])
+            lora.lora_a = torch.nn.Parameter(a_parts[0].clone(), requires_grad=True)
+            lora.lora_b = torch.nn.Parameter(b.clone().contiguous(), requires_grad=True)
+        state = {k: v for k, v in model.sharded_state_dict().items() if lora_checkpoint.is_adapter(k)}
+        record = lora_checkpoint.record(args)
+        record["base"] = os.path.abspath(hf_dir)
+        directory = checkpoint_dir(out, 0)
+        os.makedirs(directory)
+        dist_checkpointing.save({"model": state, "iteration": 0, "args": fingerprint(args), MODEL_ONLY_KEY: True,
+                                 "model_flags": list(flags), OURS: {"lora": record}}, directory)
+        with open(os.path.join(out, TRACKER), "w") as f:
+            f.write("0")
+    finally:
+        parallel_state.destroy_model_parallel()

@@ -4,7 +4,8 @@ a LoRA run saves (adapters only); the merged export loaded by HF's LlamaForCausa
 logits (fp32, helpers.hf_parity.MAX_ABS = 1e-4): the fold (alpha / r), the fused q/k/v and [gate; up] rows and
 the TP axes of the adapter keys all check out against an implementation we did not write. ``--peft-out`` (same
 call): peft's file layout and names, and for every HF module the PEFT update on the original HF weight gives
-the merged export's weight (peft itself is not installed here: its loading is not tested)."""
+the merged export's weight (peft itself is not installed here: its loading is not tested); that adapter
+imported with ``hf-to-mcore --peft-in`` and exported again is bit-exact."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ def merged(tmp_path_factory):
         checkpointing.save(str(saved), 1, [model], None, None, args)
         parallel_state.destroy_model_parallel()
         mcore_to_hf(str(base), str(out), lora_load=str(saved), peft_out=str(tmp / "peft"))
+        parallel_state.destroy_model_parallel()
+        hf_to_mcore(str(hf_dir), str(tmp / "imported"), "llama3", peft_in=str(tmp / "peft"))  # and back again
+        mcore_to_hf(str(base), None, lora_load=str(tmp / "imported"), peft_out=str(tmp / "peft_again"))
     finally:
         parallel_state.destroy_model_parallel()
         torch.distributed.destroy_process_group()
@@ -95,3 +99,19 @@ def test_peft_adapter_updates_the_hf_weights_to_the_merged_ones(merged):
         assert a.shape[0] == 4 and b.shape[1] == 4, module
         updated = original[name] + (8.0 / 4) * (b @ a)
         assert (updated - merged_hf[name]).abs().max().item() < 1e-6, name
+
+
+def test_peft_round_trip_is_exact(merged):
+    import json
+
+    from safetensors.torch import load_file
+
+    _, _, out, _ = merged
+    first, again = out.parent / "peft", out.parent / "peft_again"
+    one, two = load_file(str(first / "adapter_model.safetensors")), load_file(str(again / "adapter_model.safetensors"))
+    assert sorted(one) == sorted(two)
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    configs = [json.loads((d / "adapter_config.json").read_text()) for d in (first, again)]
+    for config in configs:
+        config.pop("base_model_name_or_path")
+    assert configs[0] == configs[1]
