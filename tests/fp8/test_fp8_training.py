@@ -1,15 +1,18 @@
-"""Tiny Llama-3 training with each FP8 recipe vs the bf16 run, 200 iterations on megatron-core's mock data,
+"""Tiny Llama-3 training with each FP8 recipe vs the bf16 run, 150 iterations on megatron-core's mock data,
 launched the way users launch it (torchrun, --backend cpu): the loss falls and its final value (mean of the
 last 10 iterations, to be robust to single-batch noise) is within 3% relative of bf16's under TP2 + sequence
 parallelism for every recipe (delayed scaling then reduces amaxes over the TP group). With
---first-last-layers-bf16 covering every layer the run is bit-identical to bf16 (the FP8 layers step aside)."""
+--first-last-layers-bf16 covering every layer the run is bit-identical to bf16 (the FP8 layers step aside).
+ITERS: measured at 150, every recipe's final loss +0.05-0.06% from bf16's (3% allowed) and its last loss 0.636 of
+its first (0.7 asserted; the highest of the last 10 iterations 3.775 against 3.884); 200 gave 0.553 and +0.08-0.10%
+at 25 s more CPU; 100 fails the fall (3.976 against 3.884)."""
 
 from __future__ import annotations
 
 import pytest
 from helpers.pretrain_runner import TINY, run_pretrain
 
-ITERS = 200
+ITERS = 150
 ARGS = TINY + ["--num-layers", "2", "--global-batch-size", "2", "--lr", "3e-4", "--bf16",
                "--train-iters", str(ITERS)]
 TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
