@@ -12,7 +12,9 @@ TP layout, as Megatron-Bridge's ParallelLinearAdapter keeps the low-rank path be
   sequence parallelism the output is cut to this rank's sequence shard, as the base's reduce-scatter leaves it.
 A is initialised as HF peft does (kaiming-uniform, a=sqrt(5)) from a generator of its own, seeded by the run's
 seed and the linear's global name, over the whole matrix before it is cut: every layout starts from the same
-adapters. B starts at zero, so a wrapped model computes what its base does.
+adapters. B starts at zero, so a wrapped model computes what its base does. Dropout (``--lora-dropout``) acts on
+the adapter input only: a replicated input draws from the default generator (alike on every TP rank, as
+megatron-core's hidden dropout), a TP-sharded one from the model-parallel RNG tracker.
 May assume: megatron-core 0.16's local ColumnParallelLinear / RowParallelLinear (TE layers: see wrap.py);
 parallel state initialised.
 """
@@ -23,7 +25,7 @@ import math
 import zlib
 
 import torch
-from megatron.core import parallel_state
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.tensor_parallel import mappings
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
@@ -69,7 +71,10 @@ class LoRA(torch.nn.Module):
                                                                   group=self.tp_group)
             h = mappings.copy_to_tensor_model_parallel_region(self.dropout(x) @ self.lora_a.t(), group=self.tp_group)
             return (h @ self.lora_b.t()) * self.scale
-        h = mappings.reduce_from_tensor_model_parallel_region(self.dropout(x) @ self.lora_a.t(), group=self.tp_group)
+        if self.training and isinstance(self.dropout, torch.nn.Dropout):  # a TP-sharded input: per-rank masks
+            with tensor_parallel.get_cuda_rng_tracker().fork():  # (megatron-core's rule for sharded activations)
+                x = self.dropout(x)
+        h = mappings.reduce_from_tensor_model_parallel_region(x @ self.lora_a.t(), group=self.tp_group)
         y = (h @ self.lora_b.t()) * self.scale
         return mappings.scatter_to_sequence_parallel_region(y, group=self.tp_group) if self.sequence_parallel else y
 
