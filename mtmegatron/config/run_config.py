@@ -5,6 +5,8 @@ A ``RunConfig`` is never changed: a later stage writes what it learns into its o
 (``copy.copy(cfg.args)``) and makes a new one with ``cfg.resolved(that_copy)``.
 - ``args``: every value by its Megatron-LM dest, read-only (a ``RunArgs`` namespace, frozen): the flat view that
   the packages below read until each takes its own section;
+- ``of(SectionClass)``: one concern's typed, frozen section (utils/section.py) filled from ``args`` by field name,
+  e.g. ``cfg.of(Resilience)``: what a concern that has moved off ``args`` is given;
 - ``sections``: the title of each flag group (``"checkpoints"``, ``"schedule"``, ...) -> its dests, in the order
   the parser declares them; ``section(title)`` -> ``{dest: value}``, read-only;
 - ``sources``: dest -> where the value came from (``flag --lr`` / ``preset llama3/tiny``; absent: Megatron-LM's
@@ -23,6 +25,7 @@ from typing import Mapping
 
 from mtmegatron.config import arguments
 from mtmegatron.tasks.registry import task_name
+from mtmegatron.utils.section import S
 
 _NOT_FLAG_GROUPS = {"positional arguments", "options", "optional arguments"}
 
@@ -42,6 +45,10 @@ class RunConfig:
         if title not in self.sections:
             raise KeyError(f"no flag group {title!r} (known: {', '.join(self.sections)})")
         return MappingProxyType({dest: getattr(self.args, dest) for dest in self.sections[title]})
+
+    def of(self, section_cls: type[S]) -> S:
+        """The run's ``section_cls`` (a utils/section.py Section), filled from ``args`` by field name."""
+        return section_cls.of(self.args)
 
     def resolved(self, args: argparse.Namespace) -> "RunConfig":
         """A new RunConfig holding ``args`` (a writable copy of ``self.args``, e.g. ``copy.copy(cfg.args)``, with

@@ -34,6 +34,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 from mtmegatron.data.splits import per_split_paths, requested_splits
 from mtmegatron.data.position import SamplePlan, rank_micro_batches
 from mtmegatron.training.resilience.robustness import data_worker_init
+from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.data.dataset_fields import dataset_config_fields
 
 
@@ -145,7 +146,7 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
     plan = SamplePlan(args, start_iteration, consumed, validation)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=MicroBatchIndices(plan, args, dp_rank), collate_fn=_stack,
-        num_workers=args.num_workers, worker_init_fn=data_worker_init(args),  # outlives the exit signal
+        num_workers=args.num_workers, worker_init_fn=data_worker_init(Resilience.of(args)),  # outlives the exit signal
         # its own generator: iter() draws the workers' base seed from it, not from torch's default generator,
         # which on the cpu backend is also the device generator that dropout draws from
         generator=torch.Generator().manual_seed(args.seed))

@@ -9,7 +9,8 @@ changes the micro-batch count, a checkpoint is saved first (with ``--save``), as
 
 What the schedule runs (forward step, loss, shape, the validation reader) is the run's ``Step``
 (training/train_step.py), given by its task: the loop never asks which kind of run it is.
-``train`` reads the validated flags and never changes them; what a run derives as it goes (the iteration it
+``train`` reads the validated flags and never changes them (resilience/ gets its ``Resilience`` section, built
+once here); what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
 May assume: process groups, model, optimizer, scheduler and data iterators are built (training/setup.py).
 """
@@ -28,6 +29,8 @@ from mtmegatron.training.resilience import pg_timeout
 from mtmegatron.training.resilience import rerun
 from mtmegatron.training.resilience import robustness
 from mtmegatron.training.resilience import weight_hash
+from mtmegatron.training.resilience.section import Resilience
+from mtmegatron.models import families
 from mtmegatron.data.position import SamplePlan
 from mtmegatron.backends.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_losses, validation_sets
@@ -74,7 +77,8 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
           step=None) -> RunState:
     """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end. ``step``: the
     run's train_step.Step (default: the language model's)."""
-    termination = robustness.TerminationRequest(args)
+    resilience = Resilience.of(args)  # what training/resilience/ reads, typed and frozen
+    termination = robustness.TerminationRequest(resilience)
     plan = iter(SamplePlan(args, state.start, state.train_state["consumed_train_samples"]))  # as the iterators'
     sets = validation_sets(valid, args)  # --full-validation / --multiple-validation-sets: training/evaluate.py
     evaluate = bool(sets) and args.eval_interval
@@ -85,8 +89,8 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
     params.start()
     obs = Observability(args, backend, rank, model, optimizer, writer, state.start)  # --log-*, timers, profiler
-    rerun.start(args, state.start)  # --rerun-mode: result validation and re-runs (training/resilience/rerun.py)
-    for line in [rerun.describe(args)] + non_persistent.startup_lines(args):
+    rerun.start(resilience, state.start)  # --rerun-mode: result validation and re-runs (training/resilience/rerun.py)
+    for line in [rerun.describe(resilience, families.of(args).is_multimodal)] + non_persistent.startup_lines(args):
         print_rank0(rank, line)
     history = MemoryHistory(args, backend, rank)  # --record-memory-history
     device = compute_device()
@@ -109,7 +113,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         return path
 
     try:
-        if weight_hash.due(args, state.start, first=True):  # --check-weight-hash-across-dp-replicas-interval
+        if weight_hash.due(resilience, state.start, first=True):  # --check-weight-hash-across-dp-replicas-interval
             with params.gathered():
                 weight_hash.check(model, state.start)
         micro_batches = None  # the previous iteration's count: --rampup-batch-size changes it
@@ -129,7 +133,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 continue
             obs.step_begin(iteration)
             t0 = time.perf_counter()
-            stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch, step)
+            stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch, step, resilience)
             if "rerun_exit" in stats:  # the rerun machine stops the run before this step's update (rerun.py)
                 save, state.status = stats["rerun_exit"]
                 state.last, path = iteration - 1, None
@@ -146,7 +150,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             progress.trained(batch.size)
             params.after_step(not stats["skipped"])
             if iteration == state.start + 1:  # --distributed-timeout-seconds-after-init
-                pg_timeout.after_first_iteration(args)
+                pg_timeout.after_first_iteration(resilience)
             if iteration == state.start + 1 and not backend.device_is_host:  # the optimizer state exists now
                 checked = placement.check(model, optimizer, device)
                 print_rank0(rank, f"mtmegatron: placement: all {checked} parameters, buffers, gradient buffers "
@@ -162,7 +166,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             history.after_step(iteration, iteration == state.start + 1)
             memory_report.maybe_report(args, device, iteration)  # --log-memory-interval
-            if weight_hash.due(args, iteration, first=False):
+            if weight_hash.due(resilience, iteration, first=False):
                 with params.gathered():
                     weight_hash.check(model, iteration)
             if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:

@@ -23,6 +23,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
 from mtmegatron.training.resilience import rerun
 from mtmegatron.training.resilience import robustness
+from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.backends.device import compute_device, to_compute_device
 from mtmegatron.training.observability.step_timers import timed
 from mtmegatron.training.data import micro_batches
@@ -108,14 +109,15 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
 
 
 def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0, batch=None,
-               step: Step | None = None) -> dict:
+               step: Step | None = None, resilience: Resilience | None = None) -> dict:
     """One optimizer step over a global batch; ``iteration`` only names the step in inf/nan reports. ``batch``
     (training/data.py's GlobalBatch) gives its size and micro-batch count under --rampup-batch-size (default:
     --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's. ``step``: the run's
-    (default ``lm_step``). When the rerun machine stops the run, returns ``{"rerun_exit": (save_checkpoint,
-    exit_code)}`` without a step."""
+    (default ``lm_step``); ``resilience``: the run's section (training/loop.py builds it once; default: from
+    ``args``, equal by value, so the same rerun machine). When the rerun machine stops the run, returns
+    ``{"rerun_exit": (save_checkpoint, exit_code)}`` without a step."""
     step = step or lm_step(args)
-    machine = rerun.machine(args)
+    machine = rerun.machine(resilience or Resilience.of(args))
     replayable = rerun.replayable(data_iterators)
     while machine.should_run_forward_backward(replayable):  # once, unless a result was rejected
         for chunk in model:

@@ -19,6 +19,7 @@ import pytest
 from helpers.pretrain_runner import TINY, run_pretrain
 from mtmegatron.training import setup
 from mtmegatron.training.resilience import robustness
+from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 from mtmegatron.utils.checkpoint_dirs import latest_complete_iteration
@@ -51,14 +52,14 @@ def test_distributed_timeout_reaches_every_process_group(monkeypatch):
 
 def test_exit_signal_handler_only_with_the_flag():
     before_term, before_usr1 = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
-    plain = robustness.TerminationRequest(parse_args(ARGS, world_size=1))
+    plain = robustness.TerminationRequest(Resilience.of(parse_args(ARGS, world_size=1)))
     assert signal.getsignal(signal.SIGTERM) is before_term  # no handler: SIGTERM ends the process
     assert plain.requested() is None  # and nothing to agree on (no collective without the flags)
     plain.restore()
 
     args = parse_args(ARGS + ["--exit-signal-handler", "--exit-signal", "SIGUSR1"], world_size=1)
     assert args.exit_signal == "SIGUSR1"  # enum flags hold the member's name (config/megatron_flags.py)
-    request = robustness.TerminationRequest(args)
+    request = robustness.TerminationRequest(Resilience.of(args))
     try:
         assert signal.getsignal(signal.SIGUSR1) == request._handle
         assert signal.getsignal(signal.SIGTERM) is before_term

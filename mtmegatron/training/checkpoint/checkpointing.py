@@ -56,6 +56,7 @@ from mtmegatron.training.checkpoint import megatron_fsdp_checkpoint
 from mtmegatron.training.checkpoint import non_persistent
 from mtmegatron.training.checkpoint import plain_to_distributed_optimizer
 from mtmegatron.training.resilience import rerun
+from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.backends.device import compute_device, on_host
 from mtmegatron.training.schedule import check_schedule, loadable_state
 
@@ -303,7 +304,7 @@ def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_st
         state["rng_state"] = mlm.rng_state_object()
     position = {key: train_state.pop(key) for key in mlm.DATA_POSITION if key in train_state}  # into "args"
     state["args"] = mlm.saved_namespace(args, iteration, torch.distributed.get_world_size(), position)
-    rerun_state = rerun.checkpoint_state(args)  # only while a step waits to be re-run (training/resilience/rerun.py)
+    rerun_state = rerun.checkpoint_state(Resilience.of(args))  # only while a step waits to be re-run (training/resilience/rerun.py)
     if rerun_state:
         state["rerun_state_machine"] = rerun_state
     state["checkpoint_version"] = mlm.CHECKPOINT_VERSION
@@ -559,8 +560,8 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
             state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=metadata)
     if load_rng:
         state["rng_state"] = mlm.rng_state_object() if saved["megatron_lm_layout"] else _legacy_rng_state()
-    rerun_template = rerun.load_template(args, common, saved["layout"] == _layout() and getattr(
-        common.get("args"), "world_size", None) == torch.distributed.get_world_size())
+    rerun_template = rerun.load_template(Resilience.of(args), common, saved["layout"] == _layout() and getattr(
+        common.get("args"), "world_size", None) == torch.distributed.get_world_size(), args.finetune)
     if rerun_template:
         state["rerun_state_machine"] = rerun_template
     try:
@@ -599,7 +600,7 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
         else:
             _restore_legacy_rng(loaded["rng_state"])
     if rerun_template:
-        rerun.restore(args, loaded["rerun_state_machine"])
+        rerun.restore(Resilience.of(args), loaded["rerun_state_machine"])
     if train_state is not None and not starts_over:
         train_state.update(saved["train_state"])
         if not train_state.get("consumed_train_samples"):  # a checkpoint without the count: Megatron-LM's rule

@@ -1,6 +1,7 @@
 """``--distributed-timeout-seconds-after-init S``: after the first trained iteration (usually the slowest one) every
 megatron-core process group gets the timeout S, by megatron-core's ``update_pg_timeout``, as Megatron-LM 0.16.1's
 training loop does. Rank 0 prints the data-parallel group's timeout read back from its backend.
+Takes the run's ``Resilience`` section (training/resilience/section.py).
 May assume: process groups are up (megatron-core's parallel state initialised).
 """
 
@@ -12,6 +13,7 @@ import torch
 from megatron.core import parallel_state
 
 from mtmegatron.backends.device import compute_device
+from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.utils.metrics import print_rank0
 
 
@@ -22,8 +24,8 @@ def _timeout_of(group) -> str:
         return "set"
 
 
-def after_first_iteration(args) -> None:
-    seconds = args.distributed_timeout_seconds_after_init
+def after_first_iteration(resilience: Resilience) -> None:
+    seconds = resilience.distributed_timeout_seconds_after_init
     if seconds is None:
         return
     parallel_state.update_pg_timeout(timedelta(seconds=seconds))

@@ -20,6 +20,8 @@ Test hook: ``MTMEGATRON_TEST_INJECT_LOSS=ITER:spike|nan:once|always[:RANK]`` mul
 a rank that computes the loss) first micro-batch loss of step ITER by 1000 (or by NaN) before validation and
 backward, in the first run of the step only (``once``: a transient fault) or in every run of it (``always``: a
 persistent one).
+The entries that read flags take the run's ``Resilience`` section (training/resilience/section.py); the machine is made again
+only for a section of other values (sections compare by value), never for an equal one.
 May assume: megatron-core's parallel state; the bridge makes the machine's CUDA calls (RNG states, device index)
 resolve to the backend.
 """
@@ -31,12 +33,13 @@ from functools import partial
 
 import torch
 from megatron.core import tensor_parallel
-from mtmegatron.models import families
 from megatron.core.rerun_state_machine import (EXIT_CODE_FAILED_ON_RESULT_VALIDATION,
                                                EXIT_CODE_RESUME_TO_DISAMBIGUATE, RerunDataIterator,
                                                RerunDiagnostic, RerunErrorInjector, RerunMode, RerunState,
                                                destroy_rerun_state_machine, get_rerun_state_machine,
                                                initialize_rerun_state_machine)
+
+from mtmegatron.training.resilience.section import Resilience
 
 SPIKY_LOSS_FACTOR = 10  # Megatron-LM's pretrain_gpt.py
 MODES = {"disabled": RerunMode.DISABLED, "validate_results": RerunMode.VALIDATE_RESULTS}
@@ -47,24 +50,25 @@ EXIT_MEANINGS = {
 }
 INJECT_ENV = "MTMEGATRON_TEST_INJECT_LOSS"
 
-_args = None          # the run whose flags the machine was made from
+_section = None       # the values the machine was made from (a Resilience)
 _iterators = None     # the replayable iterators of the step in progress (saved with a rerun checkpoint)
 
 
-def machine(args):
-    """The process's rerun state machine, made from ``args`` once (again for another run in this process)."""
-    global _args
-    if _args is not args:
+def machine(resilience: Resilience):
+    """The process's rerun state machine, made once per section value (again only for a run with other values
+    in this process: an equal section, however built, keeps the machine and its state)."""
+    global _section
+    if _section != resilience:
         destroy_rerun_state_machine()
         initialize_rerun_state_machine(
             state_save_func=lambda: {"rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()},
             state_restore_func=_restore_tracker,
-            mode=MODES[args.rerun_mode],
-            error_injector=RerunErrorInjector(error_injection_rate=args.error_injection_rate,
-                                              error_injection_type=RerunDiagnostic(args.error_injection_type)),
-            result_rejected_tracker_filename=args.result_rejected_tracker_filename,
+            mode=MODES[resilience.rerun_mode],
+            error_injector=RerunErrorInjector(error_injection_rate=resilience.error_injection_rate,
+                                              error_injection_type=RerunDiagnostic(resilience.error_injection_type)),
+            result_rejected_tracker_filename=resilience.result_rejected_tracker_filename,
         )
-        _args = args
+        _section = resilience
     return get_rerun_state_machine()
 
 
@@ -73,23 +77,24 @@ def _restore_tracker(state: dict) -> None:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
 
 
-def describe(args) -> str:
-    """The start-up line: what the mode does in this run."""
-    checks = [name for name, on in (("NaN/Inf loss and gradients", args.check_for_nan_in_loss_and_grad),
-                                    ("spiky loss (10x)", args.check_for_spiky_loss)) if on]
+def describe(resilience: Resilience, multimodal: bool) -> str:
+    """The start-up line: what the mode does in this run (``multimodal``: the family's, whose loss is not
+    validated)."""
+    checks = [name for name, on in (("NaN/Inf loss and gradients", resilience.check_for_nan_in_loss_and_grad),
+                                    ("spiky loss (10x)", resilience.check_for_spiky_loss)) if on]
     what = " and ".join(checks) or "nothing (no check asked for)"
-    if families.of(args).is_multimodal and checks:  # as Megatron-LM's pretrain_vlm: its loss is not validated
+    if multimodal and checks:  # as Megatron-LM's pretrain_vlm: its loss is not validated
         what = f"{what} (LLaVA: gradients only, as Megatron-LM's pretrain_vlm)"
-    if args.rerun_mode == "disabled":
+    if resilience.rerun_mode == "disabled":
         return f"mtmegatron: --rerun-mode disabled: validates {what}; a NaN/Inf raises, nothing is re-run"
     return (f"mtmegatron: --rerun-mode validate_results: validates {what} from the second step on; a rejected "
             f"result re-runs the step (transient: spiky loss goes on, NaN/Inf exits 17; reproduced: spiky loss goes "
             f"on, NaN/Inf saves and exits 16)")
 
 
-def start(args, start_iteration: int):
+def start(resilience: Resilience, start_iteration: int):
     """Before the first step: the machine counts steps as the loop does (Megatron-LM sets it after a load)."""
-    rerun = machine(args)
+    rerun = machine(resilience)
     rerun.current_iteration = start_iteration
     return rerun
 
@@ -105,16 +110,16 @@ def validate_loss(loss: torch.Tensor) -> torch.Tensor:
     """pretrain_gpt.py's checks of one micro-batch loss (inside a training step only: evaluation runs no step);
     returns the loss (the test hook may have faulted it)."""
     rerun = get_rerun_state_machine()
-    if _args is None or rerun.state == RerunState.NOT_RUNNING_YET:
+    if _section is None or rerun.state == RerunState.NOT_RUNNING_YET:
         return loss
     loss = _inject(loss, rerun)
     result = loss.detach().clone()  # the machine keeps it; the schedule divides the loss in place
-    if _args.check_for_nan_in_loss_and_grad:
+    if _section.check_for_nan_in_loss_and_grad:
         rerun.validate_result(result=result, rejection_func=torch.isnan,
                               message="found NaN in local forward loss calculation", tolerance=0.0, fatal=True)
         rerun.validate_result(result=result, rejection_func=torch.isinf,
                               message="found Inf in local forward loss calculation", tolerance=0.0, fatal=True)
-    if _args.check_for_spiky_loss:
+    if _section.check_for_spiky_loss:
         rerun.validate_result(result=result, rejection_func=partial(rerun.is_unexpectedly_large,
                                                                   threshold=SPIKY_LOSS_FACTOR, context="loss"),
                               message="Spiky loss", tolerance=0.0, fatal=False)
@@ -140,24 +145,24 @@ def _inject(loss: torch.Tensor, rerun) -> torch.Tensor:
     return loss * (1000.0 if kind == "spike" else float("nan"))
 
 
-def checkpoint_state(args) -> dict | None:
+def checkpoint_state(resilience: Resilience) -> dict | None:
     """What a checkpoint keeps of the machine: only while a step waits to be re-run (Megatron-LM's rule)."""
-    return machine(args).state_dict(data_iterator=_iterators, ckpt_format="torch_dist")
+    return machine(resilience).state_dict(data_iterator=_iterators, ckpt_format="torch_dist")
 
 
-def load_template(args, common: dict, same_layout: bool) -> dict | None:
+def load_template(resilience: Resilience, common: dict, same_layout: bool, finetune: bool) -> dict | None:
     """The sharded template to load a saved machine state with, when the checkpoint holds one this run can use
-    (same world size and layout, not --finetune, mode not disabled)."""
+    (same world size and layout, not ``finetune`` (--finetune), mode not disabled)."""
     saved = common.get("rerun_state_machine")
-    rerun = machine(args)
-    if (not same_layout or args.finetune or rerun.get_mode() == RerunMode.DISABLED
+    rerun = machine(resilience)
+    if (not same_layout or finetune or rerun.get_mode() == RerunMode.DISABLED
             or not rerun.validate_state_dict(saved)):
         return None
     return rerun.state_dict(data_iterator=None, ckpt_format="torch_dist", force=True)
 
 
-def restore(args, loaded: dict) -> None:
-    machine(args).load_state_dict(loaded)
+def restore(resilience: Resilience, loaded: dict) -> None:
+    machine(resilience).load_state_dict(loaded)
 
 
 def exit_message(exit_code: int, iteration: int, save_asked: bool, saved: str | None) -> str:

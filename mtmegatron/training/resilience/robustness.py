@@ -13,6 +13,7 @@ job), so the rank finishes its iteration and saves; the rank still ends them as 
 Test hooks: ``MTMEGATRON_TEST_INJECT_NAN=ITER[,ITER...][:RANK]`` fills that rank's (default 0) gradients with
 nan at those iterations; ``MTMEGATRON_TEST_STARTED_MINUTES_AGO=M[:RANK]`` moves that rank's program start M
 minutes back (for ``--exit-duration-in-mins``).
+The flags' values come as the run's ``Resilience`` section (training/resilience/section.py).
 May assume: model chunks wrapped by DDP, Megatron-FSDP or torch FSDP2 (config/fsdp_flags.py); process groups
 initialised.
 """
@@ -29,6 +30,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from mtmegatron.training.resilience.run_clock import exit_signal, minutes_since_start
+from mtmegatron.training.resilience.section import Resilience
 
 INJECT_ENV = "MTMEGATRON_TEST_INJECT_NAN"
 STARTED_ENV = "MTMEGATRON_TEST_STARTED_MINUTES_AGO"
@@ -86,9 +88,9 @@ class TerminationRequest:
     ``requested()`` returns the reason, or None; it costs one all-reduce per call when either flag is given and
     none otherwise."""
 
-    def __init__(self, args):
-        self._signal = exit_signal(args) if args.exit_signal_handler else None
-        self._limit = args.exit_duration_in_mins or None  # 0: no limit, as in Megatron-LM
+    def __init__(self, resilience: Resilience):
+        self._signal = exit_signal(resilience) if resilience.exit_signal_handler else None
+        self._limit = resilience.exit_duration_in_mins or None  # 0: no limit, as in Megatron-LM
         self._signalled = False
         self._previous = signal.signal(self._signal, self._handle) if self._signal is not None else None
         self._started_ago = _test_started_minutes_ago()
@@ -133,15 +135,15 @@ def _test_started_minutes_ago() -> float:
     return float(minutes) if torch.distributed.get_rank() == int(rank or 0) else 0.0
 
 
-def data_worker_init(args):
+def data_worker_init(resilience: Resilience):
     """``worker_init_fn`` for the training and validation DataLoaders: with ``--exit-signal-handler``, each worker
     ignores ``--exit-signal`` unless its rank sent it (the rank's own shutdown of its workers, and
     multiprocessing's at exit, use SIGTERM). A worker killed by the group's signal would make the rank's
     DataLoader raise (``DataLoader worker ... killed by signal``) before the rank could save. None without the
     flag: the signal ends workers and ranks alike."""
-    if not args.exit_signal_handler:
+    if not resilience.exit_signal_handler:
         return None
-    return functools.partial(_outlive_exit_signal, int(exit_signal(args)))
+    return functools.partial(_outlive_exit_signal, int(exit_signal(resilience)))
 
 
 def _outlive_exit_signal(signum: int, worker_id: int) -> None:

@@ -3,6 +3,7 @@
 before the first iteration and every N iterations, as Megatron-LM 0.16.1's training loop does; a mismatch stops
 the run naming it, a match prints Megatron-LM's line ``>>> Weight hashes match after I iterations...``.
 With ``--overlap-param-gather`` the parameters are gathered first (training/overlap.ParamGather).
+Takes the run's ``Resilience`` section (training/resilience/section.py).
 May assume: process groups are up; the model chunks are megatron-core DDP modules.
 """
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 import torch
 from megatron.core.utils import check_param_hashes_across_dp_replicas
 
+from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.utils.metrics import print_rank0
 
 
-def due(args, iteration: int, first: bool) -> bool:
-    interval = args.check_weight_hash_across_dp_replicas_interval
+def due(resilience: Resilience, iteration: int, first: bool) -> bool:
+    interval = resilience.check_weight_hash_across_dp_replicas_interval
     return interval is not None and (first or iteration % interval == 0)
 
 
