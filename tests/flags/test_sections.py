@@ -22,8 +22,7 @@ PACKAGE = Path(arguments.__file__).resolve().parents[1]
 FLAGS = ["--rerun-mode", "disabled", "--check-for-spiky-loss", "--no-check-for-nan-in-loss-and-grad",
          "--exit-signal-handler", "--exit-signal", "SIGUSR1", "--exit-duration-in-mins", "7",
          "--check-weight-hash-across-dp-replicas-interval", "3", "--distributed-timeout-seconds-after-init", "90",
-         "--error-injection-rate", "5", "--error-injection-type", "correct_result",
-         "--result-rejected-tracker-filename", "rejected.txt"]
+         "--error-injection-rate", "5", "--error-injection-type", "correct_result"]
 
 
 def _subclasses(cls):
@@ -34,7 +33,9 @@ def _subclasses(cls):
 
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
-    return config.parse(["--log-dir", str(tmp_path_factory.mktemp("log"))] + FLAGS)
+    tmp = tmp_path_factory.mktemp("sections")  # the rerun machine creates its tracker file
+    return config.parse(["--log-dir", str(tmp), "--result-rejected-tracker-filename", str(tmp / "rejected.txt")]
+                        + FLAGS)
 
 
 def test_every_section_names_only_parser_dests_and_has_no_defaults():
@@ -59,9 +60,10 @@ def test_resilience_holds_the_flag_values(cfg):
     section = cfg.of(Resilience)
     assert section == Resilience(
         rerun_mode="disabled", error_injection_rate=5, error_injection_type="correct_result",
-        result_rejected_tracker_filename="rejected.txt", check_for_nan_in_loss_and_grad=False,
+        result_rejected_tracker_filename=cfg.args.result_rejected_tracker_filename, check_for_nan_in_loss_and_grad=False,
         check_for_spiky_loss=True, exit_signal_handler=True, exit_signal="SIGUSR1", exit_duration_in_mins=7,
         check_weight_hash_across_dp_replicas_interval=3, distributed_timeout_seconds_after_init=90)
+    assert section.result_rejected_tracker_filename.endswith("rejected.txt")
     assert all(getattr(section, f.name) is getattr(cfg.args, f.name) for f in dataclasses.fields(Resilience))
     with pytest.raises(dataclasses.FrozenInstanceError):
         section.rerun_mode = "validate_results"
