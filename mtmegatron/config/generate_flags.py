@@ -19,6 +19,9 @@ class GenerateError(ValueError):
 def add_generate_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--load", required=True, help="checkpoint directory (torch_dist: `mtmegatron convert "
                    "hf-to-mcore` output or a pretrain --save directory); its latest checkpoint is used")
+    p.add_argument("--lora-load", default=None, metavar="DIR",
+                   help="LoRA adapters (a LoRA run's --save, or hf-to-mcore --peft-in) over the base in --load: "
+                        "generate with them (their rank, alpha and targets from their record)")
     p.add_argument("--tokenizer-model", required=True,
                    help="local HF tokenizer (directory with tokenizer.json, and tokenizer_config.json for --chat)")
     p.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable)")

@@ -2,8 +2,9 @@
 (``adapter_config.json`` + ``adapter_model.safetensors``, HF's module names: q_proj ... down_proj).
 
 Each adapter's B is split by the family's own HF map for the weight it adapts (the rows of fused q/k/v per
-query group, [gate; up]), its A shared by the parts: ``W_q + s * B_q @ A`` is exactly the q rows of the fused
-``W + s * B @ A``, so the PEFT adapter computes what our adapters do. Keys as peft saves them:
+query group, [gate; up]), and its A into its parts' blocks (lora/adapter.py: one r-row block per part, in the HF
+map's order q, k, v / gate, up): ``W_q + s * B_q @ A_q`` is exactly the q rows of our fused update, so the PEFT
+adapter computes what our adapters do, and a peft-trained adapter (its own A per module) imports exactly. Keys as peft saves them:
 ``base_model.model.<HF module>.lora_A.weight`` / ``lora_B.weight``.
 May assume: a family whose HF map names each adapted weight (the dense decoder families).
 """
@@ -29,9 +30,11 @@ def peft_tensors(adapters, run, entries: dict) -> dict[str, torch.Tensor]:
         if entry is None:
             raise ConversionError(f"--peft-out: the HF map has no weight {stem}weight for its adapter")
         a, b = adapters.read(local), adapters.read(stem + "lora.lora_b")
-        for name, part in zip(entry.hf, entry.to_hf(b)):
+        r, names = run.lora_r, entry.hf
+        blocks = a.split(r) if a.shape[0] == r * len(names) else [a] * len(names)
+        for name, block, part in zip(names, blocks, entry.to_hf(b)):
             module = "base_model.model." + name[:-len(".weight")]
-            out[module + ".lora_A.weight"] = a.clone().contiguous()
+            out[module + ".lora_A.weight"] = block.clone().contiguous()
             out[module + ".lora_B.weight"] = part.clone().contiguous()
     return out
 
@@ -68,7 +71,7 @@ def export_peft(load: str, lora_load: str, out: str, family: str, args, rope_int
 
     init_single_rank(args)
     try:
-        adapters, run = adapter_reader(_Reader, args, lora_load)
+        adapters, run, _ = adapter_reader(_Reader, args, lora_load)
         entries = {e.mcore: e for e in families.get(family).hf_map(args, rope_interleave=rope_interleave,
                                                                   layout=None)}
         tensors = peft_tensors(adapters, run, entries)
@@ -90,8 +93,9 @@ def _peft_config(peft_dir: str) -> dict:
     except (OSError, ValueError) as e:
         raise ConversionError(f"--peft-in {peft_dir}: no readable adapter_config.json ({type(e).__name__})") from None
     if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("use_rslora") \
-            or config.get("bias", "none") != "none":
-        raise ConversionError(f"{path}: only plain LoRA adapters (no DoRA, rsLoRA or trained biases) import here")
+            or config.get("bias", "none") != "none" or config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ConversionError(f"{path}: only plain LoRA adapters (no DoRA, rsLoRA, trained biases or per-module "
+                              f"rank/alpha patterns) import here")
     targets = config.get("target_modules") or []
     if isinstance(targets, str) or any(t not in OURS_OF_HF for t in targets):
         raise ConversionError(f"{path}: target_modules {targets!r}: only {', '.join(OURS_OF_HF)} import here")
@@ -100,8 +104,8 @@ def _peft_config(peft_dir: str) -> dict:
 
 def import_peft(hf_dir: str, peft_dir: str, out: str, family: str, flags: list[str], rope_interleave: bool) -> None:
     """An HF PEFT adapter over the HF model in ``hf_dir`` as a LoRA checkpoint in ``out`` (for ``--lora-load``,
-    starting at iteration 0): q/k/v (and gate/up) adapters fused as the base weights are, which needs their A
-    matrices to be equal (as ``--peft-out`` writes them); B's rows fused by the family's HF map."""
+    starting at iteration 0): q/k/v (and gate/up) adapters fused as the base weights are: their A's stacked as
+    our fused adapter's part blocks, their B's rows fused by the family's HF map."""
     from megatron.core import dist_checkpointing, parallel_state
     from safetensors.torch import load_file
 
@@ -133,13 +137,13 @@ def import_peft(hf_dir: str, peft_dir: str, out: str, family: str, flags: list[s
             if missing:
                 raise ConversionError(f"--peft-in {peft_dir}: no adapter {missing[0]} (our {name} needs "
                                       f"{', '.join(m.rsplit('.', 1)[1] for m in modules)} together)")
-            a_parts = [tensors[m + ".lora_A.weight"] for m in modules]
-            if any(not torch.equal(a, a_parts[0]) for a in a_parts[1:]):
-                raise ConversionError(f"--peft-in {peft_dir}: {', '.join(m.rsplit('.', 1)[1] for m in modules)} of "
-                                      f"{modules[0].rsplit('.', 1)[0]} have different A matrices; fusing them "
-                                      f"needs rank {len(modules)} x r (not supported yet)")
+            a = torch.cat([tensors[m + ".lora_A.weight"] for m in modules])
             b = entry.to_mcore(*[tensors[m + ".lora_B.weight"] for m in modules])
-            lora.lora_a = torch.nn.Parameter(a_parts[0].clone(), requires_grad=True)
+            if a.shape != lora.lora_a.shape or b.shape != lora.lora_b.shape:
+                raise ConversionError(f"--peft-in {peft_dir}: {modules[0]}'s adapter has A {tuple(a.shape)} and "
+                                      f"B {tuple(b.shape)} fused; this base needs {tuple(lora.lora_a.shape)} and "
+                                      f"{tuple(lora.lora_b.shape)}")
+            lora.lora_a = torch.nn.Parameter(a.clone().contiguous(), requires_grad=True)
             lora.lora_b = torch.nn.Parameter(b.clone().contiguous(), requires_grad=True)
         state = {k: v for k, v in model.sharded_state_dict().items() if lora_checkpoint.is_adapter(k)}
         record = lora_checkpoint.record(args)

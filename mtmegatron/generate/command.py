@@ -48,6 +48,10 @@ def prepare(args):
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     flags = [f for f in args.model_flags if f != "--"]
     model_args_, common = model_args(args.load, flags, _layout(args), args.backend, world_size)
+    if args.lora_load:
+        from mtmegatron.generate.model import lora_args
+
+        common["lora_directory"] = lora_args(model_args_, args.lora_load)
     if tokenizer.vocab_size > model_args_.vocab_size:
         raise GenerateError(f"--tokenizer-model {args.tokenizer_model} has {tokenizer.vocab_size} tokens, the model "
                             f"only {model_args_.vocab_size}: not the tokenizer this model was trained with")
@@ -86,7 +90,7 @@ def run(args) -> int:
     mtmegatron.activate(backend)
     init_distributed(margs, backend)
     try:
-        model = build_and_load(margs, common["directory"])
+        model = build_and_load(margs, common["directory"], common.get("lora_directory"))
         if visions is not None:  # a vision-language model: M-RoPE positions, the prompts' images merged
             from mtmegatron.tasks.qwen_vl.generate_images import generate_for_vision_model
 

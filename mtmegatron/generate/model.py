@@ -8,6 +8,9 @@ every field that changes shapes or the forward math, convert/recorded_flags.py),
 ``--make-vocab-size-divisible-by`` is rebuilt with its rows). The fingerprint is
 compared with the rebuilt model before loading, as ``pretrain --load`` does. A multi-token-prediction block
 (DeepSeek-V3) is not built: generation reads the main output head, and its weights are simply not loaded.
+With ``--lora-load ADAPTERS`` the base is wrapped as a LoRA run wraps it (rank, alpha and targets from the
+adapters' record, refused in one line when they were made for another base) and the adapters are loaded over it:
+generation runs the adapted model (lora/).
 May assume: called on every rank; ``prepare`` before any process group, ``build_and_load`` after
 ``init_distributed``.
 """
@@ -70,8 +73,55 @@ def model_args(load: str, given_flags: list[str], layout: list[str], backend: st
     return args, common
 
 
-def build_and_load(args, directory: str):
-    """This rank's model chunk (eval mode, on the compute device, Float16Module for --bf16) with the weights."""
+def lora_args(args, lora_load: str) -> str:
+    """Set the LoRA values of the adapters under ``lora_load`` on ``args`` (checked against the base's flags by
+    lora/checkpoint.check); returns the adapters' checkpoint directory."""
+    import os
+
+    from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.training.checkpoint.megatron_lm_checkpoint import OURS
+    from mtmegatron.utils.checkpoint_dirs import CheckpointError
+
+    if not os.path.isdir(lora_load):
+        raise GenerateError(f"--lora-load {lora_load}: not a directory")
+    common = checkpoint_common(lora_load)
+    saved = (common.get(OURS) or {}).get("lora")
+    args.lora_load, args.lora_dropout = lora_load, 0.0
+    if saved is not None:
+        args.lora_r, args.lora_alpha, args.lora_target_modules = saved["r"], saved["alpha"], saved["targets"]
+    try:
+        lora_checkpoint.check(saved, "adapters", common["directory"], args)
+    except CheckpointError as e:
+        raise GenerateError(str(e)) from None
+    return common["directory"]
+
+
+def _with_adapters(model, args, directory: str, metadata: dict):
+    """``model`` wrapped with LoRA adapters (lora/wrap.py), the adapters loaded from ``directory``."""
+    import torch
+    from megatron.core import dist_checkpointing
+
+    from mtmegatron import lora
+    from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.utils.errors import ConfigError
+
+    try:
+        (model,) = lora.wrap([model], args)
+    except ConfigError as e:
+        raise GenerateError(str(e)) from None
+    state = {k: v for k, v in model.sharded_state_dict(metadata=metadata).items() if lora_checkpoint.is_adapter(k)}
+    try:
+        loaded = dist_checkpointing.load({"model": state}, directory)
+    except (Exception, torch.distributed.checkpoint.api.CheckpointException) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise GenerateError(f"--lora-load: adapters {directory} cannot be loaded into this model: {first}") from e
+    model.load_state_dict(loaded["model"], strict=False)
+    return model
+
+
+def build_and_load(args, directory: str, lora_directory: str | None = None):
+    """This rank's model chunk (eval mode, on the compute device, Float16Module for --bf16) with the weights (and
+    the LoRA adapters of ``lora_directory`` over them, when given)."""
     import torch
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.transformer.module import Float16Module
@@ -89,6 +139,8 @@ def build_and_load(args, directory: str):
         raise GenerateError(f"checkpoint {directory} cannot be loaded into the model its flags describe: "
                             f"{first}") from e
     model.load_state_dict(loaded["model"])
+    if lora_directory:
+        model = _with_adapters(model, args, lora_directory, metadata)
     move_module(model, compute_device())
     if args.bf16 or args.fp16:
         model = Float16Module(config, model)

@@ -1,5 +1,11 @@
 """One low-rank adapter over one megatron-core parallel linear: ``y = base(x) + (alpha / r) * B(A(dropout(x)))``.
 
+A fused linear (``linear_qkv``: q/k/v; SwiGLU's ``linear_fc1``: gate/up) has one adapter per part, as HF peft
+has one per HF module: part p's A_p (r x in) is rows [p r, (p+1) r) of A (P r x in), and B (out x r) keeps the
+base weight's row order (q/k/v rows per query group, [gate; up]), each row fed only by its own part's A
+(``row_parts``): the output rows of part p are ``B[rows of p] @ A_p x``. So a peft adapter imports exactly and
+B shards, reshards and merges as the base weight does.
+
 The adapter is a child module ``lora`` of the base linear (so the base's own parameter names, and so every
 checkpoint of the base, stay as they are) and runs as a forward hook that adds its path to the base's output.
 TP layout, as Megatron-Bridge's ParallelLinearAdapter keeps the low-rank path beside the base:
@@ -34,16 +40,39 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 A_KEY, B_KEY = "lora.lora_a", "lora.lora_b"
 
 
+def row_parts(name: str, config, rows: int) -> torch.Tensor:
+    """The part (0 .. P-1) of each of ``rows`` rows of the fused weight ``name`` adapts (a TP shard or the
+    whole: the pattern repeats per query group / is two halves), as a long tensor; all zeros for unfused ones."""
+    if name.endswith("linear_qkv"):
+        heads, groups, dim = config.num_attention_heads, config.num_query_groups, config.kv_channels
+        group = [0] * (heads // groups * dim) + [1] * dim + [2] * dim
+        return torch.tensor(group * (rows // len(group)))
+    if name.endswith("linear_fc1") and config.gated_linear_unit:
+        return torch.arange(rows) // (rows // 2)
+    return torch.zeros(rows, dtype=torch.long)
+
+
+def fused_delta(a: torch.Tensor, b: torch.Tensor, parts: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale * B @ A`` with each row of B taking its own part's rows of A (``parts``: row_parts)."""
+    r = b.shape[1]
+    delta = torch.zeros(b.shape[0], a.shape[1], dtype=a.dtype, device=a.device)
+    for p in range(a.shape[0] // r):
+        rows = parts.to(b.device) == p
+        delta[rows] = b[rows] @ a[p * r:(p + 1) * r]
+    return delta * scale
+
+
 def init_generator(seed: int, name: str) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
 
 
 class LoRA(torch.nn.Module):
     """The adapter of one base linear. ``kind`` is "column" or "row"; ``gated`` marks a SwiGLU linear_fc1 (its
-    B rows are [gate; up] per TP rank, resharded as megatron-core reshards the base weight)."""
+    B rows are [gate; up] per TP rank, resharded as megatron-core reshards the base weight). ``parts``: the
+    part of each of this rank's B rows (row_parts); its largest value + 1 is the number of A blocks."""
 
     def __init__(self, base: torch.nn.Module, kind: str, r: int, alpha: float, dropout: float, name: str,
-                 seed: int, gated: bool = False):
+                 seed: int, gated: bool = False, parts: torch.Tensor | None = None):
         super().__init__()
         self.kind, self.scale, self.gated = kind, alpha / r, gated
         self.sequence_parallel, self.tp_group = base.sequence_parallel, base.tp_group
@@ -51,7 +80,12 @@ class LoRA(torch.nn.Module):
         tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
                     parallel_state.get_tensor_model_parallel_rank())
         weight = base.weight
-        a = torch.empty(r, base.input_size)  # the whole A, on the host, from the linear's own generator
+        parts = torch.zeros(weight.shape[0], dtype=torch.long) if parts is None or kind == "row" else parts
+        self.n_parts, self.r = int(parts.max()) + 1, r
+        self.register_buffer("parts", parts.to(weight.device), persistent=False)
+        masks = torch.stack([parts == p for p in range(self.n_parts)]).to(device=weight.device, dtype=weight.dtype)
+        self.register_buffer("masks", masks, persistent=False)  # (P, rows): 1 where a row belongs to part p
+        a = torch.empty(self.n_parts * r, base.input_size)  # the whole A, on the host, from the linear's own generator
         bound = 1.0 / math.sqrt(base.input_size)  # kaiming_uniform_(a=sqrt(5)), as peft's reset_lora_parameters
         a.uniform_(-bound, bound, generator=init_generator(seed, name))
         if kind == "row":
@@ -70,7 +104,11 @@ class LoRA(torch.nn.Module):
                 x = mappings.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False,
                                                                   group=self.tp_group)
             h = mappings.copy_to_tensor_model_parallel_region(self.dropout(x) @ self.lora_a.t(), group=self.tp_group)
-            return (h @ self.lora_b.t()) * self.scale
+            if self.n_parts == 1:
+                return (h @ self.lora_b.t()) * self.scale
+            r = self.r
+            y = sum((h[..., p * r:(p + 1) * r] @ self.lora_b.t()) * self.masks[p] for p in range(self.n_parts))
+            return y * self.scale
         if self.training and isinstance(self.dropout, torch.nn.Dropout):  # a TP-sharded input: per-rank masks
             with tensor_parallel.get_cuda_rng_tracker().fork():  # (megatron-core's rule for sharded activations)
                 x = self.dropout(x)
@@ -80,7 +118,7 @@ class LoRA(torch.nn.Module):
 
     def delta(self) -> torch.Tensor:
         """This rank's shard of ``scale * B @ A``: what merging adds to the base weight's shard."""
-        return (self.lora_b @ self.lora_a) * self.scale
+        return fused_delta(self.lora_a, self.lora_b, self.parts, self.scale)
 
     def sharded_state_dict(self, prefix: str, sharded_offsets, metadata) -> dict:
         axis = {B_KEY: 0} if self.kind == "column" else {A_KEY: 1}

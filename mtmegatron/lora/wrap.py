@@ -5,7 +5,8 @@ frozen base gets no gradient buffer and no optimizer state: DDP and the optimize
 gradient. Adapters take the chunk's parameter dtype (with ``--bf16`` the optimizer keeps their fp32 main copy).
 Targets, by megatron-core's names: ``linear_qkv`` / ``linear_proj`` (self-attention) and ``linear_fc1`` /
 ``linear_fc2`` (the dense MLP) of every decoder layer; each adapter is named by its global layer number, so
-every pipeline layout builds the same adapters.
+every pipeline layout builds the same adapters. Fused linears (linear_qkv, SwiGLU's linear_fc1) get one A per
+part (q, k, v; gate, up), as HF peft's adapters (adapter.py).
 May assume: megatron-core 0.16 GPTModel chunks with local linears (``--transformer-impl local``/``mtmegatron``;
 TE's fused layer-norm linears take their input before the norm and are refused here, not yet served).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
-from mtmegatron.lora.adapter import LoRA, attach
+from mtmegatron.lora.adapter import LoRA, attach, row_parts
 from mtmegatron.utils.errors import ConfigError
 
 PATHS = {"linear_qkv": "self_attention.linear_qkv", "linear_proj": "self_attention.linear_proj",
@@ -47,8 +48,9 @@ def wrap(chunks: list, args) -> list:
             p.requires_grad_(False)
         for name, linear in targets(chunk, args.lora_target_modules):
             gated = name.endswith("linear_fc1") and chunk.config.gated_linear_unit
+            parts = row_parts(name, chunk.config, linear.weight.shape[0])
             attach(linear, LoRA(linear, _kind(linear), args.lora_r, args.lora_alpha, args.lora_dropout, name,
-                                args.seed, gated=gated))
+                                args.seed, gated=gated, parts=parts))
     return chunks
 
 

@@ -6,8 +6,14 @@
   fold (alpha / r), the fused q/k/v and [gate; up] rows and the adapter keys' TP axes checked against an
   implementation we did not write; ``lora.merge`` in place gives the adapted logits too (1e-5);
 - ``--peft-out`` (same call): peft's file layout and names, and for every HF module the PEFT update on the
-  original HF weight gives the merged export's weight (peft itself is not installed here: its loading is not
-  tested); that adapter imported with ``hf-to-mcore --peft-in`` and exported again is bit-exact.
+  original HF weight gives the merged export's weight; ``peft.PeftModel.from_pretrained`` on it gives our adapted
+  logits, merged (``merge_and_unload``) or not; imported with ``hf-to-mcore --peft-in`` and exported again it is
+  bit-exact;
+- HF peft parity: an adapter made by peft itself (LoraConfig over q/k/v/o/gate/up/down, random non-zero A and B:
+  its q/k/v and gate/up A's differ), saved by ``save_pretrained`` and imported with ``--peft-in``, gives HF+peft's
+  loss on the same tokens, and the same losses after 3 Adam steps over the adapters on both sides (fp32, 1e-5);
+- ``mtmegatron generate --load BASE --lora-load ADAPTERS`` (in process): its greedy tokens are HF's greedy tokens
+  on the merged export.
 """
 
 from __future__ import annotations
@@ -20,6 +26,75 @@ import torch
 from helpers.hf_parity import MAX_ABS, model_flags, save_reference
 
 LORA = ["--lora-r", "4", "--lora-alpha", "8", "--transformer-impl", "local"]
+HF_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+STEPS = 3
+
+
+def _losses(forward, params, tokens) -> list[float]:
+    """The next-token loss before and after each of STEPS Adam steps (lr 1e-2, no weight decay, no clipping)."""
+    optimizer = torch.optim.Adam(params, lr=1e-2)
+    losses = []
+    for step in range(STEPS + 1):
+        logits = forward(tokens).float()
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 tokens[:, 1:].reshape(-1))
+        losses.append(loss.item())
+        if step < STEPS:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return losses
+
+
+def _peft_made_adapter(hf_dir, out) -> list[float]:
+    """An HF peft LoRA adapter made by peft (random A and B) saved in ``out``; returns HF+peft's losses."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(3)
+    hf = LlamaForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32).eval()
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=HF_TARGETS, lora_dropout=0.0, init_lora_weights=False)
+    peft_model = get_peft_model(hf, config)
+    peft_model.save_pretrained(str(out))
+    trained = [p for p in peft_model.parameters() if p.requires_grad]
+    return _losses(lambda t: peft_model(t).logits, trained, _tokens(hf_dir))
+
+
+def _tokens(hf_dir):
+    return torch.load(hf_dir / "reference.pt")["tokens"]
+
+
+def _generate(tmp, base) -> list[dict]:
+    """``mtmegatron generate --lora-load`` (in process, greedy): its --output rows."""
+    from helpers.char_tokenizer import save_char_tokenizer
+
+    from mtmegatron.generate.__main__ import main
+
+    save_char_tokenizer(str(tmp / "tokenizer"))
+    argv = ["--backend", "cpu", "--load", str(base), "--lora-load", str(tmp / "adapters"), "--tokenizer-model",
+            str(tmp / "tokenizer"), "--prompt", "Hello, world", "--prompt", "Hi", "--max-new-tokens", "12",
+            "--output", str(tmp / "generated.jsonl")]
+    assert main(argv) == 0
+    return [json.loads(line) for line in (tmp / "generated.jsonl").read_text().splitlines()]
+
+
+def _our_losses(base, adapters_dir, tokens) -> list[float]:
+    """Our model over ``base`` with the LoRA checkpoint in ``adapters_dir`` loaded; its losses."""
+    from helpers.hf_parity import converted_model
+    from megatron.core import dist_checkpointing
+
+    from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.lora.wrap import wrap
+
+    args, model = converted_model(1, "cpu", model_flags(base) + LORA, str(base))
+    (model,) = wrap([model], args)
+    state = {k: v for k, v in model.sharded_state_dict().items() if lora_checkpoint.is_adapter(k)}
+    loaded = dist_checkpointing.load({"model": state}, str(adapters_dir / "iter_0000000"))
+    missing, _ = model.load_state_dict(loaded["model"], strict=False)
+    assert not [k for k in missing if lora_checkpoint.is_adapter("." + k)], missing
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return _losses(lambda t: model(t, positions, None), trained, tokens)
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +135,17 @@ def run(tmp_path_factory):
         parallel_state.destroy_model_parallel()
         hf_to_mcore(str(hf_dir), str(tmp / "imported"), "llama3", peft_in=str(tmp / "peft"))  # and back again
         mcore_to_hf(str(base), None, lora_load=str(tmp / "imported"), peft_out=str(tmp / "peft_again"))
+        parallel_state.destroy_model_parallel()
+        out["hf_peft_losses"] = _peft_made_adapter(hf_dir, tmp / "peft_trained")
+        hf_to_mcore(str(hf_dir), str(tmp / "peft_imported"), "llama3", peft_in=str(tmp / "peft_trained"))
+        parallel_state.destroy_model_parallel()
+        out["our_losses"] = _our_losses(base, tmp / "peft_imported", tokens)
+        parallel_state.destroy_model_parallel()
+        out["generated"] = _generate(tmp, base)  # last: generate ends its process group
     finally:
         parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     return out
 
 
@@ -125,3 +208,43 @@ def test_peft_round_trip_is_exact(run):
     for config in configs:
         config.pop("base_model_name_or_path")
     assert configs[0] == configs[1]
+
+
+def test_peft_loads_our_adapter_and_gives_our_logits(run):
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(str(run["tmp"] / "hf"), torch_dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(hf, str(run["tmp"] / "peft")).eval()
+    with torch.no_grad():
+        unmerged = model(run["tokens"]).logits
+        merged = model.merge_and_unload()(run["tokens"]).logits
+    diffs = [(unmerged - run["adapted"]).abs().max().item(), (merged - unmerged).abs().max().item()]
+    print(f"\npeft on our --peft-out vs our adapted logits: {diffs[0]:.3e}; peft merged vs unmerged: {diffs[1]:.3e}")
+    assert diffs[0] <= MAX_ABS and diffs[1] <= MAX_ABS
+
+
+def test_peft_trained_adapter_gives_hf_peft_losses(run):
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(run["tmp"] / "peft_trained" / "adapter_model.safetensors"))
+    layer = "base_model.model.model.layers.0."
+    a_q, a_k = (tensors[f"{layer}self_attn.{m}.lora_A.weight"] for m in ("q_proj", "k_proj"))
+    b_q = tensors[f"{layer}self_attn.q_proj.lora_B.weight"]
+    assert not torch.equal(a_q, a_k) and b_q.abs().max() > 0  # peft's own: separate A's, a non-zero B
+    theirs, ours = run["hf_peft_losses"], run["our_losses"]
+    print(f"\nHF+peft losses {theirs}\nour losses     {ours}")
+    assert theirs[-1] < theirs[0]  # the steps train
+    assert max(abs(a - b) for a, b in zip(theirs, ours)) < 1e-5
+
+
+def test_generate_with_adapters_equals_hf_on_the_merged_export(run):
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(str(run["tmp"] / "merged"), torch_dtype=torch.float32).eval()
+    for row in run["generated"]:
+        prompt = torch.tensor([row["prompt_tokens"]])
+        with torch.no_grad():
+            theirs = hf.generate(prompt, max_new_tokens=len(row["tokens"]), do_sample=False, min_new_tokens=1,
+                                 pad_token_id=0)[0, prompt.shape[1]:].tolist()
+        assert len(row["tokens"]) >= 4 and row["tokens"] == theirs[:len(row["tokens"])], (row, theirs)
