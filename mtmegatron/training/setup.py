@@ -113,6 +113,7 @@ def build(args):
         move_module(chunk, device)  # host-initialised parameters (attributes kept) and buffers; else a no-op
     if args.lora_r:  # --lora-r: base frozen before DDP and the optimizer see it, adapters attached (lora/wrap.py)
         chunks = lora.wrap(chunks, args)
+        lora.announce(chunks, args)  # the trained vs frozen parameter counts (lora/report.py)
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = overlap.ddp_config(args)
