@@ -25,7 +25,8 @@ from mtmegatron.utils.errors import ConfigError
 def _signal_by_name(name: str) -> str:
     """``--exit-signal SIGUSR1`` -> "SIGUSR1" (Megatron-LM takes the enum member's name; enum flags hold their
     member's name here, see config/megatron_flags.py); its number (the form Megatron-LM's help lists the
-    choices in) is taken too. ``run_clock.exit_signal(args)`` gives the ``signal.Signals`` member."""
+    choices in) is taken too. ``run_clock.exit_signal(resilience)`` (the run's ``Resilience`` section) gives the
+    ``signal.Signals`` member."""
     try:
         return (signal.Signals(int(name)) if name.isdigit() else signal.Signals[name]).name
     except (KeyError, ValueError):
