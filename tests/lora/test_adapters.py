@@ -13,7 +13,8 @@
   its q/k/v and gate/up A's differ), saved by ``save_pretrained`` and imported with ``--peft-in``, gives HF+peft's
   loss on the same tokens, and the same losses after 3 Adam steps over the adapters on both sides (fp32, 1e-5);
 - ``mtmegatron generate --load BASE --lora-load ADAPTERS`` (in process): its greedy tokens are HF's greedy tokens
-  on the merged export.
+  on the merged export (and not the base's); ``--lora-load`` of a directory without adapters, or of none: one
+  line and exit status 2, before any process group.
 """
 
 from __future__ import annotations
@@ -241,10 +242,26 @@ def test_peft_trained_adapter_gives_hf_peft_losses(run):
 def test_generate_with_adapters_equals_hf_on_the_merged_export(run):
     from transformers import LlamaForCausalLM
 
-    hf = LlamaForCausalLM.from_pretrained(str(run["tmp"] / "merged"), torch_dtype=torch.float32).eval()
+    merged, base = (LlamaForCausalLM.from_pretrained(str(run["tmp"] / d), torch_dtype=torch.float32).eval()
+                    for d in ("merged", "hf"))
+    differs = False
     for row in run["generated"]:
         prompt = torch.tensor([row["prompt_tokens"]])
         with torch.no_grad():
-            theirs = hf.generate(prompt, max_new_tokens=len(row["tokens"]), do_sample=False, min_new_tokens=1,
-                                 pad_token_id=0)[0, prompt.shape[1]:].tolist()
+            theirs, plain = (hf.generate(prompt, max_new_tokens=len(row["tokens"]), do_sample=False, min_new_tokens=1,
+                                         pad_token_id=0)[0, prompt.shape[1]:].tolist() for hf in (merged, base))
         assert len(row["tokens"]) >= 4 and row["tokens"] == theirs[:len(row["tokens"])], (row, theirs)
+        differs |= row["tokens"] != plain[:len(row["tokens"])]
+    assert differs  # the adapters change what is generated: the base alone decodes otherwise
+
+
+def test_generate_refuses_a_lora_load_without_adapters(run, capsys):
+    from mtmegatron.generate.__main__ import main
+
+    tmp = run["tmp"]
+    argv = ["--backend", "cpu", "--load", str(tmp / "base"), "--tokenizer-model", str(tmp / "tokenizer"),
+            "--prompt", "Hi", "--lora-load"]
+    assert main(argv + [str(tmp / "base")]) == 2
+    assert main(argv + [str(tmp / "nowhere")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "holds no LoRA adapters" in lines[0] and "not a directory" in lines[1], lines
