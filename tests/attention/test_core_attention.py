@@ -18,27 +18,6 @@ from megatron.core.transformer.enums import AttnMaskType
 ATOL = 1e-10
 
 
-@pytest.fixture(scope="module")
-def single_rank():
-    """cpu backend active, a 1-rank process group and megatron-core's parallel state + RNG tracker."""
-    import os
-
-    import mtmegatron
-    from megatron.core import parallel_state, tensor_parallel
-
-    from helpers.pretrain_runner import free_port
-
-    mtmegatron.activate("cpu")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
-    mtmegatron.deactivate()
-
-
 def _config(heads=4, groups=4, kv_channels=16, dropout=0.0):
     from megatron.core.transformer import TransformerConfig
 

@@ -51,25 +51,6 @@ def _max_diff(got, want):
 
 # ---------------------------------------------------------------- one rank
 
-@pytest.fixture(scope="module")
-def single_rank():
-    import os
-
-    import mtmegatron
-    from megatron.core import parallel_state, tensor_parallel
-
-    from helpers.pretrain_runner import free_port
-
-    mtmegatron.activate("cpu")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
-    mtmegatron.deactivate()
-
 
 def _config(heads=4, groups=2, kv=8, window=None, skip=None, softmax="vanilla", num_layers=1):
     from megatron.core.transformer import TransformerConfig
