@@ -4,8 +4,8 @@
 Each adapter's B is split by the family's own HF map for the weight it adapts (the rows of fused q/k/v per
 query group, [gate; up]), and its A into its parts' blocks (lora/adapter.py: one r-row block per part, in the HF
 map's order q, k, v / gate, up): ``W_q + s * B_q @ A_q`` is exactly the q rows of our fused update, so the PEFT
-adapter computes what our adapters do, and a peft-trained adapter (its own A per module) imports exactly. Keys as peft saves them:
-``base_model.model.<HF module>.lora_A.weight`` / ``lora_B.weight``.
+adapter computes what our adapters do, and a peft-trained adapter (its own A per module) imports exactly. Keys
+as peft saves them: ``base_model.model.<HF module>.lora_A.weight`` / ``lora_B.weight``.
 May assume: a family whose HF map names each adapted weight (the dense decoder families).
 """
 
