@@ -1,10 +1,12 @@
 """What a LoRA run's checkpoint holds: its adapters (+ optimizer state, RNG, schedule, written by
 training/checkpoint/checkpointing.py) and a record of the base they belong to; never the frozen base weights.
 
-``record(args)`` is stored in the checkpoint's common state: rank, alpha, targets, the base's ``--load`` path and
-the base's fingerprint (models/fingerprint.py: every flag that fixes a parameter shape or the forward's math).
+``record(args)`` is stored in the checkpoint's common state: rank, alpha, targets, the adapters' layout
+(``LAYOUT``: fused linears with one A block per part, adapter.py), the base's ``--load`` path and the base's
+fingerprint (models/fingerprint.py: every flag that fixes a parameter shape or the forward's math).
 ``check(record, part, ...)`` refuses, in one line, a base directory that holds adapters, an adapter directory
-that holds none, and adapters made for another base or with another rank/alpha/targets. ``select(state, ...)``
+that holds none, adapters of an older layout (one A shared by q/k/v and gate/up: their A's shapes differ) and
+adapters made for another base or with another rank/alpha/targets. ``select(state, ...)``
 keeps one part (``"adapters"`` or ``"base"``) of a model's sharded state dict.
 May assume: adapters are the ``lora.`` children of the base linears (adapter.py).
 """
@@ -17,6 +19,7 @@ from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mism
 from mtmegatron.utils.checkpoint_dirs import CheckpointError
 
 MARK = ".lora."
+LAYOUT = "per-part"  # fused linears: one A block per part (q, k, v; gate, up), as HF peft
 
 
 def is_adapter(key: str) -> bool:
@@ -33,7 +36,7 @@ def select(state: dict, model_keys: list[str], part: str) -> dict:
 
 
 def record(args) -> dict:
-    return {"r": args.lora_r, "alpha": args.lora_alpha, "targets": sorted(args.lora_target_modules),
+    return {"r": args.lora_r, "alpha": args.lora_alpha, "targets": sorted(args.lora_target_modules), "layout": LAYOUT,
             "base": os.path.abspath(args.load) if args.load else None, "base_fingerprint": fingerprint(args)}
 
 
@@ -47,6 +50,10 @@ def check(saved: dict | None, part: str | None, directory: str, args) -> None:
         return
     if saved is None:
         raise CheckpointError(f"--lora-load {args.lora_load}: checkpoint {directory} holds no LoRA adapters")
+    if saved.get("layout") != LAYOUT:
+        raise CheckpointError(f"--lora-load {args.lora_load}: adapters written before per-part adapters (one A "
+                              f"shared by q/k/v and gate/up); export them with a mtmegatron of that time "
+                              f"(mcore-to-hf --peft-out) and import the PEFT adapter with hf-to-mcore --peft-in")
     found = mismatches(saved["base_fingerprint"], args)
     if found:
         raise CheckpointError(f"--lora-load {args.lora_load}: adapters made for another base "

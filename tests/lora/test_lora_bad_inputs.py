@@ -62,6 +62,9 @@ def test_adapters_of_another_base_or_rank_are_refused(tmp_path):
         check(saved, "base", "adapters/iter_0000002", _args())
     with pytest.raises(CheckpointError, match=r"holds no LoRA adapters$"):
         check(None, "adapters", "base/iter_0000001", _args())
+    older = {k: v for k, v in record(_args()).items() if k != "layout"}  # the shared-A adapters' record
+    with pytest.raises(CheckpointError, match=r"adapters written before per-part adapters"):
+        check(older, "adapters", "adapters/iter_0000002", _args(*resume))
     check(record(_args()), "adapters", "adapters/iter_0000002", _args())  # the same base and rank: loads
 
 
