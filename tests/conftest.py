@@ -83,11 +83,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 _ATTENTION_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 
 
-@pytest.fixture(autouse=True)
-def _attention_env_stays_with_the_test():
-    """megatron-core writes NVTE_*_ATTN into os.environ when a model is built in this process (one value per
-    attention backend, and it asserts on a different inherited value): a later test's subprocess must not inherit
-    them."""
+def _attention_env_restored():
     before = {k: os.environ.get(k) for k in _ATTENTION_ENV}
     yield
     for k, v in before.items():
@@ -95,6 +91,20 @@ def _attention_env_stays_with_the_test():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# megatron-core writes NVTE_*_ATTN into os.environ when a model is built in this process (one value per attention
+# backend, and it asserts on a different inherited value): a later test's subprocess must not inherit them. Per
+# test, and per module for models built by module-scoped fixtures (autouse fixtures of a scope set up before the
+# others of that scope, so the module guard sees the environment before the module's fixtures build anything).
+@pytest.fixture(autouse=True)
+def _attention_env_stays_with_the_test():
+    yield from _attention_env_restored()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _attention_env_stays_with_the_module():
+    yield from _attention_env_restored()
 
 
 @pytest.fixture
