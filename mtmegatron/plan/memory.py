@@ -119,23 +119,18 @@ def megatron_lm_formula(args, layout: Layout, params_total: int | None = None) -
     s, b = args.seq_length, args.micro_batch_size
     m = args.num_microbatches
     vpp = args.virtual_pipeline_model_parallel_size
-    if args.sequence_parallel and args.recompute_granularity == "selective":
-        act = s * b * h * (18 + 4 * args.ffn_hidden_size / h) * L
-        act += 8 * s * b * pp + s * b * h * pp
-        if vpp:
-            act *= 1 + (pp - 1) / (pp * vpp)
-        elif pp > 1:
-            act *= min(1, m / pp)
+    sp_selective = args.sequence_parallel and args.recompute_granularity == "selective"
+    act = s * b * h * ((18 + 4 * args.ffn_hidden_size / h) if sp_selective else (10 + 24 / tp)) * L
+    act += 8 * s * b * pp + s * b * h * pp
+    if vpp:
+        act *= 1 + (pp - 1) / (pp * vpp)
+    elif pp > 1:
+        act *= min(1, m / pp)
+    if sp_selective:
         if pp == 1:
             act += s * b * h * 4 * (1 + V / h)
         act /= tp
     else:
-        act = s * b * h * (10 + 24 / tp) * L
-        act += 8 * s * b * pp + s * b * h * pp
-        if vpp:
-            act *= 1 + (pp - 1) / (pp * vpp)
-        elif pp > 1:
-            act *= min(1, m / pp)
         if pp == 1:
             act += (s * b * V / tp + s * b * h) * 2
         act *= 1.05
