@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 
+from mtmegatron.config.flag_help import Parser
 from mtmegatron.config.plan_flags import add_plan_args, check_plan_args
 from mtmegatron.utils.errors import ConfigError
 
@@ -24,15 +25,10 @@ GIB = 2**30
 PROG = "mtmegatron plan"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr, flush=True)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    return add_plan_args(_Parser(prog=PROG, description="Per-rank device memory of a pretrain command line, "
-                                 "predicted from its model built on the meta device (docs/memory.md)."))
+    """The planner's own flags; a mistake in them is a ConfigError (one line, the pretrain parser's rule)."""
+    return add_plan_args(Parser(prog=PROG, description="Per-rank device memory of a pretrain command line, "
+                                "predicted from its model built on the meta device (docs/memory.md)."))
 
 
 def plan(argv: list[str]) -> dict:
@@ -41,7 +37,7 @@ def plan(argv: list[str]) -> dict:
     from mtmegatron.config import parse as parse_run_config
     from mtmegatron.plan.devices import device_memory
     from mtmegatron.plan.memory import megatron_lm_formula, rank_memory
-    from mtmegatron.plan.params import all_stages
+    from mtmegatron.plan.params import all_stages, cpu_backend_unless_active
     from mtmegatron.plan.rank_state import Layout
 
     own, rest = build_parser().parse_known_args(argv)
@@ -49,7 +45,7 @@ def plan(argv: list[str]) -> dict:
     memory, device = device_memory(own)
     cfg = parse_run_config(rest, world_size=own.world_size)
     args = cfg.args
-    with _cpu_backend():
+    with cpu_backend_unless_active():
         megatron_core_checks.check_configs(args)
         stages = all_stages(args)
     layout = Layout.of(args)
@@ -73,25 +69,6 @@ def plan(argv: list[str]) -> dict:
             "megatron_lm_formula_bytes": {k: int(v) for k, v in megatron_lm_formula(args, layout).items()},
             "not_modelled": ["Megatron-FSDP / torch FSDP2 sharding", "precision-aware optimizer dtypes",
                              "FP8 extras", "activation offloading", "allocator fragmentation"]}
-
-
-class _cpu_backend:
-    """The CPU backend's bridge and patches while the model is built, when no backend is active."""
-
-    def __enter__(self):
-        from mtmegatron.backends.active import active_backend
-
-        self.activated = active_backend() is None
-        if self.activated:
-            import mtmegatron
-
-            mtmegatron.activate("cpu")
-
-    def __exit__(self, *exc):
-        if self.activated:
-            import mtmegatron
-
-            mtmegatron.deactivate()
 
 
 def _gib(n: int | None) -> str:

@@ -15,6 +15,7 @@ May assume: ``args`` is a parsed, validated pretrain configuration (config.parse
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 
@@ -90,20 +91,24 @@ def stage_params(args, stage: int) -> StageParams:
                        chunks=tuple(_chunk(c) for c in chunks))
 
 
-def all_stages(args) -> list[StageParams]:
-    """Every pipeline stage, built with the CPU backend's bridge and patches when no backend is active (the planner
-    runs on a login node; the parameter shapes do not depend on the backend)."""
+@contextlib.contextmanager
+def cpu_backend_unless_active():
+    """The CPU backend's bridge and patches while models are built, when no backend is active (the planner runs on
+    a login node; the parameter shapes do not depend on the backend); an active backend is left as it is."""
+    import mtmegatron
     from mtmegatron.backends.active import active_backend
 
     activated = active_backend() is None
     if activated:
-        import mtmegatron
-
         mtmegatron.activate("cpu")
     try:
-        return [stage_params(args, stage) for stage in range(args.pipeline_model_parallel_size)]
+        yield
     finally:
         if activated:
-            import mtmegatron
-
             mtmegatron.deactivate()
+
+
+def all_stages(args) -> list[StageParams]:
+    """Every pipeline stage (under ``cpu_backend_unless_active``)."""
+    with cpu_backend_unless_active():
+        return [stage_params(args, stage) for stage in range(args.pipeline_model_parallel_size)]
