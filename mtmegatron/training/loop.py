@@ -30,7 +30,6 @@ from mtmegatron.training.resilience import rerun
 from mtmegatron.training.resilience import robustness
 from mtmegatron.training.resilience import weight_hash
 from mtmegatron.training.resilience.section import Resilience
-from mtmegatron.models import families
 from mtmegatron.data.position import SamplePlan
 from mtmegatron.backends.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_losses, validation_sets
@@ -90,7 +89,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     params.start()
     obs = Observability(args, backend, rank, model, optimizer, writer, state.start)  # --log-*, timers, profiler
     rerun.start(resilience, state.start)  # --rerun-mode: result validation and re-runs (training/resilience/rerun.py)
-    for line in [rerun.describe(resilience, families.of(args).is_multimodal)] + non_persistent.startup_lines(args):
+    for line in [rerun.describe(resilience, step is None or step.loss_validated)] + non_persistent.startup_lines(args):
         print_rank0(rank, line)
     history = MemoryHistory(args, backend, rank)  # --record-memory-history
     device = compute_device()

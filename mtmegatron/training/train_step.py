@@ -59,11 +59,13 @@ class Step:
     micro_batch_size), None for ``--seq-length`` x ``--micro-batch-size``; ``micro_batches(dataset, args, dp_rank,
     start_iteration=0, consumed=None, validation=False, valid_set=None)``: a DP rank's micro-batches of a dataset
     of this kind (training/data.py's signature); ``stats(data_iterators, iteration) -> dict``: entries the task
-    adds to an iteration's metrics row."""
+    adds to an iteration's metrics row; ``loss_validated``: False where the task's loss skips the rerun machine's
+    checks (LLaVA, as Megatron-LM's pretrain_vlm), which the start-up line then says."""
     forward_step: Callable = forward_step
     shape: tuple[int, int] | None = None
     micro_batches: Callable = micro_batches
     stats: Callable | None = None
+    loss_validated: bool = True
 
 
 def lm_step(args) -> Step:

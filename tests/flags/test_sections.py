@@ -90,3 +90,15 @@ def test_equal_sections_are_equal_hashable_and_keep_the_rerun_machine(cfg):
     finally:
         rerun.destroy_rerun_state_machine()
         rerun._section = None
+
+
+def test_the_task_step_says_whether_its_loss_is_validated(cfg):
+    """The start-up line takes it from the run's Step (the loop never asks the family): LLaVA's loss, as
+    Megatron-LM's pretrain_vlm, skips the rerun machine's checks."""
+    from mtmegatron.tasks.llava.step import llava_step
+    from mtmegatron.training.train_step import lm_step
+
+    resilience = cfg.of(Resilience)
+    assert lm_step(cfg.args).loss_validated and not llava_step().loss_validated
+    assert "(LLaVA: gradients only, as Megatron-LM's pretrain_vlm)" in rerun.describe(resilience, False)
+    assert "LLaVA" not in rerun.describe(resilience, True)

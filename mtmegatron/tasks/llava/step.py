@@ -54,4 +54,4 @@ def image_tokens(data_iterators, iteration: int) -> dict:
 
 def llava_step() -> Step:
     """What the schedule runs for ``--model llava`` (training/train_step.py's Step)."""
-    return Step(forward_step, micro_batches=read_split, stats=image_tokens)
+    return Step(forward_step, micro_batches=read_split, stats=image_tokens, loss_validated=False)

@@ -77,13 +77,13 @@ def _restore_tracker(state: dict) -> None:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
 
 
-def describe(resilience: Resilience, multimodal: bool) -> str:
-    """The start-up line: what the mode does in this run (``multimodal``: the family's, whose loss is not
-    validated)."""
+def describe(resilience: Resilience, loss_validated: bool) -> str:
+    """The start-up line: what the mode does in this run (``loss_validated``: the task's Step says; False for
+    LLaVA's)."""
     checks = [name for name, on in (("NaN/Inf loss and gradients", resilience.check_for_nan_in_loss_and_grad),
                                     ("spiky loss (10x)", resilience.check_for_spiky_loss)) if on]
     what = " and ".join(checks) or "nothing (no check asked for)"
-    if multimodal and checks:  # as Megatron-LM's pretrain_vlm: its loss is not validated
+    if not loss_validated and checks:  # as Megatron-LM's pretrain_vlm: its loss is not validated
         what = f"{what} (LLaVA: gradients only, as Megatron-LM's pretrain_vlm)"
     if resilience.rerun_mode == "disabled":
         return f"mtmegatron: --rerun-mode disabled: validates {what}; a NaN/Inf raises, nothing is re-run"
