@@ -56,11 +56,8 @@ def adapter_reader(reader_type, args, lora_load: str):
     common = checkpoint_common(lora_load, "--lora-load")
     record = (common.get(OURS) or {}).get("lora")
     run = copy.copy(args)
-    run.lora_load = lora_load
-    if record is not None:
-        run.lora_r, run.lora_alpha, run.lora_target_modules = record["r"], record["alpha"], record["targets"]
+    lora_checkpoint.adopt(run, record, lora_load)
     lora_checkpoint.check(record, "adapters", common["directory"], run)
-    run.lora_dropout = 0.0
     (model,) = wrap([_meta_model(run)], run)
     chunks, shapes, _ = plan_chunks(model)
     chunks_of: dict[str, list] = {}

@@ -86,9 +86,7 @@ def lora_args(args, lora_load: str) -> str:
         raise GenerateError(f"--lora-load {lora_load}: not a directory")
     common = checkpoint_common(lora_load)
     saved = (common.get(OURS) or {}).get("lora")
-    args.lora_load, args.lora_dropout = lora_load, 0.0
-    if saved is not None:
-        args.lora_r, args.lora_alpha, args.lora_target_modules = saved["r"], saved["alpha"], saved["targets"]
+    lora_checkpoint.adopt(args, saved, lora_load)
     try:
         lora_checkpoint.check(saved, "adapters", common["directory"], args)
     except CheckpointError as e:

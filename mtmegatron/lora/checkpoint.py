@@ -40,6 +40,15 @@ def record(args) -> dict:
             "base": os.path.abspath(args.load) if args.load else None, "base_fingerprint": fingerprint(args)}
 
 
+def adopt(run, saved: dict | None, lora_load: str) -> None:
+    """Give ``run`` (a writable namespace of the base's flags, for merging or generating) the adapters of
+    ``lora_load``: their rank, alpha and targets from their record ``saved`` (when they have one; ``check`` refuses
+    them otherwise), no dropout."""
+    run.lora_load, run.lora_dropout = lora_load, 0.0
+    if saved is not None:
+        run.lora_r, run.lora_alpha, run.lora_target_modules = saved["r"], saved["alpha"], saved["targets"]
+
+
 def check(saved: dict | None, part: str | None, directory: str, args) -> None:
     """Refuse a checkpoint for this ``part`` of a load (None: a run without LoRA; "base": --load of a LoRA run;
     "adapters": its --lora-load). ``saved`` is the checkpoint's record (None when it holds no adapters)."""
