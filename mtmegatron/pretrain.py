@@ -69,6 +69,10 @@ def prepare(argv):
     from mtmegatron.training.run_plan import plan_run
 
     args.run_plan = plan_run(args)  # what this run will do, printed by run()
+    if int(os.environ.get("RANK", "0")) == 0:  # the planner's peak for rank 0 (plan/footprint.py), printed by run()
+        from mtmegatron.plan.footprint import footprint_line
+
+        args.predicted_footprint = footprint_line(args)
     return cfg.resolved(args), backend, task, data
 
 
@@ -98,6 +102,8 @@ def run(args, backend, task, data=None) -> int:
                    if args.rampup_batch_size else ""))
     for line in args.run_plan.lines:
         print_rank0(rank, line)
+    if getattr(args, "predicted_footprint", None):
+        print_rank0(rank, args.predicted_footprint)
 
     state = RunState()
     if args.moe_use_upcycling:  # Megatron-LM: the dense --load becomes this MoE model, saved at 1; training from 0
