@@ -24,16 +24,17 @@ from __future__ import annotations
 
 from mtmegatron.models.families import gpt, llama3, mistral, mixtral, qwen2_5, qwen3, qwen3_moe
 from mtmegatron.models.families import deepseek_v3
+from mtmegatron.models.families import glm4_moe
 from mtmegatron.models.families import llava
 from mtmegatron.models.families.qwen2_vl import qwen2_5_vl
 from mtmegatron.models.families import qwen2_vl
 from mtmegatron.models.families.base import ConversionError, Entry, Family  # noqa: F401 (the interface)
 
 FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (llama3, qwen2_5, qwen3, qwen3_moe, mistral, mixtral,
-                                                                 llava, qwen2_vl, qwen2_5_vl, deepseek_v3,
+                                                                 llava, qwen2_vl, qwen2_5_vl, deepseek_v3, glm4_moe,
                                                                  gpt)}
 DEMO = ("llama3", "tiny")
-_BY_FINGERPRINT = ("deepseek-v3", "qwen3-moe", "mixtral", "qwen2.5", "qwen3", "llama3")
+_BY_FINGERPRINT = ("deepseek-v3", "glm4.5", "qwen3-moe", "mixtral", "qwen2.5", "qwen3", "llama3")
 
 
 def get(name: str) -> Family:
