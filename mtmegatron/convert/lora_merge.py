@@ -50,6 +50,7 @@ def adapter_reader(reader_type, args, lora_load: str):
     from mtmegatron.convert.model import checkpoint_common
     from mtmegatron.convert.streaming import _meta_model, plan_chunks
     from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.lora.section import Lora
     from mtmegatron.lora.wrap import wrap
     from mtmegatron.training.checkpoint.megatron_lm_checkpoint import OURS
 
@@ -57,8 +58,9 @@ def adapter_reader(reader_type, args, lora_load: str):
     record = (common.get(OURS) or {}).get("lora")
     run = copy.copy(args)
     lora_checkpoint.adopt(run, record, lora_load)
-    lora_checkpoint.check(record, "adapters", common["directory"], run)
-    (model,) = wrap([_meta_model(run)], run)
+    lora = Lora.of(run)  # what lora/ reads (lora/section.py)
+    lora_checkpoint.check(record, "adapters", common["directory"], lora, run)
+    (model,) = wrap([_meta_model(run)], lora, run.seed)
     chunks, shapes, _ = plan_chunks(model)
     chunks_of: dict[str, list] = {}
     for c in chunks:

@@ -112,6 +112,7 @@ def import_peft(hf_dir: str, peft_dir: str, out: str, family: str, flags: list[s
     from mtmegatron.convert.model import MODEL_ONLY_KEY, init_single_rank, parse_flags
     from mtmegatron.convert.streaming import _meta_model
     from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.lora.section import Lora
     from mtmegatron.lora.wrap import adapters as adapters_of, wrap
     from mtmegatron.models import families
     from mtmegatron.models.fingerprint import fingerprint
@@ -127,7 +128,8 @@ def import_peft(hf_dir: str, peft_dir: str, out: str, family: str, flags: list[s
                                       "--lora-target-modules", *ours, "--transformer-impl", "local"])
     init_single_rank(args)
     try:
-        (model,) = wrap([_meta_model(args)], args)
+        lora_section = Lora.of(args)  # what lora/ reads (lora/section.py)
+        (model,) = wrap([_meta_model(args)], lora_section, args.seed)
         entries = {e.mcore: e for e in families.get(family).hf_map(args, rope_interleave=rope_interleave,
                                                                   layout=None)}
         for name, _, lora in adapters_of([model]):
@@ -146,7 +148,7 @@ def import_peft(hf_dir: str, peft_dir: str, out: str, family: str, flags: list[s
             lora.lora_a = torch.nn.Parameter(a.clone().contiguous(), requires_grad=True)
             lora.lora_b = torch.nn.Parameter(b.clone().contiguous(), requires_grad=True)
         state = {k: v for k, v in model.sharded_state_dict().items() if lora_checkpoint.is_adapter(k)}
-        record = lora_checkpoint.record(args)
+        record = lora_checkpoint.record(lora_section, args.load, args)
         record["base"] = os.path.abspath(hf_dir)
         directory = checkpoint_dir(out, 0)
         os.makedirs(directory)

@@ -79,6 +79,7 @@ def lora_args(args, lora_load: str) -> str:
     import os
 
     from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.lora.section import Lora
     from mtmegatron.training.checkpoint.megatron_lm_checkpoint import OURS
     from mtmegatron.utils.checkpoint_dirs import CheckpointError
 
@@ -88,7 +89,7 @@ def lora_args(args, lora_load: str) -> str:
     saved = (common.get(OURS) or {}).get("lora")
     lora_checkpoint.adopt(args, saved, lora_load)
     try:
-        lora_checkpoint.check(saved, "adapters", common["directory"], args)
+        lora_checkpoint.check(saved, "adapters", common["directory"], Lora.of(args), args)
     except CheckpointError as e:
         raise GenerateError(str(e)) from None
     return common["directory"]
@@ -101,10 +102,11 @@ def _with_adapters(model, args, directory: str, metadata: dict):
 
     from mtmegatron import lora
     from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.lora.section import Lora
     from mtmegatron.utils.errors import ConfigError
 
     try:
-        (model,) = lora.wrap([model], args)
+        (model,) = lora.wrap([model], Lora.of(args), args.seed)
     except ConfigError as e:
         raise GenerateError(str(e)) from None
     state = {k: v for k, v in model.sharded_state_dict(metadata=metadata).items() if lora_checkpoint.is_adapter(k)}

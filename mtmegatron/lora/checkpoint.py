@@ -1,13 +1,14 @@
 """What a LoRA run's checkpoint holds: its adapters (+ optimizer state, RNG, schedule, written by
 training/checkpoint/checkpointing.py) and a record of the base they belong to; never the frozen base weights.
 
-``record(args)`` is stored in the checkpoint's common state: rank, alpha, targets, the adapters' layout
-(``LAYOUT``: fused linears with one A block per part, adapter.py), the base's ``--load`` path and the base's
+``record(lora, load, model)`` is stored in the checkpoint's common state: rank, alpha, targets, the adapters'
+layout (``LAYOUT``: fused linears with one A block per part, adapter.py), the base's ``--load`` path and the base's
 fingerprint (models/fingerprint.py: every flag that fixes a parameter shape or the forward's math).
-``check(record, part, ...)`` refuses, in one line, a base directory that holds adapters, an adapter directory
-that holds none, adapters of an older layout (one A shared by q/k/v and gate/up: their A's shapes differ) and
+``check(record, part, directory, lora, model)`` refuses, in one line, a base directory that holds adapters, an
+adapter directory that holds none, adapters of an older layout (one A shared by q/k/v and gate/up: their A's shapes differ) and
 adapters made for another base or with another rank/alpha/targets. ``select(state, ...)``
-keeps one part (``"adapters"`` or ``"base"``) of a model's sharded state dict.
+keeps one part (``"adapters"`` or ``"base"``) of a model's sharded state dict. ``lora`` is the run's LoRA section
+(section.py); ``model`` the base's model flags, handed to models/fingerprint.py only (never read here).
 May assume: adapters are the ``lora.`` children of the base linears (adapter.py).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from mtmegatron.lora.section import Lora
 from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
 from mtmegatron.utils.checkpoint_dirs import CheckpointError
 
@@ -35,9 +37,10 @@ def select(state: dict, model_keys: list[str], part: str) -> dict:
     return out
 
 
-def record(args) -> dict:
-    return {"r": args.lora_r, "alpha": args.lora_alpha, "targets": sorted(args.lora_target_modules), "layout": LAYOUT,
-            "base": os.path.abspath(args.load) if args.load else None, "base_fingerprint": fingerprint(args)}
+def record(lora: Lora, load: str | None, model) -> dict:
+    """The record of adapters trained with ``lora`` over the base ``load`` (its ``--load``) of flags ``model``."""
+    return {"r": lora.lora_r, "alpha": lora.lora_alpha, "targets": sorted(lora.lora_target_modules), "layout": LAYOUT,
+            "base": os.path.abspath(load) if load else None, "base_fingerprint": fingerprint(model)}
 
 
 def adopt(run, saved: dict | None, lora_load: str) -> None:
@@ -49,7 +52,7 @@ def adopt(run, saved: dict | None, lora_load: str) -> None:
         run.lora_r, run.lora_alpha, run.lora_target_modules = saved["r"], saved["alpha"], saved["targets"]
 
 
-def check(saved: dict | None, part: str | None, directory: str, args) -> None:
+def check(saved: dict | None, part: str | None, directory: str, lora: Lora, model) -> None:
     """Refuse a checkpoint for this ``part`` of a load (None: a run without LoRA; "base": --load of a LoRA run;
     "adapters": its --lora-load). ``saved`` is the checkpoint's record (None when it holds no adapters)."""
     if saved is not None and part != "adapters":
@@ -58,17 +61,17 @@ def check(saved: dict | None, part: str | None, directory: str, args) -> None:
     if part != "adapters":
         return
     if saved is None:
-        raise CheckpointError(f"--lora-load {args.lora_load}: checkpoint {directory} holds no LoRA adapters")
+        raise CheckpointError(f"--lora-load {lora.lora_load}: checkpoint {directory} holds no LoRA adapters")
     if saved.get("layout") != LAYOUT:
-        raise CheckpointError(f"--lora-load {args.lora_load}: adapters written before per-part adapters (one A "
+        raise CheckpointError(f"--lora-load {lora.lora_load}: adapters written before per-part adapters (one A "
                               f"shared by q/k/v and gate/up); export them with a mtmegatron of that time "
                               f"(mcore-to-hf --peft-out) and import the PEFT adapter with hf-to-mcore --peft-in")
-    found = mismatches(saved["base_fingerprint"], args)
+    found = mismatches(saved["base_fingerprint"], model)
     if found:
-        raise CheckpointError(f"--lora-load {args.lora_load}: adapters made for another base "
-                              f"({describe_mismatches(found, args)}; their base: {saved['base']})")
-    ours = record(args)
+        raise CheckpointError(f"--lora-load {lora.lora_load}: adapters made for another base "
+                              f"({describe_mismatches(found, model)}; their base: {saved['base']})")
+    ours = record(lora, None, model)
     for field, flag in (("r", "--lora-r"), ("alpha", "--lora-alpha"), ("targets", "--lora-target-modules")):
         if saved[field] != ours[field]:
-            raise CheckpointError(f"--lora-load {args.lora_load}: adapters with {flag} {saved[field]}, this run "
+            raise CheckpointError(f"--lora-load {lora.lora_load}: adapters with {flag} {saved[field]}, this run "
                                   f"has {ours[field]}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
+from mtmegatron.lora.section import Lora
+
 
 def counts(chunks) -> tuple[float, float]:
     """(trainable, all) parameters of the whole model, summed over the model-parallel group."""
@@ -32,15 +34,15 @@ def counts(chunks) -> tuple[float, float]:
     return round(summed[0].item()), round(summed[1].item())
 
 
-def line(chunks, args) -> str:
+def line(chunks, lora: Lora) -> str:
     trainable, total = counts(chunks)
-    return (f"mtmegatron: LoRA r {args.lora_r} alpha {args.lora_alpha:g} on {', '.join(args.lora_target_modules)} | "
+    return (f"mtmegatron: LoRA r {lora.lora_r} alpha {lora.lora_alpha:g} on {', '.join(lora.lora_target_modules)} | "
             f"trainable {trainable:,} of {total:,} parameters ({100 * trainable / max(total, 1):.2f}%) | "
             f"base frozen: no gradient buffer, no optimizer state")
 
 
-def announce(chunks, args) -> None:
+def announce(chunks, lora: Lora) -> None:
     """Print ``line`` on global rank 0 (every rank computes it: a collective)."""
-    text = line(chunks, args)
+    text = line(chunks, lora)
     if torch.distributed.get_rank() == 0:
         print(text, flush=True)

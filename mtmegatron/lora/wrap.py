@@ -1,4 +1,4 @@
-"""``wrap(chunks, args)``: freeze a built model's weights and give its target linears adapters (adapter.py).
+"""``wrap(chunks, lora, seed)``: freeze a built model's weights and give its target linears adapters (adapter.py).
 
 Called on the model chunks as built (before Float16Module, megatron-core's DDP and the optimizer), so the
 frozen base gets no gradient buffer and no optimizer state: DDP and the optimizer skip parameters that need no
@@ -17,6 +17,7 @@ import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 from mtmegatron.lora.adapter import LoRA, attach, row_parts
+from mtmegatron.lora.section import Lora
 from mtmegatron.utils.errors import ConfigError
 
 PATHS = {"linear_qkv": "self_attention.linear_qkv", "linear_proj": "self_attention.linear_proj",
@@ -41,16 +42,17 @@ def _kind(module: torch.nn.Module) -> str:
     raise ConfigError(f"--lora-r: {type(module).__name__} layers take no adapters yet; use --transformer-impl local")
 
 
-def wrap(chunks: list, args) -> list:
-    """The same chunks, frozen, with adapters attached; returns them for ``model = wrap(model, args)``."""
+def wrap(chunks: list, lora: Lora, seed: int) -> list:
+    """The same chunks, frozen, with adapters attached; returns them for ``model = wrap(model, lora, seed)``.
+    ``seed`` (the run's ``--seed``) and the global layer name seed each A's draw (adapter.py)."""
     for chunk in chunks:
         for p in chunk.parameters():
             p.requires_grad_(False)
-        for name, linear in targets(chunk, args.lora_target_modules):
+        for name, linear in targets(chunk, lora.lora_target_modules):
             gated = name.endswith("linear_fc1") and chunk.config.gated_linear_unit
             parts = row_parts(name, chunk.config, linear.weight.shape[0])
-            attach(linear, LoRA(linear, _kind(linear), args.lora_r, args.lora_alpha, args.lora_dropout, name,
-                                args.seed, gated=gated, parts=parts))
+            attach(linear, LoRA(linear, _kind(linear), lora.lora_r, lora.lora_alpha, lora.lora_dropout, name,
+                                seed, gated=gated, parts=parts))
     return chunks
 
 

@@ -23,6 +23,7 @@ from megatron.core.transformer.module import Float16Module
 from torch.distributed.fsdp import CPUOffloadPolicy
 
 from mtmegatron import lora
+from mtmegatron.lora.section import Lora
 from mtmegatron.models import initialization
 from mtmegatron.models.gpt import build_model_chunks, transformer_config
 from mtmegatron.backends.device import compute_device, move_module, on_host
@@ -112,8 +113,9 @@ def build(args):
     for chunk in chunks if not args.init_model_with_meta_device else ():
         move_module(chunk, device)  # host-initialised parameters (attributes kept) and buffers; else a no-op
     if args.lora_r:  # --lora-r: base frozen before DDP and the optimizer see it, adapters attached (lora/wrap.py)
-        chunks = lora.wrap(chunks, args)
-        lora.announce(chunks, args)  # the trained vs frozen parameter counts (lora/report.py)
+        section = Lora.of(args)  # what lora/ reads (lora/section.py)
+        chunks = lora.wrap(chunks, section, args.seed)
+        lora.announce(chunks, section)  # the trained vs frozen parameter counts (lora/report.py)
     if args.bf16 or args.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = overlap.ddp_config(args)

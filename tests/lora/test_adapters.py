@@ -85,10 +85,11 @@ def _our_losses(base, adapters_dir, tokens) -> list[float]:
     from megatron.core import dist_checkpointing
 
     from mtmegatron.lora import checkpoint as lora_checkpoint
+    from mtmegatron.lora.section import Lora
     from mtmegatron.lora.wrap import wrap
 
     args, model = converted_model(1, "cpu", model_flags(base) + LORA, str(base))
-    (model,) = wrap([model], args)
+    (model,) = wrap([model], Lora.of(args), args.seed)
     state = {k: v for k, v in model.sharded_state_dict().items() if lora_checkpoint.is_adapter(k)}
     loaded = dist_checkpointing.load({"model": state}, str(adapters_dir / "iter_0000000"))
     missing, _ = model.load_state_dict(loaded["model"], strict=False)
@@ -104,6 +105,7 @@ def run(tmp_path_factory):
     from megatron.core import parallel_state
 
     from mtmegatron.convert.commands import hf_to_mcore, mcore_to_hf
+    from mtmegatron.lora.section import Lora
     from mtmegatron.lora.wrap import adapters, merge, wrap
     from mtmegatron.training.checkpoint import checkpointing
 
@@ -118,7 +120,7 @@ def run(tmp_path_factory):
     args, model = converted_model(1, "cpu", model_flags(base) + LORA, str(base))
     out = {"tmp": tmp, "tokens": tokens, "base_logits": reference["logits"]}
     try:
-        (model,) = wrap([model], args)
+        (model,) = wrap([model], Lora.of(args), args.seed)
         out["trained"] = sorted(name for name, p in model.named_parameters() if p.requires_grad)
         generator = torch.Generator().manual_seed(7)
         with torch.no_grad():

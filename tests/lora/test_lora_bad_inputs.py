@@ -47,9 +47,30 @@ def _args(*extra):
     return parse_args(BASE + ["--lora-r", "8", *extra], world_size=1, for_training=False)
 
 
+def test_the_lora_section_holds_the_flag_values():
+    """lora/ reads its flags as the typed, frozen ``Lora`` section (lora/section.py), filled by dest."""
+    import dataclasses
+
+    from mtmegatron.lora.section import Lora
+
+    args = _args("--lora-alpha", "16", "--lora-dropout", "0.1", "--lora-target-modules", "linear_qkv", "linear_fc2")
+    section = Lora.of(args)
+    assert section == Lora(lora_r=8, lora_alpha=16.0, lora_dropout=0.1, lora_target_modules=["linear_qkv",
+                           "linear_fc2"], lora_load=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        section.lora_r = 4
+
+
 def test_adapters_of_another_base_or_rank_are_refused(tmp_path):
-    from mtmegatron.lora.checkpoint import check, record
+    from mtmegatron.lora import checkpoint
+    from mtmegatron.lora.section import Lora
     from mtmegatron.utils.checkpoint_dirs import CheckpointError
+
+    def record(args):
+        return checkpoint.record(Lora.of(args), args.load, args)
+
+    def check(saved, part, directory, args):
+        checkpoint.check(saved, part, directory, Lora.of(args), args)
 
     saved = record(_args("--ffn-hidden-size", "256"))
     resume = ["--load", str(tmp_path), "--lora-load", str(tmp_path)]

@@ -47,6 +47,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (FullyPar
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mtmegatron.lora import checkpoint as lora_checkpoint
+from mtmegatron.lora.section import Lora
 from mtmegatron.models.fingerprint import describe_mismatches, fingerprint, mismatches
 from mtmegatron.utils.checkpoint_dirs import (TRACKER, CheckpointError, check_load, checkpoint_dir, complete_iterations,
                                              latest_complete_iteration, resume_point)
@@ -313,7 +314,7 @@ def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_st
     state[mlm.OURS] = {"fingerprint": fingerprint(args), "train_state": train_state, "layout": _layout(),
                        "distributed_optimizer": bool(args.use_distributed_optimizer)}
     if args.lora_r:
-        state[mlm.OURS]["lora"] = lora_checkpoint.record(args)
+        state[mlm.OURS]["lora"] = lora_checkpoint.record(Lora.of(args), args.load, args)
     strategy, validate = _save_strategy(args)
     _in_process_write_results()
     if os.environ.get(ENOSPC_ENV) == str(iteration) and rank == 0:  # test hook: a full disk where none can be made
@@ -501,7 +502,7 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
     directory = checkpoint_dir(root, iteration)
     common = dist_checkpointing.load_common_state_dict(directory)
     saved = _saved_facts(common, args)
-    lora_checkpoint.check((common.get(mlm.OURS) or {}).get("lora"), part, directory, args)
+    lora_checkpoint.check((common.get(mlm.OURS) or {}).get("lora"), part, directory, Lora.of(args), args)
     mismatched = mismatches(saved["fingerprint"], args)
     if mismatched:
         raise CheckpointError(f"checkpoint {directory} was written for a different model "
