@@ -35,7 +35,8 @@ from mtmegatron.backends.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_losses, validation_sets
 from mtmegatron.training.observability.memory_history import MemoryHistory
 from mtmegatron.utils.metrics import print_rank0
-from mtmegatron.training.observability.run_hooks import Observability
+from mtmegatron.training.observability.run_hooks import RunHooks
+from mtmegatron.training.observability.section import Observability, Shape
 from mtmegatron.training.overlap import ParamGather
 from mtmegatron.training.observability.progress_log import ProgressLog
 from mtmegatron.training.train_step import train_step
@@ -87,13 +88,15 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                         f"read as {s.eval_iters} global batches of {args.global_batch_size} per evaluation")
     params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
     params.start()
-    obs = Observability(args, backend, rank, model, optimizer, writer, state.start)  # --log-*, timers, profiler
+    observability, shape = Observability.of(args), Shape.of(args)  # what training/observability/ reads
+    obs = RunHooks(observability, shape, vars(args), backend, rank, model, optimizer, writer, state.start)  # --log-*
     rerun.start(resilience, state.start)  # --rerun-mode: result validation and re-runs (training/resilience/rerun.py)
     for line in [rerun.describe(resilience, step is None or step.loss_validated)] + non_persistent.startup_lines(args):
         print_rank0(rank, line)
-    history = MemoryHistory(args, backend, rank)  # --record-memory-history
+    history = MemoryHistory(observability, backend, rank)  # --record-memory-history
     device = compute_device()
-    progress = ProgressLog(args, state.train_state.get("num_floating_point_operations_so_far", 0))  # --log-progress
+    progress = ProgressLog(observability, shape,  # --log-progress
+                           state.train_state.get("num_floating_point_operations_so_far", 0))
     if args.skip_train:
         try:
             _validate_only(args, rank, model, sets, params, obs, state, step)
@@ -164,7 +167,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 state.train_state["consumed_valid_samples"] += sum(s.eval_iters for s in sets) * args.global_batch_size
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             history.after_step(iteration, iteration == state.start + 1)
-            memory_report.maybe_report(args, device, iteration)  # --log-memory-interval
+            memory_report.maybe_report(observability, device, iteration)  # --log-memory-interval
             if weight_hash.due(resilience, iteration, first=False):
                 with params.gathered():
                     weight_hash.check(model, iteration)

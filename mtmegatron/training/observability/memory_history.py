@@ -17,17 +17,18 @@ import pickle
 
 import torch
 
+from mtmegatron.training.observability.section import Observability
 from mtmegatron.utils.metrics import print_rank0
 
 
 class MemoryHistory:
-    def __init__(self, args, backend, rank: int):
+    def __init__(self, observability: Observability, backend, rank: int):
         self._memory = None
-        self._path = args.memory_snapshot_path
-        self._interval = args.log_interval
+        self._path = observability.memory_snapshot_path
+        self._interval = observability.log_interval
         world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self._last_rank = rank == world_size - 1
-        if not args.record_memory_history:
+        if not observability.record_memory_history:
             return
         if backend.device_is_host:
             print_rank0(rank, f"mtmegatron: --record-memory-history: records nothing on the {backend.name} backend (the "

@@ -12,6 +12,7 @@ import torch
 from megatron.core import parallel_state
 
 from mtmegatron.backends.device import on_host
+from mtmegatron.training.observability.section import Observability
 
 MB = 1024.0 * 1024.0
 
@@ -32,9 +33,9 @@ def memory_line(device: torch.device, device_memory_used: bool) -> str:
     return line
 
 
-def maybe_report(args, device: torch.device, iteration: int) -> None:
-    interval = args.log_memory_interval
+def maybe_report(observability: Observability, device: torch.device, iteration: int) -> None:
+    interval = observability.log_memory_interval
     if not interval or iteration % interval or parallel_state.get_data_parallel_rank() != 0:
         return
     print(f"[Rank {torch.distributed.get_rank()}] (after {iteration} iterations) "
-          f"{memory_line(device, args.log_device_memory_used)}", flush=True)
+          f"{memory_line(device, observability.log_device_memory_used)}", flush=True)

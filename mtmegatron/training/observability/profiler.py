@@ -18,6 +18,8 @@ import os
 
 import torch
 
+from mtmegatron.training.observability.section import Observability
+
 def profiler_activities(backend) -> list:
     """CPU plus the device's activity where this torch has it (never fails on a CPU-only build)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -27,27 +29,27 @@ def profiler_activities(backend) -> list:
     return activities
 
 
-def profiler_kind(args, backend) -> str:
+def profiler_kind(observability: Observability, backend) -> str:
     """'torch' or 'nsys' (Megatron-LM's --profile without --use-pytorch-profiler, where the backend has it)."""
-    return "nsys" if not args.use_pytorch_profiler and backend.nsys_range else "torch"
+    return "nsys" if not observability.use_pytorch_profiler and backend.nsys_range else "torch"
 
 
 class StepProfiler:
-    def __init__(self, args, backend, rank: int, first_done: int, trace_dir: str):
+    def __init__(self, observability: Observability, backend, rank: int, first_done: int, trace_dir: str):
         """``first_done``: the iteration the run starts after (0, or a loaded checkpoint's)."""
-        self.end = args.profile_step_end
+        self.end = observability.profile_step_end
         self._prof = None
         self._nvtx = None
         self._device = None
-        self.kind = profiler_kind(args, backend) if args.profile else None
-        if args.profile and rank == min(args.profile_ranks, default=-1) and self.kind == "torch" \
-                and not args.use_pytorch_profiler:
+        self.kind = profiler_kind(observability, backend) if observability.profile else None
+        if observability.profile and rank == min(observability.profile_ranks, default=-1) and self.kind == "torch" \
+                and not observability.use_pytorch_profiler:
             print(f"mtmegatron: --profile without --use-pytorch-profiler: the {backend.name} backend has no nsys "
                   "range (Megatron-LM's cudaProfilerStart); writing a torch profiler trace instead", flush=True)
-        if not args.profile or rank not in args.profile_ranks:
+        if not observability.profile or rank not in observability.profile_ranks:
             self.kind = None
             return
-        self.start = args.profile_step_start
+        self.start = observability.profile_step_start
         if self.kind == "nsys":
             self._device = backend.device_module()
             return

@@ -10,7 +10,7 @@ every trained iteration (training/observability/throughput.py, Megatron-LM's for
 does not count FLOPs and a checkpoint carries the loaded value or 0); the job throughput is over this job (from
 when training started), the cumulative one since the first "Starting job" line of the same world size
 (Megatron-LM's reading of the file).
-May assume: process groups are up; args validated (padded vocabulary set).
+May assume: process groups are up; the flags validated (padded vocabulary set).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from datetime import datetime
 
 import torch
 
+from mtmegatron.training.observability.section import Observability, Shape
 from mtmegatron.training.observability.throughput import num_floating_point_operations
 
 FILENAME = "progress.txt"
@@ -31,9 +32,9 @@ def _field(token: str, kind):
 
 
 class ProgressLog:
-    def __init__(self, args, flops_so_far: float):
-        self.args = args
-        self.active = bool(args.log_progress and args.save)
+    def __init__(self, observability: Observability, shape: Shape, flops_so_far: float):
+        self.save, self.shape = observability.save, shape
+        self.active = bool(observability.log_progress and observability.save)
         self.world_size = torch.distributed.get_world_size()
         self.flops_at_start = self.flops = float(flops_so_far or 0)
         self.started = time.time()
@@ -42,19 +43,19 @@ class ProgressLog:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.args.save, FILENAME)
+        return os.path.join(self.save, FILENAME)
 
     def append(self, text: str) -> None:
         torch.distributed.barrier()
         if torch.distributed.get_rank() == 0:
-            os.makedirs(self.args.save, exist_ok=True)
+            os.makedirs(self.save, exist_ok=True)
             with open(self.path, "a") as f:
                 f.write(f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}\tJob ID: {os.getenv('SLURM_JOB_ID', '')}\t"
                         f"# GPUs: {self.world_size}\t{text}\n")
 
     def trained(self, global_batch_size: int) -> None:
         if self.active:
-            self.flops += num_floating_point_operations(self.args, global_batch_size)
+            self.flops += num_floating_point_operations(self.shape, global_batch_size)
 
     def count_in(self, train_state: dict) -> None:
         """Before a save: the checkpoint records the FLOPs so far (its ``num_floating_point_operations_so_far``),
@@ -72,7 +73,7 @@ class ProgressLog:
         start_time, start_flops = self._first_start()
         elapsed = max((datetime.now() - start_time).total_seconds(), 1e-9)
         cumulative = (self.flops - start_flops) / (elapsed * 1e12 * self.world_size)
-        tokens = consumed_train_samples * self.args.seq_length
+        tokens = consumed_train_samples * self.shape.seq_length
         self.append(f"Saved checkpoint\tIteration: {iteration}\tJob throughput: {job:.1f} TFLOP/s/GPU\t"
                     f"Cumulative throughput: {cumulative:.1f} TFLOP/s/GPU\t"
                     f"Floating-point operations: {self.flops:.2e}\tTokens (in billions): {tokens / 10**9:.2f}")

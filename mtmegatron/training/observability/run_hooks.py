@@ -27,6 +27,7 @@ import torch
 from mtmegatron.backends.device import compute_device, on_host
 from mtmegatron.training.observability.params_norm import params_l2_norm
 from mtmegatron.training.observability.profiler import StepProfiler
+from mtmegatron.training.observability.section import Observability, Shape
 from mtmegatron.training.observability.step_timers import StepTimers, timed
 from mtmegatron.training.observability.throughput import num_floating_point_operations, peak_bf16_tflops, tflops_per_device
 from mtmegatron.training.observability.wandb_log import WandbSink
@@ -63,8 +64,9 @@ def _device_peak(backend, device: torch.device) -> tuple[str, float | None]:
 class ManualGC:
     """--manual-gc, --manual-gc-interval, --no-manual-gc-eval (Megatron-LM's collection points)."""
 
-    def __init__(self, args):
-        self.on, self.interval, self.around_eval = args.manual_gc, args.manual_gc_interval, args.manual_gc_eval
+    def __init__(self, observability: Observability):
+        self.on, self.interval = observability.manual_gc, observability.manual_gc_interval
+        self.around_eval = observability.manual_gc_eval
         if self.on:
             gc.disable()
             gc.collect()
@@ -92,32 +94,36 @@ class ManualGC:
             self.on = False
 
 
-class Observability:
-    def __init__(self, args, backend, rank: int, model, optimizer, writer, first_done: int):
-        self.args, self.rank, self.model, self.writer = args, rank, model, writer
-        if not args.log_loss_scale_to_tensorboard:  # Megatron-LM: neither tensorboard nor wandb get it
+class RunHooks:
+    """The loop's observability calls; ``shape`` for --log-throughput, ``run_config`` (the run's flags) for
+    wandb's config."""
+
+    def __init__(self, observability: Observability, shape: Shape, run_config: dict, backend, rank: int, model,
+                 optimizer, writer, first_done: int):
+        self.observability, self.rank, self.model, self.writer = observability, rank, model, writer
+        if not observability.log_loss_scale_to_tensorboard:  # Megatron-LM: neither tensorboard nor wandb get it
             writer.tensorboard_skip.add("loss_scale")
         self.world_size = torch.distributed.get_world_size()
         self.device = compute_device()
-        self.timers = StepTimers(args, model, optimizer)
+        self.timers = StepTimers(observability, model, optimizer)
         self._reported_at = first_done
         self.flops = self.peak = None
-        if args.log_throughput:
-            self.flops = num_floating_point_operations(args, args.global_batch_size)
+        if observability.log_throughput:
+            self.flops = num_floating_point_operations(shape, observability.global_batch_size)
             device_name, self.peak = _device_peak(backend, self.device)
             mfu = (f"MFU against the {device_name} dense bf16 peak of {self.peak:g} TFLOP/s" if self.peak else
                    f"no MFU on the {backend.name} backend" if backend.device_is_host else
                    f"MFU n/a: peak of {device_name} unknown (set MTMEGATRON_PEAK_BF16_TFLOPS)")
             self._print(f"mtmegatron: --log-throughput: {self.flops / 1e12:.6g} TFLOP per iteration (Megatron-LM's "
-                        f"formula, global batch {args.global_batch_size}); {mfu}")
-        if args.log_memory_to_tensorboard and backend.device_is_host:
+                        f"formula, global batch {observability.global_batch_size}); {mfu}")
+        if observability.log_memory_to_tensorboard and backend.device_is_host:
             self._print(f"mtmegatron: --log-memory-to-tensorboard: the {backend.name} backend has no device allocator "
                         "statistics; logging this process's resident memory (mem_rss_bytes) instead")
-        tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
-        self.profiler = StepProfiler(args, backend, rank, first_done, tensorboard_dir)
-        self.wandb = WandbSink(args, rank, self.world_size, skip=writer.tensorboard_skip)
-        self.gc = ManualGC(args)
-        if args.manual_gc:
+        tensorboard_dir = observability.tensorboard_dir or os.path.join(observability.log_dir, "tensorboard")
+        self.profiler = StepProfiler(observability, backend, rank, first_done, tensorboard_dir)
+        self.wandb = WandbSink(observability, rank, self.world_size, run_config, skip=writer.tensorboard_skip)
+        self.gc = ManualGC(observability)
+        if observability.manual_gc:
             self._print(f"mtmegatron: --manual-gc: automatic garbage collection off; {self.gc.describe()}")
 
     def _print(self, line: str) -> None:
@@ -129,21 +135,21 @@ class Observability:
 
     def log(self, row: dict) -> None:
         """Complete the row (see the module docstring) and write it; then the per-step profiler and gc work."""
-        args, iteration = self.args, row["iteration"]
+        obs, iteration = self.observability, row["iteration"]
         if self.flops is not None:
             row["throughput"] = tflops_per_device(self.flops, row["step_time_ms"] / 1000.0, self.world_size)
             if self.peak:
                 row["mfu"] = row["throughput"] / self.peak
-        if args.log_params_norm:
-            row["params_norm"] = params_l2_norm(self.model, args.bf16 or args.fp16)
-        if args.log_world_size_to_tensorboard:
+        if obs.log_params_norm:
+            row["params_norm"] = params_l2_norm(self.model, obs.bf16 or obs.fp16)
+        if obs.log_world_size_to_tensorboard:
             row["world_size"] = self.world_size
-        if args.log_memory_to_tensorboard:
+        if obs.log_memory_to_tensorboard:
             row.update(memory_stats(self.device))
-        if args.log_validation_ppl_to_tensorboard and row.get("val_loss") is not None:
+        if obs.log_validation_ppl_to_tensorboard and row.get("val_loss") is not None:
             row["val_ppl"] = math.exp(min(20.0, row["val_loss"]))
         timers_text = None
-        if iteration % args.log_interval == 0 or iteration == args.train_iters:
+        if iteration % obs.log_interval == 0 or iteration == obs.train_iters:
             values, timers_text = self.timers.report(iteration - self._reported_at)
             row.update(values)
             self._reported_at = iteration

@@ -17,6 +17,8 @@ import contextlib
 from megatron.core.timers import Timers
 from megatron.core.utils import get_model_config
 
+from mtmegatron.training.observability.section import Observability
+
 # Megatron-LM's training_log lists (megatron/training/training.py)
 LEVEL_1 = ("forward-backward", "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "all-grads-sync",
            "params-all-gather", "optimizer-copy-to-main-grad", "optimizer-unscale-and-check-inf",
@@ -33,18 +35,18 @@ def _optimizers(optimizer) -> list:
 
 
 class StepTimers:
-    def __init__(self, args, model, optimizer):
-        self.timers = Timers(args.timing_log_level, args.timing_log_option)
-        self.to_row = args.log_timers_to_tensorboard
-        self.names = [*(LEVEL_1 if args.timing_log_level >= 1 else ()),
-                      *(LEVEL_2 if args.timing_log_level >= 2 else ())]
+    def __init__(self, observability: Observability, model, optimizer):
+        self.timers = Timers(observability.timing_log_level, observability.timing_log_option)
+        self.to_row = observability.log_timers_to_tensorboard
+        self.names = [*(LEVEL_1 if observability.timing_log_level >= 1 else ()),
+                      *(LEVEL_2 if observability.timing_log_level >= 2 else ())]
         self.configs = [get_model_config(chunk) for chunk in model]
         for config in self.configs:
-            config.timers, config.barrier_with_L1_time = self.timers, args.barrier_with_L1_time
+            config.timers, config.barrier_with_L1_time = self.timers, observability.barrier_with_L1_time
         self.optimizer_configs = [opt.config for opt in _optimizers(optimizer)
                                   if getattr(opt, "config", None) is not None]
         for config in self.optimizer_configs:
-            config.timers, config.barrier_with_L1_time = self.timers, args.barrier_with_L1_time
+            config.timers, config.barrier_with_L1_time = self.timers, observability.barrier_with_L1_time
 
     def report(self, iterations: int) -> tuple[dict, str | None]:
         """Timers since the last report, per iteration: the row values and the text rank 0 prints."""

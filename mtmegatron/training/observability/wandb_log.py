@@ -12,23 +12,27 @@ from __future__ import annotations
 
 import os
 
+from mtmegatron.training.observability.section import Observability
+
 
 class WandbSink:
-    def __init__(self, args, rank: int, world_size: int, skip: set = frozenset()):
+    def __init__(self, observability: Observability, rank: int, world_size: int, run_config: dict,
+                 skip: set = frozenset()):
+        """``run_config``: the run's flags, wandb's config of the run (as Megatron-LM gives it)."""
         self.run = None
         self.skip = skip  # row keys the flags keep out of tensorboard and wandb
-        if not args.wandb_project or rank != world_size - 1:
+        if not observability.wandb_project or rank != world_size - 1:
             return
         import wandb
 
-        save_dir = args.wandb_save_dir or os.path.join(args.save or args.log_dir, "wandb")
+        save_dir = observability.wandb_save_dir or os.path.join(observability.save or observability.log_dir, "wandb")
         os.makedirs(save_dir, exist_ok=True)
-        kwargs = {"dir": save_dir, "name": args.wandb_exp_name, "project": args.wandb_project,
-                  "config": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
-        if args.wandb_entity:
-            kwargs["entity"] = args.wandb_entity
+        kwargs = {"dir": save_dir, "name": observability.wandb_exp_name, "project": observability.wandb_project,
+                  "config": {k: v for k, v in run_config.items() if not k.startswith("_")}}
+        if observability.wandb_entity:
+            kwargs["entity"] = observability.wandb_entity
         self.run = wandb.init(**kwargs)
-        print(f"mtmegatron: rank {rank}: wandb run {self.run.name!r} of project {args.wandb_project} "
+        print(f"mtmegatron: rank {rank}: wandb run {self.run.name!r} of project {observability.wandb_project} "
               f"({self.run.settings.mode}) in {save_dir}", flush=True)
 
     def log(self, row: dict) -> None:
