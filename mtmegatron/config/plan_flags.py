@@ -2,8 +2,8 @@
 
 ``--world-size N`` stands for torchrun's world (the planner runs in one process); ``--device NAME`` or
 ``--device-memory SIZE`` (``80GiB``, ``96GB``, ``81920MiB``, plain bytes) is what each rank's peak is measured
-against; ``--json`` prints one JSON object instead of the tables; ``--search`` is reserved for the layout search
-(refused until it lands). Every other flag is the pretrain command line, parsed by ``mtmegatron.config.parse``
+against; ``--json`` prints one JSON object instead of the tables; ``--search`` lists the layouts that fit
+``--device`` (its FLOPs and links rank them; ``--device-memory`` may then override its memory), fastest first. Every other flag is the pretrain command line, parsed by ``mtmegatron.config.parse``
 exactly as training parses it, so a command pretrain refuses is refused here with the same line.
 May assume: nothing heavier than argparse is imported here.
 """
@@ -29,7 +29,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="memory per device instead of --device (80GiB, 96GB, 81920MiB or bytes)")
     g.add_argument("--json", action="store_true", help="one JSON object: params_total and every distinct rank")
     g.add_argument("--search", action="store_true",
-                   help="search the layouts that fit (not yet: this slice plans the layout given)")
+                   help="the five fastest layouts (TP, PP, VPP, CP, EP, DP, distributed optimizer, recompute, "
+                        "micro-batch size, optimizer offload) whose predicted peak fits --device, each with its "
+                        "command line; the layout flags given are replaced (docs/memory.md)")
     return p
 
 
@@ -48,8 +50,8 @@ def check_plan_args(args: argparse.Namespace) -> None:
     """The planner's own rules (the pretrain flags are checked by config.parse)."""
     if args.world_size < 1:
         raise ConfigError(f"--world-size must be >= 1 (got {args.world_size})")
-    if args.device and args.device_memory:
+    if args.search and not args.device:
+        raise ConfigError("--search ranks layouts by step time and needs --device (its FLOPs and links, "
+                          "mtmegatron/plan/devices.tsv); --device-memory may be added to override its memory")
+    if args.device and args.device_memory and not args.search:
         raise ConfigError("give --device or --device-memory, not both")
-    if args.search:
-        raise ConfigError("--search (the layout search) is not implemented yet; plan one layout by giving its "
-                          "parallel sizes")

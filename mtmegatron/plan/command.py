@@ -4,7 +4,8 @@ Parses the pretrain command line exactly as training does (``mtmegatron.config.p
 megatron-core's config assertions, as ``pretrain.prepare``), builds each pipeline stage on the meta device
 (plan/params.py), and prints one row per distinct rank (the first rank of each pipeline stage: every TP, CP, DP and
 EP rank of a stage holds the same bytes) with weights, gradients, optimizer state, activations, buffers, the peak and
-the headroom to the device, then Megatron-LM's formula for the same flags. ``--json``: one object,
+the headroom to the device, then Megatron-LM's formula for the same flags. ``--search`` (plan/search.py) instead
+lists the five fastest layouts that fit, each with its command line. ``--json``: one object,
 ``{"params_total": int, "ranks": [{"rank": int, "peak_bytes": int, ...}], ...}``. A bad input (a layout that does
 not divide, an unknown device, a command pretrain refuses) is one line ``mtmegatron plan: error: <pretrain's
 message>`` and exit status 2. A layout that does not fit is reported (negative headroom, "does not fit"), status 0.
@@ -32,7 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan(argv: list[str]) -> dict:
-    """The plan of ``argv`` (planner flags + pretrain flags) as the JSON-ready dict; ConfigError on bad input."""
+    """The plan of ``argv`` (planner flags + pretrain flags) as the JSON-ready dict; ConfigError on bad input.
+    With ``--search``: the layouts that fit, fastest first (plan/search.py), each re-planned here."""
+    own, rest = build_parser().parse_known_args(argv)
+    check_plan_args(own)
+    if own.search:
+        from mtmegatron.plan.search import search
+
+        return search(own, rest, plan_layout)
+    return plan_layout(own, rest)
+
+
+def plan_layout(own, rest: list[str]) -> dict:
+    """The plan of one layout: ``own`` the planner's parsed flags, ``rest`` the pretrain command line."""
     from mtmegatron.config import megatron_core_checks
     from mtmegatron.config import parse as parse_run_config
     from mtmegatron.plan.devices import device_memory
@@ -40,8 +53,6 @@ def plan(argv: list[str]) -> dict:
     from mtmegatron.plan.params import all_stages, cpu_backend_unless_active
     from mtmegatron.plan.rank_state import Layout
 
-    own, rest = build_parser().parse_known_args(argv)
-    check_plan_args(own)
     memory, device = device_memory(own)
     cfg = parse_run_config(rest, world_size=own.world_size)
     args = cfg.args
@@ -116,5 +127,10 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return 2
     as_json = build_parser().parse_known_args(argv)[0].json
+    if result.get("search"):
+        from mtmegatron.plan.search import render as render_search
+
+        print(json.dumps(result) if as_json else render_search(result), flush=True)
+        return 0
     print(json.dumps(result) if as_json else render(result), flush=True)
     return 0

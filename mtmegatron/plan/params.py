@@ -64,8 +64,8 @@ def _chunk(model) -> Chunk:
                  pre_process=bool(model.pre_process), post_process=bool(model.post_process))
 
 
-def stage_params(args, stage: int) -> StageParams:
-    """Build stage ``stage``'s chunks on the meta device and count what the rank holds."""
+def meta_chunks(args, stage: int) -> list:
+    """Stage ``stage``'s model chunks, built by the training builder on the meta device (no storage, no init)."""
     from mtmegatron.models.gpt import build_model_chunks, transformer_config
 
     args = copy.copy(args)  # the planner's own copy: the host-init path, whatever the backend
@@ -74,7 +74,12 @@ def stage_params(args, stage: int) -> StageParams:
         config = transformer_config(args)
         config.perform_initialization = False  # shapes only: nothing is drawn
         with torch.device("meta"):
-            chunks = build_model_chunks(args, config)
+            return build_model_chunks(args, config)
+
+
+def stage_params(args, stage: int) -> StageParams:
+    """Build stage ``stage``'s chunks on the meta device and count what the rank holds."""
+    chunks = meta_chunks(args, stage)
     dense = expert = sharded = shared = 0
     for chunk in chunks:
         for p in chunk.parameters():

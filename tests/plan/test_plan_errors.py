@@ -51,7 +51,7 @@ def test_layout_that_does_not_divide(capsys, tmp_path):
     (["--device", "v100"], "--device v100: unknown device (known: h100, h200, a100, s4000, s5000"),
     (["--device-memory", "eighty"], "--device-memory 'eighty': give a size"),
     (["--device", "h100", "--device-memory", "80GiB"], "give --device or --device-memory, not both"),
-    (["--search"], "--search (the layout search) is not implemented yet"),
+    (["--search", "--device-memory", "80GiB"], "--search ranks layouts by step time and needs --device"),
 ])
 def test_planner_flag_mistakes(flags, words, capsys, tmp_path):
     assert words in _plan_error(capsys, ["--world-size", "1", *flags, *BASE, "--log-dir", str(tmp_path)])
