@@ -7,7 +7,9 @@ none / selective / full. ``--group sharding``: DDP without and with the distribu
 each ``--data-parallel-sharding-strategy``, torch FSDP2 with and without resharding after forward, FSDP2 with CPU
 offload (``--torch-fsdp2-cpu-offload``), the distributed optimizer with ``--optimizer-cpu-offload``, and on a model
 whose activations dominate (``long seq:`` rows: sequence 1024, hidden 64) DDP without and with fine-grained
-activation offloading. It prints, each with its ratio to the reference row (the first row; a ``prefix: ...`` row's
+activation offloading. ``--group lora``: full fine-tuning and LoRA (``--lora-r 8 --lora-alpha 16``, the four
+dense targets) of the same model with the same local layers (LoRA's), whose frozen base holds no gradient and no
+optimizer state (docs/lora.md). It prints, each with its ratio to the reference row (the first row; a ``prefix: ...`` row's
 is the first row of its prefix):
 * step time: mean over the steps after ``--warmup``;
 * peak device memory: the backend's allocator peak (``max_memory_allocated``) over the steps after ``--warmup`` on
@@ -74,6 +76,10 @@ GROUPS = {
         ("DDP + distributed optimizer + CPU offload", DISTOPT + OFFLOAD + ["1.0"]),
         ("long seq: DDP", LONG_SEQ),  # ratios of a "long seq:" row are to this row
         ("long seq: DDP + activation offloading", LONG_SEQ + ACTIVATION_OFFLOAD),
+    ],
+    "lora": [
+        ("full fine-tuning", ["--transformer-impl", "local"]),
+        ("LoRA r 8", ["--transformer-impl", "local", "--lora-r", "8", "--lora-alpha", "16"]),
     ],
 }
 
