@@ -2,7 +2,9 @@
 the family's one map (``Family.hf_map``: mcore tensor, HF tensors, transform and inverse; models/families/).
 
 ``mcore_sources(family, args)`` gives, per mcore tensor, the HF tensors it is computed from and how (the streaming
-hf-to-mcore reads one at a time); ``hf_groups(family, args)`` the way back in bounded groups (one entry each);
+hf-to-mcore reads one at a time); ``hf_groups(family, args)`` the way back in bounded groups (one entry each;
+an entry whose ``mcore`` is a tuple is one group of those tensors, GPT-OSS's stacked experts; an entry without
+``to_hf`` is the way in only);
 ``hf_only_names`` the HF tensors written on the way back only (copies, stand-ins: ignorable on the way in).
 May assume: args from config/arguments.py for the same network; fp32 or any float dtype tensors.
 """
@@ -27,15 +29,17 @@ def mcore_sources(family: str, args, rope_interleave: bool = True, hf_layout: di
 
 
 def hf_only_names(family: str, args, rope_interleave: bool = True, hf_layout: dict | None = None) -> set[str]:
-    return {n for e in _entries(family, args, rope_interleave, hf_layout) if e.to_mcore is None for n in e.hf}
+    return {n for e in _entries(family, args, rope_interleave, hf_layout)
+            if e.to_mcore is None and isinstance(e.mcore, str) for n in e.hf}
 
 
 def _named(entry) -> Callable[..., dict]:
-    return lambda tensor: dict(zip(entry.hf, entry.to_hf(tensor)))
+    return lambda *tensors: dict(zip(entry.hf, entry.to_hf(*tensors)))
 
 
 def hf_groups(family: str, args, rope_interleave: bool = True,
               hf_layout: dict | None = None) -> list[tuple[tuple[str, ...], Callable[..., dict]]]:
     """The way back as bounded groups: ``[(mcore names, transform)]`` where ``transform(*mcore tensors)`` returns
     ``{HF name: tensor}``. Lets a streaming exporter hold one group at a time (convert/streaming_export.py)."""
-    return [((e.mcore,), _named(e)) for e in _entries(family, args, rope_interleave, hf_layout)]
+    return [((e.mcore,) if isinstance(e.mcore, str) else e.mcore, _named(e))
+            for e in _entries(family, args, rope_interleave, hf_layout) if e.to_hf is not None]

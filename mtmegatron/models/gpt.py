@@ -86,7 +86,8 @@ def _two_stage_interleaved(args) -> bool:
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP); for ``--model llava``
     one LLaVAModel per stage (models/families/llava/model.py). Built where models/initialization.py says the weights are born."""
-    with initialization.birth_device(args), llama3_scaling(args):
+    family_context = families.of(args).build_context(args, config)  # GPT-OSS: YaRN on a plain attention
+    with initialization.birth_device(args), llama3_scaling(args), family_context:
         return _build_model_chunks(args, config)
 
 
@@ -110,6 +111,8 @@ def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> 
         from mtmegatron.models.families.llava.model import build_llava_chunks
 
         return build_llava_chunks(args, config)
+    if families.of(args).model_builder is not None:  # layers no flag expresses (models/families/gemma3/)
+        return families.of(args).model_builder(args, config)
     spec = build_layer_spec(args, "moe" if args.num_experts else "dense")
     fused = fusions.uses_our_cross_entropy(args)
     if fused:

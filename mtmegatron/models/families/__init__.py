@@ -11,9 +11,14 @@ A family module defines ``FAMILY = Family(...)``, the whole of what the rest of 
   family's (asked most specific family first, ``_BY_FINGERPRINT``) when a checkpoint names no ``--model``;
 - ``is_multimodal`` (images through a vision tower: the multimodal data, step and model builder) and
   ``chat_template`` (the conversation template its data uses by default; sft/templates.py, data/vision);
+- ``model_builder``: ``(args, TransformerConfig) -> [model chunks]`` for a family whose layers megatron-core's
+  GPTModel/TransformerLayer cannot express from flags (Gemma 3: models/families/gemma3/model.py); None: models/gpt.py
+  builds the plain decoder;
 - ``vision_encoder``: ``"packed"`` for the native-resolution vision-language models (Qwen2-VL, Qwen2.5-VL: patches
   of every image in one packed sequence, M-RoPE; models/families/qwen2_vl/model.py builds them), None otherwise (LLaVA's
   fixed-size tiles go by ``is_multimodal``).
+- ``build_context(args, config)``: a context manager its model chunks are built inside (models/gpt.py), for what
+  megatron-core's modules take from neither flags nor config (GPT-OSS's YaRN on a plain attention); default none.
 Lookups: ``get(name)``, ``of(args)``, ``by_hf_model_type(model_type)``, ``for_hf_config(config, requested)``,
 ``from_fingerprint(saved)``, ``preset(model, size)``; ``DEMO`` is the run a command line naming no model gets.
 Adding a family: one module here (its ``FAMILY``), listed in ``FAMILIES``, and its tests.
@@ -24,7 +29,9 @@ from __future__ import annotations
 
 from mtmegatron.models.families import gpt, llama3, mistral, mixtral, qwen2_5, qwen3, qwen3_moe
 from mtmegatron.models.families import deepseek_v3
+from mtmegatron.models.families import gemma3
 from mtmegatron.models.families import glm4_moe
+from mtmegatron.models.families import gpt_oss
 from mtmegatron.models.families import llava
 from mtmegatron.models.families.qwen2_vl import qwen2_5_vl
 from mtmegatron.models.families import qwen2_vl
@@ -32,9 +39,9 @@ from mtmegatron.models.families.base import ConversionError, Entry, Family  # no
 
 FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (llama3, qwen2_5, qwen3, qwen3_moe, mistral, mixtral,
                                                                  llava, qwen2_vl, qwen2_5_vl, deepseek_v3, glm4_moe,
-                                                                 gpt)}
+                                                                 gpt_oss, gemma3, gpt)}
 DEMO = ("llama3", "tiny")
-_BY_FINGERPRINT = ("deepseek-v3", "glm4.5", "qwen3-moe", "mixtral", "qwen2.5", "qwen3", "llama3")
+_BY_FINGERPRINT = ("deepseek-v3", "glm4.5", "gpt-oss", "qwen3-moe", "mixtral", "qwen2.5", "qwen3", "llama3")
 
 
 def get(name: str) -> Family:
