@@ -25,6 +25,7 @@ from mtmegatron.training import placement
 from mtmegatron.training.checkpoint import checkpointing
 from mtmegatron.training.observability import memory_report
 from mtmegatron.training.checkpoint import non_persistent
+from mtmegatron.training.checkpoint.section import Checkpoint
 from mtmegatron.training.resilience import pg_timeout
 from mtmegatron.training.resilience import rerun
 from mtmegatron.training.resilience import robustness
@@ -91,7 +92,9 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     observability, shape = Observability.of(args), Shape.of(args)  # what training/observability/ reads
     obs = RunHooks(observability, shape, vars(args), backend, rank, model, optimizer, writer, state.start)  # --log-*
     rerun.start(resilience, state.start)  # --rerun-mode: result validation and re-runs (training/resilience/rerun.py)
-    for line in [rerun.describe(resilience, step is None or step.loss_validated)] + non_persistent.startup_lines(args):
+    checkpoint = Checkpoint.of(args)  # what training/checkpoint/ reads (save/load build their own from args)
+    for line in [rerun.describe(resilience, step is None or step.loss_validated)] + non_persistent.startup_lines(
+            checkpoint):
         print_rank0(rank, line)
     history = MemoryHistory(observability, backend, rank)  # --record-memory-history
     device = compute_device()
@@ -181,10 +184,10 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 params.sync()
                 save(iteration)
                 state.saved_at = iteration
-            elif non_persistent.due(args, iteration):  # --non-persistent-save-interval: only the newest kept
+            elif non_persistent.due(checkpoint, iteration):  # --non-persistent-save-interval: only the newest kept
                 params.sync()
                 with obs.saving():
-                    checkpointing.save(non_persistent.directory(args, args.save), iteration, model, optimizer, scheduler, args,
+                    checkpointing.save(non_persistent.directory(checkpoint, args.save), iteration, model, optimizer, scheduler, args,
                                        state.train_state)
             reason = termination.requested()  # --exit-signal-handler / --exit-duration-in-mins
             if reason:

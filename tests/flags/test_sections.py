@@ -1,7 +1,9 @@
 """Typed configuration sections (utils/section.py): every ``Section`` under mtmegatron/ names only dests the
 pretrain parser defines and has no defaults; ``Resilience.of`` holds the values the flags gave, unchanged;
 ``RunConfig.of`` builds the same section; a missing value is one error naming the section and the field; equal
-sections are equal and hashable (the rerun machine is kept for an equal one)."""
+sections are equal and hashable (the rerun machine is kept for an equal one). The checkpoint and observability
+sections hold their flags' values, drive the non-persistent checkpoints, cover every value Megatron-LM's FLOP
+formula reads, and their packages read no ``args.<name>`` (but the two modules whose subject is the Namespace)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ import pytest
 
 from mtmegatron import config
 from mtmegatron.config import arguments
+from mtmegatron.training.checkpoint import non_persistent
+from mtmegatron.training.checkpoint.section import Checkpoint
+from mtmegatron.training.observability import throughput
+from mtmegatron.training.observability.section import Observability, Shape
 from mtmegatron.training.resilience import rerun
 from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.utils.section import Section
@@ -43,7 +49,7 @@ def test_every_section_names_only_parser_dests_and_has_no_defaults():
         module = ".".join(("mtmegatron",) + path.relative_to(PACKAGE).with_suffix("").parts)
         importlib.import_module(module)
     sections = list(_subclasses(Section))
-    assert Resilience in sections
+    assert {Resilience, Checkpoint, Observability, Shape} <= set(sections)
     dests = {action.dest for action in arguments.build_parser()._actions}
     for section in sections:
         fields = dataclasses.fields(section)
@@ -102,3 +108,85 @@ def test_the_task_step_says_whether_its_loss_is_validated(cfg):
     assert lm_step(cfg.args).loss_validated and not llava_step().loss_validated
     assert "(LLaVA: gradients only, as Megatron-LM's pretrain_vlm)" in rerun.describe(resilience, False)
     assert "LLaVA" not in rerun.describe(resilience, True)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sections2")
+    return config.parse(["--log-dir", str(tmp), "--save", str(tmp / "ckpt"), "--keep-last", "2",
+                         "--non-persistent-save-interval", "5", "--non-persistent-ckpt-type", "global",
+                         "--no-load-optim", "--dist-ckpt-strictness", "log_all", "--ckpt-fully-parallel-load",
+                         "--log-throughput", "--log-interval", "3", "--timing-log-level", "2", "--manual-gc",
+                         "--manual-gc-interval", "4", "--log-memory-interval", "6", "--log-progress"])
+
+
+def test_checkpoint_and_observability_hold_the_flag_values(run):
+    checkpoint, observability = run.of(Checkpoint), run.of(Observability)
+    assert (checkpoint.save, checkpoint.keep_last, checkpoint.non_persistent_save_interval,
+            checkpoint.non_persistent_ckpt_type, checkpoint.no_load_optim, checkpoint.dist_ckpt_strictness,
+            checkpoint.ckpt_fully_parallel_load) == (run.args.save, 2, 5, "global", True, "log_all", True)
+    assert checkpoint.save.endswith("ckpt")
+    assert (observability.log_throughput, observability.log_interval, observability.timing_log_level,
+            observability.manual_gc, observability.manual_gc_interval, observability.log_memory_interval,
+            observability.log_progress, observability.save) == (True, 3, 2, True, 4, 6, True, run.args.save)
+    for section in (Checkpoint, Observability, Shape):
+        made = run.of(section)
+        assert all(getattr(made, f.name) is getattr(run.args, f.name) for f in dataclasses.fields(section))
+        assert made == section.of(argparse.Namespace(**vars(run.args)))  # compared by value
+
+
+def test_the_non_persistent_checkpoints_follow_the_section(run):
+    checkpoint = run.of(Checkpoint)
+    directory = non_persistent.directory(checkpoint, checkpoint.save)
+    assert directory == str(Path(checkpoint.save) / "non_persistent")
+    assert [non_persistent.due(checkpoint, it) for it in (5, 7, 10)] == [True, False, True]
+    assert non_persistent.kept(checkpoint, directory) == 1 and non_persistent.kept(checkpoint, checkpoint.save) == 2
+    assert non_persistent.startup_lines(checkpoint) == [
+        f"mtmegatron: non-persistent checkpoints every 5 iterations in {directory} (only the newest kept)"]
+
+
+class _Reads:
+    """The values an object gives, recording the names read."""
+
+    def __init__(self, values):
+        self.values, self.names = values, set()
+
+    def __getattr__(self, name):
+        self.names.add(name)
+        return getattr(self.values, name)
+
+
+def test_shape_holds_every_value_megatron_lms_formula_reads(run):
+    """Dense, GQA with an output gate, MLA with and without a query LoRA, MoE by frequency and by pattern with
+    shared experts, MTP: each branch of throughput.py reads only Shape's fields, and Shape gives the figure the
+    run's args give."""
+    base = {f.name: getattr(run.args, f.name) for f in dataclasses.fields(Shape)}
+    layers = base["num_layers"]
+    variants = [{}, {"attention_output_gate": True, "kv_channels": None},
+                {"multi_latent_attention": True, "q_lora_rank": None},
+                {"multi_latent_attention": True, "q_lora_rank": 16},
+                {"num_experts": 4, "moe_layer_freq": 2, "moe_ffn_hidden_size": 64},
+                {"num_experts": 4, "moe_layer_freq": [0] + [1] * (layers - 1),
+                 "moe_shared_expert_intermediate_size": 32, "mtp_num_layers": 1}]
+    figures = set()
+    for variant in variants:
+        values = _Reads(argparse.Namespace(**{**vars(run.args), **variant}))
+        flops = throughput.num_floating_point_operations(values, 8)
+        assert values.names <= set(base), f"{variant}: not in Shape: {values.names - set(base)}"
+        assert throughput.num_floating_point_operations(Shape.of(values.values), 8) == flops
+        figures.add(flops)
+    assert len(figures) == len(variants)  # every variant took its own branch
+
+
+# modules of the moved packages whose subject is the run's Namespace itself: Megatron-LM's checkpoint stores it
+# as ``args`` (and --use-checkpoint-args sets it at parse time); upcycling builds the dense twin from a copy
+MOVED = ("training/checkpoint", "training/observability", "training/resilience")
+NAMESPACE_IS_THE_SUBJECT = {"training/checkpoint/megatron_lm_checkpoint.py", "training/checkpoint/upcycling.py"}
+
+
+def test_the_moved_packages_read_no_args():
+    import re
+
+    modules = [path for package in MOVED for path in (PACKAGE / package).glob("*.py")]
+    readers = sorted(str(path.relative_to(PACKAGE)) for path in modules if re.search(r"\bargs\.\w", path.read_text()))
+    assert readers == sorted(NAMESPACE_IS_THE_SUBJECT)

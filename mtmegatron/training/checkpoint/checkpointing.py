@@ -56,6 +56,7 @@ from mtmegatron.training.checkpoint import fsdp_checkpoint
 from mtmegatron.training.checkpoint import megatron_fsdp_checkpoint
 from mtmegatron.training.checkpoint import non_persistent
 from mtmegatron.training.checkpoint import plain_to_distributed_optimizer
+from mtmegatron.training.checkpoint.section import Checkpoint
 from mtmegatron.training.resilience import rerun
 from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.backends.device import compute_device, on_host
@@ -174,20 +175,21 @@ logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async"
 _SAVE_STRATEGY: dict = {}  # --ckpt-assume-constant-structure: the first save's strategy, reused by later ones
 
 
-def _save_strategy(args):
+def _save_strategy(checkpoint: Checkpoint, run: int):
     """megatron-core's torch_dist save strategy, spread over the DP ranks unless --no-ckpt-fully-parallel-save
-    (as Megatron-LM); with --ckpt-assume-constant-structure the plan of the run's first save is reused."""
-    if args.ckpt_assume_constant_structure and id(args) in _SAVE_STRATEGY:
-        return _SAVE_STRATEGY[id(args)], False
+    (as Megatron-LM); with --ckpt-assume-constant-structure the plan of the run's first save is reused (``run``:
+    the identity of the run's args, the same object at each of its saves)."""
+    if checkpoint.ckpt_assume_constant_structure and run in _SAVE_STRATEGY:
+        return _SAVE_STRATEGY[run], False
     strategy = get_default_save_sharded_strategy("torch_dist")
-    if args.ckpt_assume_constant_structure:
+    if checkpoint.ckpt_assume_constant_structure:
         strategy.use_cached_ckpt_structure = True
-    if args.ckpt_fully_parallel_save:
+    if checkpoint.ckpt_fully_parallel_save:
         strategy = FullyParallelSaveStrategyWrapper(strategy, parallel_state.get_data_parallel_group(
-            with_context_parallel=True), args.ckpt_assume_constant_structure)
-    if args.ckpt_assume_constant_structure:
+            with_context_parallel=True), checkpoint.ckpt_assume_constant_structure)
+    if checkpoint.ckpt_assume_constant_structure:
         _SAVE_STRATEGY.clear()
-        _SAVE_STRATEGY[id(args)] = strategy
+        _SAVE_STRATEGY[run] = strategy
     return strategy, True
 
 
@@ -208,13 +210,16 @@ def save(root: str, iteration: int, model, optimizer, scheduler, args, train_sta
     """Write ``<root>/iter_<iteration>`` in Megatron-LM's torch_dist layout (megatron_lm_checkpoint.py) into
     ``iter_<iteration>.partial``, rename it once every rank finished, replace the tracker, then prune
     (``non_persistent.kept``: one in the non-persistent directory, else ``--keep-last``); returns the directory.
-    A full disk is a CheckpointError naming the directory and its free space, the ``.partial`` removed."""
+    A full disk is a CheckpointError naming the directory and its free space, the ``.partial`` removed.
+    ``args``: the run's flags, stored whole as Megatron-LM's ``args``; what this package reads of them is its
+    ``Checkpoint`` section (section.py), built here."""
+    checkpoint = Checkpoint.of(args)
     try:
-        return _save(root, iteration, model, optimizer, scheduler, args, train_state)
+        return _save(root, iteration, model, optimizer, scheduler, args, checkpoint, train_state)
     except (Exception, CheckpointException) as e:  # torch's CheckpointException is a BaseException
         if isinstance(e, CheckpointError):
             raise
-        where = (f"--save {root}" if args.save and os.path.realpath(root) == os.path.realpath(args.save)
+        where = (f"--save {root}" if checkpoint.save and os.path.realpath(root) == os.path.realpath(checkpoint.save)
                  else f"checkpoint directory {root}")  # the non-persistent one, or --ckpt-convert-save's
         line = _full_disk(e, root, where)
         if line is None:
@@ -279,7 +284,9 @@ def _full_disk(error: BaseException, root: str, where: str) -> str | None:
             + "; free space or give --save another directory, then resume with --load")
 
 
-def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_state: dict | None) -> str:
+def _save(root: str, iteration: int, model, optimizer, scheduler, args, checkpoint: Checkpoint,
+          train_state: dict | None) -> str:
+    lora = Lora.of(args)
     rank = torch.distributed.get_rank()
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
@@ -288,20 +295,20 @@ def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_st
         os.makedirs(partial)
     torch.distributed.barrier()
     train_state = dict(train_state or {})
-    content = mlm.content_metadata(bool(args.use_distributed_optimizer))
+    content = mlm.content_metadata(bool(checkpoint.use_distributed_optimizer))
     metadata = _sharded_metadata(content)
-    if megatron_fsdp_checkpoint.applies(args):  # the same logical checkpoint as DDP + the distributed optimizer's
-        state = megatron_fsdp_checkpoint.sharded_state(model, _model_keys(model), None if args.no_save_optim
+    if megatron_fsdp_checkpoint.applies(checkpoint):  # the same logical checkpoint as DDP + the distributed optimizer's
+        state = megatron_fsdp_checkpoint.sharded_state(model, _model_keys(model), None if checkpoint.no_save_optim
                                                        else optimizer, metadata)
     else:
         state = _model_state(model, metadata)
-    if args.lora_r:  # a LoRA run writes its adapters, never the frozen base (lora/checkpoint.py)
+    if lora.lora_r:  # a LoRA run writes its adapters, never the frozen base (lora/checkpoint.py)
         state = lora_checkpoint.select(state, _model_keys(model), "adapters")
-    if not args.no_save_optim:
+    if not checkpoint.no_save_optim:
         if "optimizer" not in state:
             state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
         state["opt_param_scheduler"] = scheduler.state_dict()
-    if not args.no_save_rng:
+    if not checkpoint.no_save_rng:
         state["rng_state"] = mlm.rng_state_object()
     position = {key: train_state.pop(key) for key in mlm.DATA_POSITION if key in train_state}  # into "args"
     state["args"] = mlm.saved_namespace(args, iteration, torch.distributed.get_world_size(), position)
@@ -312,10 +319,10 @@ def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_st
     state["iteration"] = iteration
     state["num_floating_point_operations_so_far"] = train_state.pop("num_floating_point_operations_so_far", 0)
     state[mlm.OURS] = {"fingerprint": fingerprint(args), "train_state": train_state, "layout": _layout(),
-                       "distributed_optimizer": bool(args.use_distributed_optimizer)}
-    if args.lora_r:
-        state[mlm.OURS]["lora"] = lora_checkpoint.record(Lora.of(args), args.load, args)
-    strategy, validate = _save_strategy(args)
+                       "distributed_optimizer": bool(checkpoint.use_distributed_optimizer)}
+    if lora.lora_r:
+        state[mlm.OURS]["lora"] = lora_checkpoint.record(lora, checkpoint.load, args)
+    strategy, validate = _save_strategy(checkpoint, id(args))
     _in_process_write_results()
     if os.environ.get(ENOSPC_ENV) == str(iteration) and rank == 0:  # test hook: a full disk where none can be made
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(partial, "common.pt"))
@@ -332,7 +339,7 @@ def _save(root: str, iteration: int, model, optimizer, scheduler, args, train_st
             f.write(str(iteration))
         os.replace(tmp, os.path.join(root, TRACKER))
         shutil.rmtree(final + ".old", ignore_errors=True)
-        keep = non_persistent.kept(args, root)
+        keep = non_persistent.kept(checkpoint, root)
         if keep:
             prune(root, keep, iteration)
     torch.distributed.barrier()
@@ -410,7 +417,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}{': ' + text[0] if text else ''}"
 
 
-def _saved_facts(common: dict, args) -> dict:
+def _saved_facts(common: dict, checkpoint: Checkpoint) -> dict:
     """What a checkpoint holds, from its common state, for Megatron-LM's layout and for the older mtmegatron
     layout (``scheduler`` key, fingerprint dict as ``args``; the converter's model-only checkpoints)."""
     if mlm.is_megatron_lm_layout(common):
@@ -435,27 +442,27 @@ def _saved_facts(common: dict, args) -> dict:
     return {
         "fingerprint": mlm.recorded_fingerprint(common), "scheduler": common.get("scheduler"),
         "has_optim": not model_only, "has_rng": not model_only,
-        "distributed_optimizer": common.get("distributed_optimizer", bool(args.use_distributed_optimizer)),
+        "distributed_optimizer": common.get("distributed_optimizer", bool(checkpoint.use_distributed_optimizer)),
         "layout": common.get("layout", _layout()), "content": dict(OPTIMIZER_METADATA), "grouped_experts": None,
         "train_state": common.get("train_state", {}), "model_only": model_only, "megatron_lm_layout": False,
         "written_by": "mtmegatron",
     }
 
 
-def _check_experts_optimizer_state(saved: dict, args, load_optim: bool, directory: str) -> None:
+def _check_experts_optimizer_state(saved: dict, checkpoint: Checkpoint, load_optim: bool, directory: str) -> None:
     """The model weights convert between megatron's sequential and grouped experts; the distributed optimizer's
     state does not (GroupedMLP keeps its weights transposed in one flat tensor per rank)."""
     grouped = saved["grouped_experts"]
-    if (load_optim and args.num_experts and args.use_distributed_optimizer and grouped is not None
-            and bool(grouped) != bool(args.moe_grouped_gemm)):
+    if (load_optim and checkpoint.num_experts and checkpoint.use_distributed_optimizer and grouped is not None
+            and bool(grouped) != bool(checkpoint.moe_grouped_gemm)):
         raise CheckpointError(f"checkpoint {directory} holds the distributed-optimizer state of "
                               f"{'grouped' if grouped else 'sequential'} MoE experts, which does not convert to "
                               f"{'sequential' if grouped else 'grouped'} ones: run with{'' if grouped else 'out'} "
                               f"--moe-grouped-gemm, or pass --no-load-optim to load the weights only")
 
 
-def _load_strategy(directory: str, args):
-    if not args.ckpt_fully_parallel_load:
+def _load_strategy(directory: str, checkpoint: Checkpoint):
+    if not checkpoint.ckpt_fully_parallel_load:
         return None
     return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(directory),
                                             parallel_state.get_data_parallel_group(with_context_parallel=True))
@@ -471,16 +478,18 @@ def load(root: str, model, optimizer, scheduler, args, train_state: dict | None 
     continue from (0, after a message, when ``root`` is missing or holds nothing a save writes). ``train_state``
     (when given) is updated with the counters saved beside the weights. A LoRA run (``--lora-r``) loads the base
     weights from ``root`` (starting over), then, with ``--lora-load``, its adapters and their optimizer state,
-    RNG, schedule and iteration from there (lora/checkpoint.py)."""
-    if not args.lora_r:
-        return _load(root, model, optimizer, scheduler, args, train_state, None)
-    _load(root, model, optimizer, scheduler, args, None, "base")
-    if not args.lora_load:
+    RNG, schedule and iteration from there (lora/checkpoint.py). ``args`` as for ``save``."""
+    checkpoint, lora = Checkpoint.of(args), Lora.of(args)
+    if not lora.lora_r:
+        return _load(root, model, optimizer, scheduler, args, checkpoint, lora, train_state, None)
+    _load(root, model, optimizer, scheduler, args, checkpoint, lora, None, "base")
+    if not lora.lora_load:
         return 0
-    return _load(args.lora_load, model, optimizer, scheduler, args, train_state, "adapters")
+    return _load(lora.lora_load, model, optimizer, scheduler, args, checkpoint, lora, train_state, "adapters")
 
 
-def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None, part: str | None) -> int:
+def _load(root: str, model, optimizer, scheduler, args, checkpoint: Checkpoint, lora: Lora,
+          train_state: dict | None, part: str | None) -> int:
     """``load`` of one checkpoint; ``part``: None (all of it), "base" (a LoRA run's frozen weights) or
     "adapters" (a LoRA run's own checkpoint)."""
     point = resume_point(root, args)  # the newer of the persistent and the non-persistent checkpoint
@@ -491,9 +500,9 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
         return 0
     if point[0] != root:
         _say(f"--load {root}: the non-persistent checkpoint in {point[0]} is the newest")
-    elif args.non_persistent_ckpt_type != "global" and (
-            unread := [it for it in complete_iterations(non_persistent.directory(args, root)) if it > point[1]]):
-        _say(f"--load {root}: {non_persistent.directory(args, root)} holds a newer non-persistent checkpoint "
+    elif checkpoint.non_persistent_ckpt_type != "global" and (
+            unread := [it for it in complete_iterations(non_persistent.directory(checkpoint, root)) if it > point[1]]):
+        _say(f"--load {root}: {non_persistent.directory(checkpoint, root)} holds a newer non-persistent checkpoint "
              f"(iteration {unread[-1]}), read only with --non-persistent-ckpt-type global (as Megatron-LM)")
     root, iteration = point
     if newer := [it for it in complete_iterations(root) if it > iteration]:  # a crash between rename and tracker
@@ -501,20 +510,20 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
              f"loading {iteration} (write {newer[-1]} into the tracker to resume from it)")
     directory = checkpoint_dir(root, iteration)
     common = dist_checkpointing.load_common_state_dict(directory)
-    saved = _saved_facts(common, args)
-    lora_checkpoint.check((common.get(mlm.OURS) or {}).get("lora"), part, directory, Lora.of(args), args)
+    saved = _saved_facts(common, checkpoint)
+    lora_checkpoint.check((common.get(mlm.OURS) or {}).get("lora"), part, directory, lora, args)
     mismatched = mismatches(saved["fingerprint"], args)
     if mismatched:
         raise CheckpointError(f"checkpoint {directory} was written for a different model "
                               f"({describe_mismatches(mismatched, args)}) by {saved['written_by']}")
-    starts_over = args.finetune or saved["model_only"] or part == "base"
-    load_optim = not (starts_over or args.no_load_optim) and saved["has_optim"]
-    load_rng = not (starts_over or args.no_load_rng) and saved["has_rng"]
-    if (load_optim and saved["distributed_optimizer"] != bool(args.use_distributed_optimizer)
-            and not (fsdp_checkpoint.loads_in_place(args) and fsdp_checkpoint.takes_distributed_state(saved))
-            and not plain_to_distributed_optimizer.applies(saved, args)):
+    starts_over = checkpoint.finetune or saved["model_only"] or part == "base"
+    load_optim = not (starts_over or checkpoint.no_load_optim) and saved["has_optim"]
+    load_rng = not (starts_over or checkpoint.no_load_rng) and saved["has_rng"]
+    if (load_optim and saved["distributed_optimizer"] != bool(checkpoint.use_distributed_optimizer)
+            and not (fsdp_checkpoint.loads_in_place(checkpoint) and fsdp_checkpoint.takes_distributed_state(saved))
+            and not plain_to_distributed_optimizer.applies(saved, checkpoint)):
         distopt = saved["distributed_optimizer"]
-        if distopt and fsdp_checkpoint.loads_in_place(args):  # a distributed-optimizer format FSDP2 cannot take
+        if distopt and fsdp_checkpoint.loads_in_place(checkpoint):  # a distributed-optimizer format FSDP2 cannot take
             sharding = saved["content"].get("distrib_optim_sharding_type")
             raise CheckpointError(f"checkpoint {directory} holds distributed-optimizer state in the '{sharding}' "
                                   f"format, which torch FSDP2's optimizer does not load (a fully reshardable one: "
@@ -523,10 +532,11 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
         raise CheckpointError(f"checkpoint {directory} holds {'distributed' if distopt else 'plain'}-optimizer "
                               f"state; run with{'' if distopt else 'out'} --use-distributed-optimizer, or "
                               f"pass --no-load-optim to load the weights only")
-    _check_experts_optimizer_state(saved, args, load_optim, directory)
+    _check_experts_optimizer_state(saved, checkpoint, load_optim, directory)
     content = saved["content"]
     sharding = content.get("distrib_optim_sharding_type")
-    if (load_optim and args.use_distributed_optimizer and saved["distributed_optimizer"] and saved["layout"] != _layout()
+    if (load_optim and checkpoint.use_distributed_optimizer and saved["distributed_optimizer"]
+            and saved["layout"] != _layout()
             and sharding not in DistributedOptimizer.checkpoint_fully_reshardable_formats):
         raise CheckpointError(f"checkpoint {directory}: its distributed-optimizer state ('{sharding}', Megatron-LM's "
                               f"default) loads only under its own TP/PP layout {saved['layout']}, not {_layout()} "
@@ -545,7 +555,7 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
     if load_optim and saved["scheduler"] is not None:
         check_schedule(saved["scheduler"], scheduler, args, directory, CheckpointError)
     metadata = _sharded_metadata(content)
-    if megatron_fsdp_checkpoint.applies(args):  # this rank's rows of the same logical checkpoint, in place
+    if megatron_fsdp_checkpoint.applies(checkpoint):  # this rank's rows of the same logical checkpoint, in place
         state = megatron_fsdp_checkpoint.sharded_state(model, _model_keys(model), optimizer if load_optim else None,
                                                        metadata, directory)
     else:
@@ -554,7 +564,7 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
         state = lora_checkpoint.select(state, _model_keys(model), part)
     if load_optim and "optimizer" not in state:
         _materialize_optimizer_state(optimizer)
-        if plain_to_distributed_optimizer.applies(saved, args):  # a plain optimizer's state, converted
+        if plain_to_distributed_optimizer.applies(saved, checkpoint):  # a plain optimizer's state, converted
             state["optimizer"] = plain_to_distributed_optimizer.request(optimizer, state, _sharded_metadata(
                 plain_to_distributed_optimizer.request_metadata(content)), directory)
         else:
@@ -562,12 +572,12 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
     if load_rng:
         state["rng_state"] = mlm.rng_state_object() if saved["megatron_lm_layout"] else _legacy_rng_state()
     rerun_template = rerun.load_template(Resilience.of(args), common, saved["layout"] == _layout() and getattr(
-        common.get("args"), "world_size", None) == torch.distributed.get_world_size(), args.finetune)
+        common.get("args"), "world_size", None) == torch.distributed.get_world_size(), checkpoint.finetune)
     if rerun_template:
         state["rerun_state_machine"] = rerun_template
     try:
-        loaded = dist_checkpointing.load(state, directory, _load_strategy(directory, args),
-                                         strict=args.dist_ckpt_strictness)
+        loaded = dist_checkpointing.load(state, directory, _load_strategy(directory, checkpoint),
+                                         strict=checkpoint.dist_ckpt_strictness)
     # dist_checkpointing raises CheckpointingException, KeyError, RuntimeError, ... and torch's
     # CheckpointException, which is a BaseException
     except (Exception, CheckpointException) as e:
@@ -575,25 +585,25 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
                               f"or written by another model): {_describe(e)}") from e
     if isinstance(loaded, tuple):  # --dist-ckpt-strictness return_*: (state, missing keys, unexpected keys)
         loaded, missing, unexpected = loaded
-        _say(f"--dist-ckpt-strictness {args.dist_ckpt_strictness}: missing {sorted(missing)}, unexpected "
+        _say(f"--dist-ckpt-strictness {checkpoint.dist_ckpt_strictness}: missing {sorted(missing)}, unexpected "
              f"{sorted(unexpected)}")
-    in_place = fsdp_checkpoint.loads_in_place(args)  # FSDP: the load filled the DTensors' local shards itself
+    in_place = fsdp_checkpoint.loads_in_place(checkpoint)  # FSDP: the load filled the DTensors' local shards itself
     for key, chunk in zip(_model_keys(model), model):
         if not in_place:
             _unwrap(chunk).load_state_dict(loaded[key], strict=part is None)
     if load_optim:
         optimizer_state = _regroup_optimizers(loaded["optimizer"], optimizer)
-        if megatron_fsdp_checkpoint.applies(args):
+        if megatron_fsdp_checkpoint.applies(checkpoint):
             optimizer_state = megatron_fsdp_checkpoint.optimizer_state_to_load(optimizer_state, optimizer)
         elif in_place:
             optimizer_state = fsdp_checkpoint.optimizer_state_to_load(optimizer_state, optimizer)
-        elif plain_to_distributed_optimizer.applies(saved, args):
+        elif plain_to_distributed_optimizer.applies(saved, checkpoint):
             optimizer_state = plain_to_distributed_optimizer.optimizer_state_to_load(optimizer_state, optimizer)
         optimizer.load_state_dict(optimizer_state)
         scheduler.load_state_dict(loadable_state(saved["scheduler"], scheduler))
     elif optimizer is not None:  # the optimizer's fp32 main copies must follow the freshly loaded weights
         optimizer.reload_model_params()
-    if megatron_fsdp_checkpoint.applies(args):
+    if megatron_fsdp_checkpoint.applies(checkpoint):
         megatron_fsdp_checkpoint.finish_load(model)
     if load_rng:
         if saved["megatron_lm_layout"]:
@@ -605,7 +615,7 @@ def _load(root: str, model, optimizer, scheduler, args, train_state: dict | None
     if train_state is not None and not starts_over:
         train_state.update(saved["train_state"])
         if not train_state.get("consumed_train_samples"):  # a checkpoint without the count: Megatron-LM's rule
-            train_state["consumed_train_samples"] = int(common["iteration"]) * args.global_batch_size
+            train_state["consumed_train_samples"] = int(common["iteration"]) * checkpoint.global_batch_size
     if saved["written_by"] == "Megatron-LM":
         _say(f"loaded Megatron-LM checkpoint {directory} (model{', optimizer and schedule' if load_optim else ''}"
              f"{', RNG' if load_rng else ''}; sharded-state metadata {content})")

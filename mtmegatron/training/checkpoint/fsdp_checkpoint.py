@@ -18,16 +18,16 @@ May assume: a torch FSDP2 run (megatron-core's TorchFullyShardedDataParallel); t
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch.distributed.tensor import DTensor
 
+from mtmegatron.training.checkpoint.section import Checkpoint
 
-def loads_in_place(args: argparse.Namespace) -> bool:
+
+def loads_in_place(checkpoint: Checkpoint) -> bool:
     """True when ``dist_checkpointing.load`` writes the model's weights into its parameters itself (torch FSDP2;
     Megatron-FSDP: megatron_fsdp_checkpoint.py)."""
-    return bool(args.use_torch_fsdp2 or args.use_megatron_fsdp)
+    return bool(checkpoint.use_torch_fsdp2 or checkpoint.use_megatron_fsdp)
 
 
 def _as_dtensors(saved: dict, inner) -> dict:

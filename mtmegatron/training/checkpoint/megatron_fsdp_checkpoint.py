@@ -31,7 +31,6 @@ megatron-core's DistributedOptimizer (possibly chained); no SwiGLU at TP>1, no e
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 
 import torch
@@ -40,13 +39,14 @@ from megatron.core.dist_checkpointing.serialization import load_tensors_metadata
 from torch.distributed.tensor import DTensor, Shard
 
 from mtmegatron.training.checkpoint.plain_to_distributed_optimizer import groups_with_step
+from mtmegatron.training.checkpoint.section import Checkpoint
 
 _PREFIX = "optimizer.state"
 _GROUP_IDENTITY = ("wd_mult", "lr_mult", "is_expert_parallel", "is_decoupled_lr")
 
 
-def applies(args: argparse.Namespace) -> bool:
-    return bool(args.use_megatron_fsdp)
+def applies(checkpoint: Checkpoint) -> bool:
+    return bool(checkpoint.use_megatron_fsdp)
 
 
 def _unwrap(chunk):

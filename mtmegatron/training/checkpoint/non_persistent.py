@@ -17,36 +17,37 @@ from __future__ import annotations
 
 import os
 
+from mtmegatron.training.checkpoint.section import Checkpoint
 from mtmegatron.utils.checkpoint_dirs import non_persistent_dir
 
 
-def directory(args, root: str) -> str:
+def directory(checkpoint: Checkpoint, root: str) -> str:
     """Where the non-persistent checkpoints of ``root`` (``--save`` when saving, ``--load`` when loading) are;
     nothing is removed before a save: it prunes the older ones once the new one is tracked (``kept``)."""
-    return non_persistent_dir(args, root)
+    return non_persistent_dir(checkpoint, root)
 
 
-def due(args, iteration: int) -> bool:
-    interval = args.non_persistent_save_interval
-    return bool(args.save and interval and iteration % interval == 0)
+def due(checkpoint: Checkpoint, iteration: int) -> bool:
+    interval = checkpoint.non_persistent_save_interval
+    return bool(checkpoint.save and interval and iteration % interval == 0)
 
 
-def kept(args, root: str) -> int | None:
+def kept(checkpoint: Checkpoint, root: str) -> int | None:
     """How many complete checkpoints a save into ``root`` leaves there: one in the non-persistent directory,
     else ``--keep-last`` (None: all)."""
-    if args.save and args.non_persistent_ckpt_type == "global" and (
-            os.path.realpath(root) == os.path.realpath(directory(args, args.save))):
+    if checkpoint.save and checkpoint.non_persistent_ckpt_type == "global" and (
+            os.path.realpath(root) == os.path.realpath(directory(checkpoint, checkpoint.save))):
         return 1
-    return args.keep_last
+    return checkpoint.keep_last
 
 
-def startup_lines(args) -> list[str]:
+def startup_lines(checkpoint: Checkpoint) -> list[str]:
     """What the non-persistent and persistent-worker flags do in this run (nothing when not given)."""
     lines = []
-    if due(args, args.non_persistent_save_interval or 0):
-        lines.append(f"mtmegatron: non-persistent checkpoints every {args.non_persistent_save_interval} iterations "
-                     f"in {directory(args, args.save)} (only the newest kept)")
-    if args.use_persistent_ckpt_worker:
+    if due(checkpoint, checkpoint.non_persistent_save_interval or 0):
+        lines.append(f"mtmegatron: non-persistent checkpoints every {checkpoint.non_persistent_save_interval} "
+                     f"iterations in {directory(checkpoint, checkpoint.save)} (only the newest kept)")
+    if checkpoint.use_persistent_ckpt_worker:
         lines.append("mtmegatron: --use-persistent-ckpt-worker: no effect: it keeps megatron-core's --async-save "
                      "worker process alive between saves, and saves here are synchronous (--async-save is refused)")
     return lines

@@ -20,13 +20,14 @@ import torch
 from megatron.core.dist_checkpointing.serialization import load_tensors_metadata
 
 from mtmegatron.training.checkpoint import megatron_lm_checkpoint as mlm
+from mtmegatron.training.checkpoint.section import Checkpoint
 
 _MAIN, _SAVED_MAIN = "optimizer.state.param.", "optimizer.state.fp32_param."
 
 
-def applies(saved: dict, args) -> bool:
+def applies(saved: dict, checkpoint: Checkpoint) -> bool:
     """True when this distributed-optimizer run loads a plain optimizer's state."""
-    return bool(args.use_distributed_optimizer) and not saved["distributed_optimizer"]
+    return bool(checkpoint.use_distributed_optimizer) and not saved["distributed_optimizer"]
 
 
 def request_metadata(content: dict) -> dict:
