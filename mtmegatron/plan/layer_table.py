@@ -24,9 +24,11 @@ class Part:
     dense: int = 0
     expert: int = 0
     sharded: int = 0
+    frozen_dense: int = 0  # needing no gradient (a LoRA run's base)
+    frozen_expert: int = 0
 
     def __add__(self, other: "Part") -> "Part":
-        return Part(self.dense + other.dense, self.expert + other.expert, self.sharded + other.sharded)
+        return Part(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,23 +57,27 @@ class LayerTable:
                 total += self.head + self.mtp
                 copy = (self.word_embedding if self.tied else 0) + (self.embedding.dense if self.mtp_layers else 0)
                 if pp > 1 and copy:  # the last stage's copy of the first stage's embedding: memory, not model
-                    total += Part(dense=copy, sharded=copy)
+                    total += Part(dense=copy, sharded=copy, frozen_dense=copy if self.embedding.frozen_dense else 0)
                     shared += copy
             chunks.append(Chunk(layers=n, moe_layers=sum(self.moe[first:first + n]),
                                 mtp_layers=self.mtp_layers if post else 0, pre_process=pre, post_process=post))
         return StageParams(stage=p, dense=total.dense, expert=total.expert, dense_tp_sharded=total.sharded - shared,
-                           shared_embedding=shared, chunks=tuple(chunks))
+                           shared_embedding=shared, chunks=tuple(chunks), frozen_dense=total.frozen_dense,
+                           frozen_expert=total.frozen_expert)
 
 
 def _part(params) -> Part:
-    dense = expert = sharded = 0
+    dense = expert = sharded = frozen_dense = frozen_expert = 0
     for p in params:
+        frozen = 0 if p.requires_grad else p.numel()
         if not getattr(p, "allreduce", True):
             expert += p.numel()
+            frozen_expert += frozen
         else:
             dense += p.numel()
+            frozen_dense += frozen
             sharded += p.numel() if getattr(p, "tensor_model_parallel", False) else 0
-    return Part(dense, expert, sharded)
+    return Part(dense, expert, sharded, frozen_dense, frozen_expert)
 
 
 def layer_table(args) -> LayerTable:

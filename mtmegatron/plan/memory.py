@@ -3,11 +3,12 @@
 - weights: the rank's parameters (plan/params.py) in the parameter dtype (bf16/fp16: 2 bytes, else 4);
 - gradients: megatron-core's DDP grad buffer, whole on every rank (the distributed optimizer reduce-scatters into
   it): fp32 with ``--accumulate-allreduce-grads-in-fp32`` (Megatron-LM's rule under ``--bf16`` unless
-  ``--grad-reduce-in-bf16``), else the parameter dtype;
+  ``--grad-reduce-in-bf16``), else the parameter dtype; parameters that need no gradient (a LoRA run's frozen base)
+  have none;
 - optimizer: Adam's two fp32 moments (SGD: one momentum buffer when momentum > 0) plus fp32 main parameters under
   bf16/fp16; the distributed optimizer shards dense state over data-parallel x context-parallel (per optimizer
   instance) and expert state over the expert data-parallel group; ``--optimizer-cpu-offload`` moves
-  ``--optimizer-offload-fraction`` of it to the host (reported, not on the device);
+  ``--optimizer-offload-fraction`` of it to the host (reported, not on the device); frozen parameters have none;
 - activations: plan/activations.py, times the schedule's in-flight micro-batches;
 - buffers: the last stage's logits and vocab-parallel cross-entropy (the logits in the activation dtype and their
   fp32 copy, exponentiated in place and turned into the gradient in place: D + 4 bytes a logit), the pipeline's send/recv
@@ -59,7 +60,7 @@ def _optimizer_bytes_per_param(args) -> int:
 def optimizer_bytes(args, stage: StageParams, layout: Layout) -> tuple[int, int]:
     """(on the device, on the host) bytes of this rank's optimizer state."""
     per = _optimizer_bytes_per_param(args)
-    dense, expert = stage.dense * per, stage.expert * per
+    dense, expert = (stage.dense - stage.frozen_dense) * per, (stage.expert - stage.frozen_expert) * per
     if args.use_distributed_optimizer:
         dense /= max(layout.dp * layout.cp // args.num_distributed_optimizer_instances, 1)
         expert /= max(layout.expert_dp // args.num_distributed_optimizer_instances, 1)
@@ -91,7 +92,7 @@ def rank_memory(args, stage: StageParams, layout: Layout) -> RankMemory:
     grad_bytes = 4 if (args.accumulate_allreduce_grads_in_fp32 or not (args.bf16 or args.fp16)) else 2
     optimizer, host = optimizer_bytes(args, stage, layout)
     return RankMemory(stage=stage.stage, params=stage.local, weights=stage.local * _param_bytes(args),
-                      gradients=stage.local * grad_bytes, optimizer=optimizer, optimizer_host=host,
+                      gradients=(stage.local - stage.frozen_dense - stage.frozen_expert) * grad_bytes, optimizer=optimizer, optimizer_host=host,
                       activations=int(stage_activation_bytes(args, stage)), buffers=int(buffer_bytes(args, stage)),
                       in_flight=in_flight(args, stage.stage))
 

@@ -9,7 +9,8 @@ well under a second each. Each parameter is sorted as megatron-core treats it: e
 or dense ones (reduced over data-parallel x context-parallel); TP-sharded dense parameters
 (``tensor_model_parallel``) count once per TP rank in the model total, replicated ones once; the output layer of
 the last stage that shares the first stage's embedding (``shared_embedding``) is memory on its rank but not a
-parameter of the model.
+parameter of the model. With ``--lora-r`` the chunks are wrapped by lora/wrap.py as training wraps them: the adapters
+are parameters of the model, the frozen base (``frozen_*``) has weights but no gradients and no optimizer state.
 May assume: ``args`` is a parsed, validated pretrain configuration (config.parse), world size included.
 """
 
@@ -43,6 +44,8 @@ class StageParams:
     dense_tp_sharded: int  # of ``dense``: split over TP ranks
     shared_embedding: int  # of ``dense``: the last stage's copy of a tied embedding
     chunks: tuple[Chunk, ...]
+    frozen_dense: int = 0  # of ``dense``: needing no gradient (a LoRA run's base): no grad buffer, no optimizer state
+    frozen_expert: int = 0  # of ``expert``: likewise
 
     @property
     def local(self) -> int:
@@ -74,26 +77,35 @@ def meta_chunks(args, stage: int) -> list:
         config = transformer_config(args)
         config.perform_initialization = False  # shapes only: nothing is drawn
         with torch.device("meta"):
-            return build_model_chunks(args, config)
+            chunks = build_model_chunks(args, config)
+        if args.lora_r:  # the run's adapters, as training/setup.py wraps them: the base frozen; each adapter's A is
+            from mtmegatron.lora import wrap  # drawn on the host (r x the linear's input: small), then moved to meta
+            from mtmegatron.lora.section import Lora
+
+            chunks = wrap(chunks, Lora.of(args), args.seed)
+        return chunks
 
 
 def stage_params(args, stage: int) -> StageParams:
     """Build stage ``stage``'s chunks on the meta device and count what the rank holds."""
     chunks = meta_chunks(args, stage)
-    dense = expert = sharded = shared = 0
+    dense = expert = sharded = shared = frozen_dense = frozen_expert = 0
     for chunk in chunks:
         for p in chunk.parameters():
             n = p.numel()
             if not getattr(p, "allreduce", True):
                 expert += n
+                frozen_expert += 0 if p.requires_grad else n
                 continue
             dense += n
+            frozen_dense += 0 if p.requires_grad else n
             if getattr(p, "shared_embedding", False) and chunk.post_process and not chunk.pre_process:
                 shared += n
             elif getattr(p, "tensor_model_parallel", False):
                 sharded += n
     return StageParams(stage=stage, dense=dense, expert=expert, dense_tp_sharded=sharded, shared_embedding=shared,
-                       chunks=tuple(_chunk(c) for c in chunks))
+                       chunks=tuple(_chunk(c) for c in chunks), frozen_dense=frozen_dense,
+                       frozen_expert=frozen_expert)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.pretrain_runner import TINY
 from plan_models import LLAMA3_8B, MIXTRAL
 
 from mtmegatron import cli
@@ -81,6 +82,7 @@ def test_flops_are_twice_the_parameters_a_token_meets():
     (MIXTRAL, 8, 2, 2, None, 2),  # MoE, untied, TP + SP
     ([a for a in MIXTRAL if a != "--untie-embeddings-and-output-weights"], 8, 1, 2, 2, 2),  # tied, VPP
     (["--model", "deepseek-v3", "--model-size", "tiny", "--mock-data", "--train-iters", "1"], 4, 1, 2, None, 2),
+    (TINY + ["--train-iters", "1", "--lora-r", "4", "--transformer-impl", "local"], 4, 2, 2, None, 1),  # LoRA, TP 2
 ])
 def test_layer_table_assembles_the_built_stages(argv, world, tp, pp, vpp, ep, tmp_path):
     from mtmegatron.config import parse
