@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.models.families.gemma3.flags import add_gemma3_args, check_gemma3_args
 from mtmegatron.models.families.qwen2_vl.flags import add_packed_vision_args, check_packed_vision_args
 from mtmegatron.models.initialization import skip_initialization
 
 
 def add_family_args(p: argparse.ArgumentParser) -> None:
     add_packed_vision_args(p)
+    add_gemma3_args(p)
     g = p.add_argument_group("Llama-3.x RoPE scaling, Qwen qkv bias and head dim")
     g.add_argument("--use-rope-scaling", action="store_true", default=False,
                    help="apply Llama-3.x RoPE frequency scaling (low/high frequency factors 1/4, original "
@@ -67,6 +69,7 @@ def check_family_args(args: argparse.Namespace, error: type[Exception]) -> None:
                         f"{args.rope_scaling_original_max_position_embeddings}: the factors must be positive and "
                         f"low < high (the smoothing divides by their difference), the context positive")
     check_packed_vision_args(args, error)  # M-RoPE and the native-resolution vision-language models
+    check_gemma3_args(args, error)  # --model gemma3's flags (models/families/gemma3/flags.py)
 
 
 def transformer_config_fields(args: argparse.Namespace) -> dict:
