@@ -3,7 +3,8 @@ biases, q/k norm, partial rotary 0.5, first-k dense + MoE with a shared expert, 
 with expert bias and scaling, an MTP layer in the files).
 
 The tiny random HF model is converted once with ``mtmegatron convert hf-to-mcore`` (the CLI). Then: fp32 logits
-equal HF's (max |diff| <= 1e-4) at one rank, under TP2 + sequence parallel, and with the experts on EP2; with full rotary instead of the converted ``--rotary-percent 0.5`` they are far off (so the
+equal HF's (max |diff| <= 1e-4) at one rank, and under TP2 + sequence parallel and with the experts on EP2 (one
+two-rank spawn); with full rotary instead of the converted ``--rotary-percent 0.5`` they are far off (so the
 partial rotary is what makes them match); ``mcore-to-hf`` gives every tensor back bit-exactly (the MTP layer's
 too) with the config fields that define the network; ``pretrain --load`` (two iterations) starts at HF's loss on
 the same global batch (1e-5 relative); ``mtmegatron generate`` (KV cache) gives HF ``generate``'s greedy tokens.
@@ -43,12 +44,27 @@ def converted(tmp_path_factory):
     return hf_dir, mc_dir, tok_dir, torch.load(hf_dir / "reference.pt")
 
 
-def _max_diff(run_ranks, flags, world, converted) -> float:
+def _layouts_worker(rank, world_size, backend_name, flag_sets, checkpoint, tokens):
+    """``logits_worker`` for each flag set in turn in one spawn (model parallel state rebuilt between them)."""
+    from megatron.core import parallel_state
+
+    out = []
+    for flags in flag_sets:
+        parallel_state.destroy_model_parallel()
+        out.append(logits_worker(rank, world_size, backend_name, flags, checkpoint, tokens))
+    return out if rank == 0 else None
+
+
+def _max_diffs(run_ranks, flag_sets, world, converted) -> list[float]:
     _, mc_dir, _, reference = converted
-    results = run_ranks(logits_worker, world, "cpu", flags, str(mc_dir), reference["tokens"].numpy(), timeout=240)
-    ours = torch.as_tensor(results[0])
-    assert ours.shape == reference["logits"].shape
-    return (ours - reference["logits"]).abs().max().item()
+    (results, *_) = run_ranks(_layouts_worker, world, "cpu", flag_sets, str(mc_dir), reference["tokens"].numpy(),
+                              timeout=240)
+    diffs = []
+    for ours in results:
+        ours = torch.as_tensor(ours)
+        assert ours.shape == reference["logits"].shape
+        diffs.append((ours - reference["logits"]).abs().max().item())
+    return diffs
 
 
 def test_converted_flags_name_every_feature(converted):
@@ -65,25 +81,23 @@ def test_converted_flags_name_every_feature(converted):
 def test_logits_match_hf_one_rank_and_partial_rotary_matters(converted, run_ranks, monkeypatch):
     monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
     flags = model_flags(converted[1])
-    diff = _max_diff(run_ranks, flags, 1, converted)
-    print(f"\nglm4.5 tp1: max |logit diff| vs HF = {diff:.3e}")
+    full = list(flags)
+    full[full.index("--rotary-percent") + 1] = "1.0"
+    diff, full_diff = _max_diffs(run_ranks, [flags, full], 1, converted)
+    print(f"\nglm4.5 tp1: max |logit diff| vs HF = {diff:.3e}; with full rotary {full_diff:.3e}")
     assert diff <= MAX_ABS
-    flags[flags.index("--rotary-percent") + 1] = "1.0"
-    full = _max_diff(run_ranks, flags, 1, converted)
-    print(f"glm4.5 tp1 with full rotary: max |logit diff| vs HF = {full:.3e}")
-    assert full > 10 * MAX_ABS
+    assert full_diff > 10 * MAX_ABS
 
 
-@pytest.mark.parametrize("layout", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-                                    ["--expert-model-parallel-size", "2"]], ids=["tp2-sp", "ep2"])
-def test_logits_match_hf_two_ranks(converted, run_ranks, monkeypatch, layout):
-    """TP2 with sequence parallelism (sharded q/k/v biases, q/k norms, partial rotary per head), and the experts
-    on EP2 (expert bias and groups over the expert-parallel ranks); one layout per spawn (this configuration
-    checks EP x TP against the world size without expert TP, so TP2 x EP2 needs four ranks)."""
+def test_logits_match_hf_tp2_sp_and_ep2(converted, run_ranks, monkeypatch):
+    """TP2 with sequence parallelism (sharded q/k/v biases, q/k norms, partial rotary per head), then the experts
+    on EP2 (expert bias and groups over the expert-parallel ranks), in one two-rank spawn (this configuration
+    checks EP x TP against the world size without expert TP, so TP2 x EP2 together needs four ranks)."""
     monkeypatch.setenv("MTMEGATRON_TEST_START_METHOD", "spawn")
-    diff = _max_diff(run_ranks, model_flags(converted[1]) + layout, 2, converted)
-    print(f"\nglm4.5 {' '.join(layout)}: max |logit diff| vs HF = {diff:.3e}")
-    assert diff <= MAX_ABS
+    layouts = [["--tensor-model-parallel-size", "2", "--sequence-parallel"], ["--expert-model-parallel-size", "2"]]
+    diffs = _max_diffs(run_ranks, [model_flags(converted[1]) + layout for layout in layouts], 2, converted)
+    print(f"\nglm4.5 tp2+sp, ep2: max |logit diff| vs HF = {diffs[0]:.3e}, {diffs[1]:.3e}")
+    assert max(diffs) <= MAX_ABS
 
 
 def test_round_trip_is_exact(converted, tmp_path):
