@@ -240,8 +240,8 @@ def render(result: dict) -> str:
              f"{result['assumptions']}"]
     for i, top in enumerate(result["layouts"], 1):
         t = top["step_seconds"]
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in t.items() if k != "total" and v)
-        lines.append(f"{i}. {top['describe']}: step {t['total']:.2f} s ({parts}), "
+        parts = ", ".join(f"{k} {v:.3g}" for k, v in t.items() if k != "total" and v)
+        lines.append(f"{i}. {top['describe']}: step {t['total']:.3g} s ({parts}), "
                      f"{top['tokens_per_s']:,.0f} tokens/s, peak {top['peak_bytes'] / 2**30:.2f} GiB")
         lines.append(f"   {top['command']}")
     return "\n".join(lines)
