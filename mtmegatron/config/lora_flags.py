@@ -26,6 +26,9 @@ def add_lora_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapter input only (default 0)")
     g.add_argument("--lora-target-modules", nargs="+", default=list(TARGETS),
                    help=f"which linears get adapters (any of {' '.join(TARGETS)}; default all four)")
+    g.add_argument("--lora-fp32-adapters", action="store_true",
+                   help="with --bf16/--fp16: adapters and their gradients in fp32 over the half-precision base, "
+                        "as HF peft's autocast_adapter_dtype (default: the base's dtype)")
     g.add_argument("--lora-load", default=None,
                    help="adapters to continue from (a LoRA run's --save); --load names the base checkpoint")
 
@@ -43,6 +46,8 @@ def check_lora_args(args: argparse.Namespace, error: type[Exception]) -> None:
         raise error(f"--lora-target-modules: unknown module {unknown[0]!r} (choose from {', '.join(TARGETS)})")
     if not 0.0 <= args.lora_dropout < 1.0:
         raise error(f"--lora-dropout {args.lora_dropout} is not a probability below 1")
+    if args.lora_fp32_adapters and not (args.bf16 or args.fp16):
+        raise error("--lora-fp32-adapters needs --bf16 or --fp16 (in an fp32 run the adapters are fp32)")
     if args.lora_load and not args.load:
         raise error("--lora-load needs --load (the base checkpoint the adapters belong to)")
     if args.lora_load and not os.path.isdir(args.lora_load):

@@ -20,7 +20,10 @@ A is initialised as HF peft does (kaiming-uniform, a=sqrt(5)) from a generator o
 seed and the linear's global name, over the whole matrix before it is cut: every layout starts from the same
 adapters. B starts at zero, so a wrapped model computes what its base does. Dropout (``--lora-dropout``) acts on
 the adapter input only: a replicated input draws from the default generator (alike on every TP rank, as
-megatron-core's hidden dropout), a TP-sharded one from the model-parallel RNG tracker.
+megatron-core's hidden dropout), a TP-sharded one from the model-parallel RNG tracker. ``fp32``
+(``--lora-fp32-adapters``): A and B are fp32 whatever the base's dtype, kept so when Float16Module casts the model
+to bf16/fp16 (a dtype change of theirs is ignored, a device move is not), the adapter's input is cast to fp32 and
+its output to the base output's dtype.
 May assume: megatron-core 0.16's local ColumnParallelLinear / RowParallelLinear (TE layers: see wrap.py);
 parallel state initialised.
 """
@@ -72,8 +75,9 @@ class LoRA(torch.nn.Module):
     part of each of this rank's B rows (row_parts); its largest value + 1 is the number of A blocks."""
 
     def __init__(self, base: torch.nn.Module, kind: str, r: int, alpha: float, dropout: float, name: str,
-                 seed: int, gated: bool = False, parts: torch.Tensor | None = None):
+                 seed: int, gated: bool = False, parts: torch.Tensor | None = None, fp32: bool = False):
         super().__init__()
+        self.fp32 = fp32
         self.kind, self.scale, self.gated = kind, alpha / r, gated
         self.sequence_parallel, self.tp_group = base.sequence_parallel, base.tp_group
         self.dropout = torch.nn.Dropout(dropout) if dropout else torch.nn.Identity()
@@ -93,12 +97,24 @@ class LoRA(torch.nn.Module):
             b = torch.zeros(base.output_size, r)
         else:
             b = torch.zeros(weight.shape[0], r)
-        self.lora_a = torch.nn.Parameter(a.to(device=weight.device, dtype=weight.dtype).contiguous())
-        self.lora_b = torch.nn.Parameter(b.to(device=weight.device, dtype=weight.dtype))
+        dtype = torch.float32 if fp32 else weight.dtype
+        self.lora_a = torch.nn.Parameter(a.to(device=weight.device, dtype=dtype).contiguous())
+        self.lora_b = torch.nn.Parameter(b.to(device=weight.device, dtype=dtype))
         set_tensor_model_parallel_attributes(self.lora_a, kind == "row", 1, 1)
         set_tensor_model_parallel_attributes(self.lora_b, kind == "column", 0, 1)
 
+    def _apply(self, fn, recurse=True):
+        """As torch's, except that fp32 adapters ignore a change of dtype (Float16Module's ``bfloat16()``)."""
+        if not self.fp32:
+            return super()._apply(fn, recurse)
+
+        def keep_dtype(t):
+            out = fn(t)
+            return t.to(out.device) if t.is_floating_point() and out.dtype != t.dtype else out
+        return super()._apply(keep_dtype, recurse)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.lora_a.dtype)  # a no-op unless fp32 adapters see a half-precision input
         if self.kind == "column":
             if self.sequence_parallel:
                 x = mappings.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False,

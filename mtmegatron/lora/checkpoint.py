@@ -46,8 +46,8 @@ def record(lora: Lora, load: str | None, model) -> dict:
 def adopt(run, saved: dict | None, lora_load: str) -> None:
     """Give ``run`` (a writable namespace of the base's flags, for merging or generating) the adapters of
     ``lora_load``: their rank, alpha and targets from their record ``saved`` (when they have one; ``check`` refuses
-    them otherwise), no dropout."""
-    run.lora_load, run.lora_dropout = lora_load, 0.0
+    them otherwise), no dropout, adapters in the base's dtype (merging folds them into it)."""
+    run.lora_load, run.lora_dropout, run.lora_fp32_adapters = lora_load, 0.0, False
     if saved is not None:
         run.lora_r, run.lora_alpha, run.lora_target_modules = saved["r"], saved["alpha"], saved["targets"]
 

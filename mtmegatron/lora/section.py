@@ -22,3 +22,4 @@ class Lora(Section):
     lora_dropout: float             # dropout on the adapter input only
     lora_target_modules: list[str]  # megatron-core names: linear_qkv, linear_proj, linear_fc1, linear_fc2
     lora_load: str | None           # adapters to continue from (--load names the base)
+    lora_fp32_adapters: bool        # adapters in fp32 over a --bf16/--fp16 base

@@ -2,7 +2,8 @@
 
 Called on the model chunks as built (before Float16Module, megatron-core's DDP and the optimizer), so the
 frozen base gets no gradient buffer and no optimizer state: DDP and the optimizer skip parameters that need no
-gradient. Adapters take the chunk's parameter dtype (with ``--bf16`` the optimizer keeps their fp32 main copy).
+gradient. Adapters take the chunk's parameter dtype (with ``--bf16`` the optimizer keeps their fp32 main copy), or stay fp32
+with ``--lora-fp32-adapters`` (adapter.py; their checkpoint: patches/float16_optimizer_fp32_params_checkpoint.py).
 Targets, by megatron-core's names: ``linear_qkv`` / ``linear_proj`` (self-attention) and ``linear_fc1`` /
 ``linear_fc2`` (the dense MLP) of every decoder layer; each adapter is named by its global layer number, so
 every pipeline layout builds the same adapters. Fused linears (linear_qkv, SwiGLU's linear_fc1) get one A per
@@ -52,7 +53,7 @@ def wrap(chunks: list, lora: Lora, seed: int) -> list:
             gated = name.endswith("linear_fc1") and chunk.config.gated_linear_unit
             parts = row_parts(name, chunk.config, linear.weight.shape[0])
             attach(linear, LoRA(linear, _kind(linear), lora.lora_r, lora.lora_alpha, lora.lora_dropout, name,
-                                seed, gated=gated, parts=parts))
+                                seed, gated=gated, parts=parts, fp32=lora.lora_fp32_adapters))
     return chunks
 
 

@@ -5,7 +5,9 @@ and whose others are bf16 (megatron-core alone maps the fp32 one's state to the 
 (2, 3) does not match model shape (4, 3)"; with only fp32 ones trainable, "Param id 0 does not match any model
 sharded param").
 After one optimizer step, each parameter's Adam state and each bf16 parameter's fp32 main copy are saved under that
-parameter's key, and a fresh optimizer loaded from the checkpoint holds the same state and main copies."""
+parameter's key, and a fresh optimizer loaded from the checkpoint holds the same state and main copies. And the
+adapter of ``--lora-fp32-adapters`` stays fp32 when its base linear is cast to bf16 (Float16Module's ``bfloat16()``)
+and adds its fp32 path, cast to bf16, to the base's bf16 output."""
 
 from __future__ import annotations
 
@@ -96,3 +98,26 @@ def test_only_fp32_parameters_trainable_map_to_their_keys(single_rank):
     keys = {i: s["exp_avg_sq"].key for i, s in state["optimizer"]["state"].items() if isinstance(i, int)}
     assert keys == {i: f"optimizer.state.exp_avg_sq.m.{k}" for i, k in enumerate(only_fp32)}, keys
     assert state["fp32_from_fp16_params"] == [[]]
+
+
+def test_fp32_adapters_stay_fp32_over_a_bf16_base(single_rank):
+    from megatron.core import ModelParallelConfig
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    from mtmegatron.lora.adapter import LoRA, attach
+
+    config = ModelParallelConfig(use_cpu_initialization=True)
+    base = ColumnParallelLinear(8, 6, config=config, init_method=torch.nn.init.normal_, bias=False,
+                                gather_output=False)
+    attach(base, LoRA(base, "column", 4, 8.0, 0.0, "layers.0.mlp.linear_fc2", 1, fp32=True))
+    with torch.no_grad():
+        base.lora.lora_b.normal_(generator=torch.Generator().manual_seed(3))
+    a, b = base.lora.lora_a.detach().clone(), base.lora.lora_b.detach().clone()
+    base.bfloat16()
+    assert base.weight.dtype == torch.bfloat16
+    assert base.lora.lora_a.dtype == base.lora.lora_b.dtype == torch.float32
+    assert torch.equal(base.lora.lora_a, a) and torch.equal(base.lora.lora_b, b)  # not rounded through bf16
+    x = torch.randn(3, 2, 8, generator=torch.Generator().manual_seed(4)).bfloat16()
+    out, _ = base(x)
+    expected = x @ base.weight.t() + ((x.float() @ a.t() @ b.t()) * 2.0).bfloat16()
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected)

@@ -20,6 +20,8 @@ CASES = {
     "lora-load missing": (["--lora-r", "8", "--load", ".", "--lora-load", "/nonexistent/adapters"],
                           "--lora-load /nonexistent/adapters: no such directory"),
     "moe": (["--lora-r", "8", "--num-experts", "2"], "--lora-r with --num-experts: not supported yet"),
+    "fp32 adapters in an fp32 run": (["--lora-r", "8", "--lora-fp32-adapters"],
+                                     "--lora-fp32-adapters needs --bf16 or --fp16"),
 }
 
 
@@ -56,7 +58,7 @@ def test_the_lora_section_holds_the_flag_values():
     args = _args("--lora-alpha", "16", "--lora-dropout", "0.1", "--lora-target-modules", "linear_qkv", "linear_fc2")
     section = Lora.of(args)
     assert section == Lora(lora_r=8, lora_alpha=16.0, lora_dropout=0.1, lora_target_modules=["linear_qkv",
-                           "linear_fc2"], lora_load=None)
+                           "linear_fc2"], lora_load=None, lora_fp32_adapters=False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         section.lora_r = 4
 
