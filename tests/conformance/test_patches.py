@@ -98,3 +98,26 @@ def test_set_attr_refuses_a_vanished_target(monkeypatch):
     assert module.present == 2
     undo()
     assert module.present == 1
+
+
+def test_megatron_fsdp_param_gather_is_synchronous_on_gloo(monkeypatch):
+    """The cpu backend's Megatron-FSDP parameter all-gather runs with ``async_param_gather=False`` whichever way
+    the caller passes it (megatron-core's hooks pass keywords; the fifth positional slot is the same parameter)."""
+    import inspect
+
+    buffer = pytest.importorskip("megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer")
+    pipeline = buffer.AllGatherPipeline
+    assert list(inspect.signature(pipeline.all_gather_params).parameters)[:6] == [
+        "self", "params", "prefetch", "prefetch_order", "suggested_AG_prefetch_size", "async_param_gather"]
+    calls = []
+    monkeypatch.setattr(pipeline, "all_gather_params", lambda self, params, *a, **k: calls.append((params, a, k)))
+    patch = next(p for p in patches.all_patches() if p.name == "megatron_fsdp_gloo_sync_param_gather")
+    assert patch.backends == ("cpu",)
+    undo = patch.apply()
+    try:
+        pipeline.all_gather_params(None, ["p"], prefetch=True, bwd=True)
+        pipeline.all_gather_params(None, ["p"], True, "order", 7, True, False)
+    finally:
+        undo()
+    assert calls == [(["p"], (), {"prefetch": True, "bwd": True, "async_param_gather": False}),
+                     (["p"], (True, "order", 7, False, False), {})]
