@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from helpers import warm_start
+from helpers.warm_start import WarmJob
 from helpers.ports import free_port  # noqa: F401  (re-exported: tests import it from here)
 
 TINY = [
@@ -57,7 +59,8 @@ def _ranks_and_tree(proc: subprocess.Popen):
     try:
         root = psutil.Process(proc.pid)
         tree = [root] + root.children(recursive=True)
-        launcher = any(a in ("torch.distributed.run", "torchrun") or a.endswith("/torchrun") for a in root.cmdline())
+        argv = proc.args if isinstance(proc, WarmJob) else root.cmdline()  # a warm job's cmdline is its server's
+        launcher = any(a in ("torch.distributed.run", "torchrun") or a.endswith("/torchrun") for a in argv)
         return (root.children() if launcher else [root]), tree
     except psutil.Error:
         return [], []
@@ -127,8 +130,11 @@ def hang_report(what: str, timeout: float, out: str, err: str) -> str:
 
 def run_job(cmd: list[str], env: dict, timeout: float, what: str = "job") -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)``; past ``timeout`` the job is stopped with every
-    rank's stack in the AssertionError (``stop_with_stacks``)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    rank's stack in the AssertionError (``stop_with_stacks``). ``python -m`` of mtmegatron.pretrain/cli or torchrun
+    is forked from a Python that already imported torch (helpers/warm_start.py: same argv, environment, directory)."""
+    # forked from a Python that already imported torch where the job allows it (helpers/warm_start.py)
+    proc = warm_start.start(cmd, env) or subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                          text=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
