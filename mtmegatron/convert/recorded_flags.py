@@ -42,6 +42,10 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
                 flags.append(name)
         elif field == "moe_layer_freq" and isinstance(value, list):
             flags += [name, "[" + ",".join(str(v) for v in value) + "]"]
+        elif field == "window_size" and isinstance(value, list):  # --window-size L,R
+            flags += [name, ",".join(str(v) for v in value)]
+        elif field == "window_attn_skip_freq" and isinstance(value, list):
+            flags += [name, "[" + ",".join(str(v) for v in value) + "]"]
         else:
             flags += [name, str(value)]
     if saved.get("num_query_groups") is not None:

@@ -30,6 +30,9 @@ FINGERPRINT_FIELDS = (
     "moe_router_group_topk", "moe_router_topk_scaling_factor",
     # multi-token prediction
     "mtp_num_layers",
+    # gated activations beyond SwiGLU, sliding windows and attention sinks (GPT-OSS)
+    "quick_geglu", "glu_linear_offset", "activation_func_clamp_value", "window_size", "window_attn_skip_freq",
+    "softmax_type",
 )
 
 

@@ -8,7 +8,8 @@ frequencies, ``truncate: false`` as released), ``swiglu_limit`` 0.3 so the clamp
 does at init scale), sinks of scale 1 so they matter, every bias and norm non-trivial.
 ``python hf_gpt_oss.py DIR``: checkpoint + ``reference.pt`` (tokens 2 x SEQ, logits).
 ``python hf_gpt_oss.py --loss DIR BATCH MBS``: helpers/hf_models.py's loss (the same reduction as pretrain).
-``python hf_gpt_oss.py --generate DIR OUT.json PROMPT_IDS.json N``: HF greedy ``generate`` of N tokens per prompt.
+``python hf_gpt_oss.py --generate DIR OUT.json PROMPT_IDS.json N``: HF greedy ``generate`` of up to N tokens per
+prompt (cut before the first end token, id 2).
 """
 
 from __future__ import annotations
@@ -59,11 +60,12 @@ def greedy(directory: str, out: str, prompts_file: str, new_tokens: int) -> None
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").float().eval()
-    result = []
+    result, eos = [], 2  # helpers/char_tokenizer.py's </s>; the engine stops there and does not return it
     for ids in json.load(open(prompts_file)):
         with torch.no_grad():
-            result.append(model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
-                                         min_new_tokens=new_tokens)[0, len(ids):].tolist())
+            tokens = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
+                                    eos_token_id=eos, pad_token_id=eos)[0, len(ids):].tolist()
+        result.append(tokens[: tokens.index(eos)] if eos in tokens else tokens)
     json.dump(result, open(out, "w"))
 
 

@@ -46,6 +46,7 @@ _COMMON = dict(
     rotary_scaling_factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0,
     mscale_all_dim=0.0, moe_router_score_function="softmax", moe_token_dispatcher_type="alltoall",
     moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-3,
+    expert_tensor_parallel_size=1,  # megatron-core: biases in MoE experts only with expert TP 1
 )
 _REAL = dict(hidden_size=2880, ffn_hidden_size=2880, moe_ffn_hidden_size=2880, num_attention_heads=64,
              num_query_groups=8, vocab_size=201088, seq_length=4096, max_position_embeddings=131072,
