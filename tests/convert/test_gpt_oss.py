@@ -8,8 +8,8 @@ helpers/hf_parity.MAX_ABS; ``mcore-to-hf`` gives every
 tensor back bit-exactly (the stacked, interleaved experts rebuilt from the per-expert tensors) and the config
 fields that define the network; ``pretrain --load`` for two iterations: the first loss equals HF's on the same
 global batch within 1e-5 relative, and its training checkpoint converts back with no flags (the fingerprint
-names the family and the network); ``mtmegatron generate`` (static KV cache) gives HF ``generate``'s greedy tokens; HF config
-fields we cannot build are refused by name.
+names the family and the network); ``mtmegatron generate`` (static KV cache) gives HF ``generate``'s greedy
+tokens; HF config fields we cannot build are refused by name.
 """
 
 from __future__ import annotations
