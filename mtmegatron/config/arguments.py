@@ -368,8 +368,9 @@ def _check_experts(args: argparse.Namespace) -> None:
         return
     if args.num_experts % ep:
         raise ConfigError(f"--expert-model-parallel-size {ep} does not divide --num-experts {args.num_experts}")
-    if args.world_size % (ep * tp * pp):  # expert TP defaults to TP, as in megatron-core
-        raise ConfigError(f"world size {args.world_size} is not divisible by EP {ep} x expert-TP {tp} x PP {pp}")
+    etp = args.expert_tensor_parallel_size or tp  # expert TP defaults to TP, as in megatron-core
+    if args.world_size % (ep * etp * pp):
+        raise ConfigError(f"world size {args.world_size} is not divisible by EP {ep} x expert-TP {etp} x PP {pp}")
     if args.moe_router_topk > args.num_experts:
         raise ConfigError(f"--moe-router-topk {args.moe_router_topk} exceeds --num-experts {args.num_experts}")
 

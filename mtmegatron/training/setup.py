@@ -48,6 +48,7 @@ def init_distributed(args, backend) -> None:
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size,
         expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,  # None: megatron-core's default, TP
         distributed_timeout_minutes=args.distributed_timeout_minutes,
         order=parallel_order(args),  # --use-tp-pp-dp-mapping
         num_distributed_optimizer_instances=args.num_distributed_optimizer_instances,  # HSDP / partial dist. opt.
