@@ -10,7 +10,8 @@ the process ``python -m MODULE ARGS`` would be right after its first ``import to
 - Python's string-hash seed is the server's, not one per job: two servers take turns, so two jobs in a row (the
   two runs a test compares) still run under different seeds, as two fresh Pythons do.
 Which jobs: only ``[sys.executable, "-m", M, ...]`` with M in MODULES (their first import that reads the environment
-is torch, see warm_server.py), and only under the environment a server started with (a job with another
+is torch, see warm_server.py; torchrun only when it launches mtmegatron.pretrain: a test that looks for a job's
+processes by a script's name in their command lines still finds them all), and only under the environment a server started with (a job with another
 environment, e.g. another PYTHONPATH or a leaked NVTE_* variable, gets a server of its own; PYTEST_CURRENT_TEST,
 which pytest changes per test, and the project's MTMEGATRON_* variables, which only the project's code reads, are not
 compared: the job gets them all). ``MTMEGATRON_TEST_WARM_START=0`` turns it off (every job a fresh
@@ -166,6 +167,8 @@ def start(cmd: list[str], env: dict) -> WarmJob | None:
     if os.environ.get(SWITCH, "1") == "0" or env.get(SWITCH, "1") == "0":
         return None
     if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m" or cmd[2] not in MODULES:
+        return None
+    if cmd[2] in LAUNCHERS and "mtmegatron.pretrain" not in cmd:  # a launcher of anything else stays as it was
         return None
     server = _server_for(env)
     return WarmJob(cmd, env, server) if server is not None else None
