@@ -15,6 +15,7 @@ from mtmegatron.models.families import ConversionError
 from mtmegatron.models.families.deepseek_v3.flags import _ZERO_IS_NONE
 
 _DERIVED = {"padded_vocab_size"}  # given as --padded-vocab-size at the end (the rows the checkpoint holds)
+_FLAG_OF = {"layernorm_zero_centered_gamma": "--apply-layernorm-1p"}  # fields whose flag is not their dest's name
 
 
 def family_of_fingerprint(saved: dict) -> str:
@@ -34,7 +35,7 @@ def flags_from_fingerprint(saved: dict) -> list[str]:
             if field in _ZERO_IS_NONE:
                 flags += ["--" + field.replace("_", "-"), "0"]
             continue
-        name = "--" + field.replace("_", "-")
+        name = _FLAG_OF.get(field, "--" + field.replace("_", "-"))
         if field == "untie_embeddings_and_output_weights":
             flags.append(name if value else "--no-untie-embeddings-and-output-weights")
         elif isinstance(value, bool):

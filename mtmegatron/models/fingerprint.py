@@ -33,6 +33,10 @@ FINGERPRINT_FIELDS = (
     # gated activations beyond SwiGLU, sliding windows and attention sinks (GPT-OSS)
     "quick_geglu", "glu_linear_offset", "activation_func_clamp_value", "window_size", "window_attn_skip_freq",
     "softmax_type",
+    # partial rotary (GLM-4.5), (1 + w) norms, Gemma 3's local RoPE base, its softmax scale and the global RoPE's
+    # linear scaling
+    "rotary_percent", "layernorm_zero_centered_gamma", "rotary_base_local", "query_pre_attn_scalar",
+    "rotary_seq_len_interpolation_factor",
 )
 
 

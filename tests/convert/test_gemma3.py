@@ -126,9 +126,18 @@ def test_pretrain_load_first_loss_equals_hf(converted, tmp_path):
                           capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     hf_loss = torch.load(batch_file)["hf_loss"]
-    _, rows = run_pretrain(1, flags, tmp_path / "run")
+    trained = tmp_path / "trained"
+    _, rows = run_pretrain(1, flags + ["--save", str(trained)], tmp_path / "run")
     losses = [r["loss"] for r in rows]
     assert len(losses) == 2, rows
+    # no flags: the training checkpoint's fingerprint names the family and the network (not Qwen3, whose q/k norms
+    # it shares): local RoPE base, softmax scale, (1 + w) norms and the global RoPE's linear factor come back
+    run_cli("convert", "mcore-to-hf", "--load", str(trained), "--out", str(tmp_path / "hf-auto"))
+    config = json.loads((tmp_path / "hf-auto" / "config.json").read_text())
+    reference = json.loads((hf_dir / "config.json").read_text())
+    for key in ("model_type", "query_pre_attn_scalar", "sliding_window", "layer_types", "rope_parameters",
+                "hidden_activation"):
+        assert config.get(key) == reference[key], key
     print(f"\ngemma3: first-iteration loss {losses[0]:.7f} vs HF {hf_loss:.7f} (relative "
           f"{abs(losses[0] - hf_loss) / hf_loss:.2e}); second {losses[1]:.7f}")
     assert abs(losses[0] - hf_loss) <= 1e-5 * hf_loss

@@ -41,7 +41,7 @@ FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (llama3, qwen2_5
                                                                  llava, qwen2_vl, qwen2_5_vl, deepseek_v3, glm4_moe,
                                                                  gpt_oss, gemma3, gpt)}
 DEMO = ("llama3", "tiny")
-_BY_FINGERPRINT = ("deepseek-v3", "glm4.5", "gpt-oss", "qwen3-moe", "mixtral", "qwen2.5", "qwen3", "llama3")
+_BY_FINGERPRINT = ("gemma3", "deepseek-v3", "glm4.5", "gpt-oss", "qwen3-moe", "mixtral", "qwen2.5", "qwen3", "llama3")
 
 
 def get(name: str) -> Family:
