@@ -173,7 +173,10 @@ class _Sources:
             rows = self.shapes[local][0]
             if any(local.endswith(v) for v in _VOCAB_ROWS) and tensor.shape[0] < rows:  # models/vocab.py padding
                 tensor = torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
-            self._name, self._tensor = local, tensor.contiguous()
+            tensor = tensor.contiguous()
+            if tensor.storage_offset():  # a view into a larger tensor (one expert of a stacked HF tensor):
+                tensor = tensor.clone()  # chunk() cuts by absolute storage offsets, which must start at 0
+            self._name, self._tensor = local, tensor
         return self._tensor
 
     def _whole_input(self, c: Chunk) -> str | None:

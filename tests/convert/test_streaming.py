@@ -242,3 +242,19 @@ def test_killed_mcore_to_hf_leaves_nothing_finished(synthetic, tmp_path):
     _kill_converter_and_its_stopped_workers_die(proc)
     assert not out.exists() and not list(tmp_path.rglob(MARKER))
     assert list(tmp_path.glob("out.partial.*"))  # the debris is only under the temporary name
+
+
+def test_a_transform_returning_a_view_into_a_stacked_tensor_streams_its_own_rows():
+    """A map transform may return ``stacked[e]`` (a view at a non-zero storage offset, as one expert of HF's
+    stacked experts is); every chunk of it is that view's rows, not the stacked tensor's first rows."""
+    from mtmegatron.convert.streaming import Chunk, _Sources
+
+    stacked = torch.arange(24.0).reshape(3, 4, 2)
+    sources = object.__new__(_Sources)
+    sources.hf, sources.dtype, sources._name, sources._tensor = {"experts": stacked}, None, None, None
+    sources.sources = {"expert2": (["experts"], lambda t: t[2])}
+    sources.shapes = {"expert2": (4, 2)}
+    sources._whole_input = lambda c: None
+    second_half = Chunk(key="k", global_shape=(4, 2), offset=(2, 0), local="expert2", storage_offset=4, shape=(2, 2),
+                        stride=(2, 1), prepend=0)
+    assert torch.equal(sources.chunk(second_half), stacked[2, 2:])
