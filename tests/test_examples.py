@@ -21,6 +21,8 @@ LAUNCHERS = [
     "examples/mixtral/dist_run_pretrain_megatron_mixtral_musa.sh",
     "examples/mixtral/dist_run_pretrain_megatron_mixtral_cuda.sh",
     "examples/deepseekv3/dist_run_pretrain_megatron_deepseekv3_musa.sh",
+    "examples/gemma3/dist_run_pretrain_megatron_gemma3_musa.sh",
+    "examples/gpt_oss/dist_run_pretrain_megatron_gpt_oss_musa.sh",
 ]
 ITERS = 6
 
