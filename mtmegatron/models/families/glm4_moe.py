@@ -28,6 +28,7 @@ import sys
 
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import ConversionError, Entry, Family
+from mtmegatron.models.families.shared.mtp import mtp_map
 
 _COMMON = dict(
     gpt.LLAMA_COMMON, rotary_base=1000000, rotary_percent=0.5, add_qkv_bias=True,
@@ -144,16 +145,8 @@ def hf_config(args, **_) -> dict:
 
 def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
     """gpt.decoder_map (GQA with q/k/v biases, q/k norms, shared expert, router + expert bias) and the MTP extras
-    of DeepSeek-V3's layout."""
-    out = gpt.decoder_map(args)
-    head = "output_layer.weight" if args.untie_embeddings_and_output_weights else "embedding.word_embeddings.weight"
-    for k in range(args.mtp_num_layers or 0):
-        hp = f"model.layers.{args.num_layers + k}."
-        out += [gpt.same(f"mtp.layers.{k}.{m}.weight", f"{hp}{h}.weight") for m, h in
-                (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("final_layernorm", "shared_head.norm"))]
-        out += [Entry(m, (hp + h,), None, lambda t: (t.clone(),)) for m, h in
-                (("embedding.word_embeddings.weight", "embed_tokens.weight"), (head, "shared_head.head.weight"))]
-    return out
+    (families/shared/mtp.py, DeepSeek-V3's layout)."""
+    return gpt.decoder_map(args) + mtp_map(args)
 
 
 FAMILY = Family(name="glm4.5", presets=PRESETS, hf_model_type="glm4_moe", hf_architecture="Glm4MoeForCausalLM",

@@ -21,6 +21,7 @@ import torch
 
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import Entry, Family
+from mtmegatron.models.families.shared.mtp import mtp_map
 
 _COMMON = dict(
     normalization="RMSNorm", layernorm_epsilon=1e-6, swiglu=True, position_embedding_type="rope",
@@ -157,15 +158,7 @@ def _mla(rope_interleave: bool):
 
 
 def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
-    out = gpt.decoder_map(args, attention=_mla(rope_interleave))
-    head = "output_layer.weight" if args.untie_embeddings_and_output_weights else "embedding.word_embeddings.weight"
-    for k in range(args.mtp_num_layers or 0):
-        hp = f"model.layers.{args.num_layers + k}."
-        out += [gpt.same(f"mtp.layers.{k}.{m}.weight", f"{hp}{h}.weight") for m, h in
-                (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("final_layernorm", "shared_head.norm"))]
-        out += [Entry(m, (hp + h,), None, lambda t: (t.clone(),)) for m, h in
-                (("embedding.word_embeddings.weight", "embed_tokens.weight"), (head, "shared_head.head.weight"))]
-    return out
+    return gpt.decoder_map(args, attention=_mla(rope_interleave)) + mtp_map(args)
 
 
 FAMILY = Family(name="deepseek-v3", presets=PRESETS, hf_model_type="deepseek_v3",
