@@ -71,8 +71,8 @@ def save_reference(directory: Path, tokenizer_dir: Path, env: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--loss":
-        sys.path.insert(0, str(HERE.parent))
-        from hf_models import hf_loss
+        sys.path.insert(0, str(HERE.parents[1]))  # tests/: the helpers package, as the other HF helpers import it
+        from helpers.hf_models import hf_loss
 
         hf_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
