@@ -29,6 +29,7 @@ import sys
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import ConversionError, Entry, Family
 from mtmegatron.models.families.shared.mtp import mtp_map
+from mtmegatron.models.families.shared.router import group_limited_flags
 
 _COMMON = dict(
     gpt.LLAMA_COMMON, rotary_base=1000000, rotary_percent=0.5, add_qkv_bias=True,
@@ -78,7 +79,6 @@ def flags_from_hf(config: dict, with_mtp: bool = True, names=None, source: str |
             f"config.json field scoring_func = {config.get('scoring_func')!r}: only the sigmoid router is "
             f"supported; not converted")
     topk = config["num_experts_per_tok"]
-    groups, group_topk = config.get("n_group") or 1, config.get("topk_group") or 1
     require(config.get("norm_topk_prob", True) or topk == 1,
             "config.json field norm_topk_prob = false: megatron's sigmoid router always normalises the top-k "
             "weights; not converted")
@@ -101,13 +101,7 @@ def flags_from_hf(config: dict, with_mtp: bool = True, names=None, source: str |
     ]
     if config.get("use_qk_norm", False):
         flags.append("--qk-layernorm")
-    if groups == 1:
-        flags += ["--moe-router-num-groups", "0", "--moe-router-group-topk", "0"]
-    else:
-        require(topk % group_topk == 0 and topk // group_topk == 2,
-                f"config.json fields n_group/topk_group = {groups}/{group_topk}: HF scores a group by its top-2 "
-                f"experts, megatron by its top num_experts_per_tok/topk_group = {topk}/{group_topk}; these differ")
-        flags += ["--moe-router-num-groups", str(groups), "--moe-router-group-topk", str(group_topk)]
+    flags += group_limited_flags(config)
     return flags + ["--mtp-num-layers", str(config.get("num_nextn_predict_layers") or 0 if with_mtp else 0)]
 
 

@@ -22,6 +22,7 @@ import torch
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import Entry, Family
 from mtmegatron.models.families.shared.mtp import mtp_map
+from mtmegatron.models.families.shared.router import group_limited_flags
 
 _COMMON = dict(
     normalization="RMSNorm", layernorm_epsilon=1e-6, swiglu=True, position_embedding_type="rope",
@@ -64,7 +65,7 @@ def flags_from_hf(config: dict, with_mtp: bool = True, names=None, source: str |
             print(f"mtmegatron convert: {source} has no MTP layer weights; converting without MTP", file=sys.stderr)
     require = gpt.require
     require(config.get("scoring_func", "sigmoid") == "sigmoid", "only the sigmoid router (scoring_func) is supported")
-    topk, groups, group_topk = config["num_experts_per_tok"], config.get("n_group") or 1, config.get("topk_group") or 1
+    topk = config["num_experts_per_tok"]
     require(config.get("norm_topk_prob", True) or topk == 1,
             "norm_topk_prob false: megatron's sigmoid router always normalises the top-k weights")
     layers, first_dense = config["num_hidden_layers"], config.get("first_k_dense_replace", 0)
@@ -80,13 +81,7 @@ def flags_from_hf(config: dict, with_mtp: bool = True, names=None, source: str |
     # every size explicit (0 = off) so no preset value leaks into the converted network
     flags += ["--q-lora-rank", str(config.get("q_lora_rank") or 0), "--moe-shared-expert-intermediate-size",
               str((config.get("n_shared_experts") or 0) * config["moe_intermediate_size"])]
-    if groups == 1:
-        flags += ["--moe-router-num-groups", "0", "--moe-router-group-topk", "0"]
-    else:
-        require(topk % group_topk == 0 and topk // group_topk == 2,
-                f"group-limited routing: HF scores a group by its top-2 experts, megatron by its top "
-                f"num_experts_per_tok/topk_group = {topk}/{group_topk}; these differ")
-        flags += ["--moe-router-num-groups", str(groups), "--moe-router-group-topk", str(group_topk)]
+    flags += group_limited_flags(config)
     theta, scaling = gpt.rope(config)
     flags += gpt.rotary_base_flags(theta)
     if scaling is None:  # megatron's MLA takes its softmax scale from the YaRN fields even for plain RoPE
