@@ -11,6 +11,7 @@ May assume: launched by torchrun (or as a single plain process).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import sys
 import warnings
@@ -68,11 +69,13 @@ def prepare(argv):
     data = task.prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
     from mtmegatron.training.run_plan import plan_run
 
-    args.run_plan = plan_run(args)  # what this run will do, printed by run()
+    run_plan = plan_run(args)  # what this run will do, printed by run()
     if int(os.environ.get("RANK", "0")) == 0:  # the planner's peak for rank 0 (plan/footprint.py), printed by run()
         from mtmegatron.plan.footprint import footprint_line
 
-        args.predicted_footprint = footprint_line(args)
+        # one more start-up line, not a value of args: args is the checkpoint's common state, equal on every rank
+        run_plan = dataclasses.replace(run_plan, lines=(*run_plan.lines, footprint_line(args)))
+    args.run_plan = run_plan
     return cfg.resolved(args), backend, task, data
 
 
@@ -102,8 +105,6 @@ def run(args, backend, task, data=None) -> int:
                    if args.rampup_batch_size else ""))
     for line in args.run_plan.lines:
         print_rank0(rank, line)
-    if getattr(args, "predicted_footprint", None):
-        print_rank0(rank, args.predicted_footprint)
 
     state = RunState()
     if args.moe_use_upcycling:  # Megatron-LM: the dense --load becomes this MoE model, saved at 1; training from 0

@@ -13,7 +13,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     args = TINY + TP2
     args = args + ["--train-iters", "6"]
     _, full = run_pretrain(2, args, tmp_path / "full")
-    run_pretrain(2, args + ["--exit-interval", "3", "--save", str(tmp_path / "ckpt")], tmp_path / "first")
+    saving, _ = run_pretrain(2, args + ["--exit-interval", "3", "--save", str(tmp_path / "ckpt")], tmp_path / "first")
+    # the common state (Megatron-LM's args among it) is rank 0's alone on disk: every rank must hold the same
+    assert "common state dict differs" not in saving.stdout + saving.stderr
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "3"
     assert not list((tmp_path / "ckpt").glob("*.partial"))
     # the resumed run continues the 6-iteration schedule from iteration 4
