@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 
 import torch
 from megatron.core import parallel_state as ps
@@ -98,6 +99,7 @@ def rank_position(layout: Layout, pp_rank: int):
     values = {**_groups(layout, pp_rank), **_mpu(layout, pp_rank)}
     saved = {name: getattr(ps, name) for name in values}
     started = not torch.distributed.is_initialized()
+    hook = sys.excepthook  # init_process_group wraps it in a "[rank0]: " prefixer, one more layer per call
     if started:
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     try:
@@ -109,3 +111,4 @@ def rank_position(layout: Layout, pp_rank: int):
             setattr(ps, name, value)
         if started:
             torch.distributed.destroy_process_group()
+            sys.excepthook = hook

@@ -4,6 +4,8 @@ stages add up to the single-rank model. In-process, CPU backend activated by the
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from plan_models import LLAMA3_8B, MIXTRAL
@@ -43,6 +45,7 @@ def test_llama3_8b_rows(llama3_8b):
 
 def test_layout_stages_add_up_to_the_single_rank_model(tmp_path):
     log = ["--log-dir", str(tmp_path)]
+    hook = sys.excepthook
     single = plan(["--world-size", "1", *MIXTRAL, *log])
     split = plan(["--world-size", "8", *MIXTRAL, *log, "--tensor-model-parallel-size", "2",
                   "--pipeline-model-parallel-size", "2", "--expert-model-parallel-size", "2", "--sequence-parallel"])
@@ -50,6 +53,8 @@ def test_layout_stages_add_up_to_the_single_rank_model(tmp_path):
     assert len(split["ranks"]) == 2 and single["ranks"][0]["params"] == single["params_total"]
     pp_only = plan(["--world-size", "2", *MIXTRAL, *log, "--pipeline-model-parallel-size", "2"])
     assert sum(r["params"] for r in pp_only["ranks"]) == single["params_total"]  # untied: no parameter twice
+    # each call's process group is gone with its "[rank0]: " traceback prefixer (torch wraps sys.excepthook)
+    assert sys.excepthook is hook
 
 
 def test_mla_mtp_moe_stages_add_up(tmp_path):
