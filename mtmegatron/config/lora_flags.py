@@ -1,5 +1,7 @@
 """LoRA's flags, with MindSpeed-LLM's Megatron-style names so its scripts carry over, and their rules.
 
+``--lora-target-modules`` takes megatron-core's linear names, as Megatron-Bridge's peft: ``linear_fc1`` /
+``linear_fc2`` are every MLP's (dense, MoE experts, shared experts), MLA models name their five projections.
 ``--lora-r N`` turns LoRA on (MindSpeed-LLM turns it on with ``--lora-target-modules`` and defaults the rank to
 16; here the rank is the switch and the targets default to the four dense linears). ``--lora-alpha`` defaults
 to MindSpeed-LLM's 32 (the scale is alpha / r, as HF peft), ``--lora-dropout`` to 0.0 (dropout on the adapter
@@ -14,7 +16,9 @@ import os
 
 from mtmegatron.models import families
 
-TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+DENSE = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+MLA = ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
+TARGETS = DENSE + MLA
 
 
 def add_lora_args(p: argparse.ArgumentParser) -> None:
@@ -24,8 +28,9 @@ def add_lora_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=float, default=32.0,
                    help="adapter scale alpha / r (default 32, as MindSpeed-LLM)")
     g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapter input only (default 0)")
-    g.add_argument("--lora-target-modules", nargs="+", default=list(TARGETS),
-                   help=f"which linears get adapters (any of {' '.join(TARGETS)}; default all four)")
+    g.add_argument("--lora-target-modules", nargs="+", default=list(DENSE),
+                   help=f"which linears get adapters (any of {' '.join(TARGETS)}; linear_fc1/linear_fc2 include "
+                        f"MoE experts and shared experts; default {' '.join(DENSE)})")
     g.add_argument("--lora-fp32-adapters", action="store_true",
                    help="with --bf16/--fp16: adapters and their gradients in fp32 over the half-precision base, "
                         "as HF peft's autocast_adapter_dtype (default: the base's dtype)")
@@ -52,8 +57,8 @@ def check_lora_args(args: argparse.Namespace, error: type[Exception]) -> None:
         raise error("--lora-load needs --load (the base checkpoint the adapters belong to)")
     if args.lora_load and not os.path.isdir(args.lora_load):
         raise error(f"--lora-load {args.lora_load}: no such directory")
-    for flag, value in (("--num-experts", args.num_experts), ("--multi-latent-attention", args.multi_latent_attention),
-                        ("--fp8-format", args.fp8_format), ("--use-megatron-fsdp", args.use_megatron_fsdp),
+    _check_targets(args, error)
+    for flag, value in (("--fp8-format", args.fp8_format), ("--use-megatron-fsdp", args.use_megatron_fsdp),
                         ("--use-torch-fsdp2", args.use_torch_fsdp2)):
         if value:
             raise error(f"--lora-r with {flag}: not supported yet (docs/lora.md)")
@@ -62,3 +67,29 @@ def check_lora_args(args: argparse.Namespace, error: type[Exception]) -> None:
                     "mtmegatron (docs/lora.md)")
     if families.of(args).is_multimodal:
         raise error(f"--lora-r with --model {args.model}: not supported yet (docs/lora.md)")
+
+
+def _check_targets(args: argparse.Namespace, error: type[Exception]) -> None:
+    """Targets the model has (an MLA model's default: its five-or-four projections, linear_proj, linear_fc1,
+    linear_fc2, set here): MLA's projections only with --multi-latent-attention (which has no linear_qkv);
+    experts (linear_fc1/linear_fc2 of a MoE model) only at expert TP 1 (lora/adapter.py, lora/grouped.py)."""
+    has = ("linear_q_down_proj", "linear_q_up_proj") if args.q_lora_rank else ("linear_q_proj",)
+    if args.multi_latent_attention and "lora_target_modules" not in args.given_flags:  # the default, MLA's way
+        args.lora_target_modules = [*has, "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj", "linear_fc1",
+                                    "linear_fc2"]
+    targets = args.lora_target_modules
+    if args.multi_latent_attention and "linear_qkv" in targets:
+        raise error("--lora-target-modules linear_qkv: a --multi-latent-attention model has no linear_qkv (its "
+                    f"projections: {' '.join(MLA)})")
+    mla = [t for t in targets if t in MLA]
+    if mla and not args.multi_latent_attention:
+        raise error(f"--lora-target-modules {mla[0]}: an MLA projection, and this model has no "
+                    "--multi-latent-attention")
+    absent = [t for t in mla if t.startswith("linear_q_") and t not in has]
+    if absent:
+        raise error(f"--lora-target-modules {absent[0]}: this MLA model (--q-lora-rank "
+                    f"{args.q_lora_rank or 'none'}) has {' and '.join(has)} instead")
+    etp = args.expert_tensor_parallel_size or args.tensor_model_parallel_size
+    if args.num_experts and etp > 1 and {"linear_fc1", "linear_fc2"} & set(targets):
+        raise error(f"--lora-r on MoE experts with expert tensor parallelism {etp}: expert adapters need "
+                    "--expert-tensor-parallel-size 1")

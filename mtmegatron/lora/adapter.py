@@ -24,6 +24,9 @@ megatron-core's hidden dropout), a TP-sharded one from the model-parallel RNG tr
 (``--lora-fp32-adapters``): A and B are fp32 whatever the base's dtype, kept so when Float16Module casts the model
 to bf16/fp16 (a dtype change of theirs is ignored, a device move is not), the adapter's input is cast to fp32 and
 its output to the base output's dtype.
+An expert's linear (SequentialMLP's ``local_experts.<e>``, ``is_expert``) is served the same way at expert TP 1
+(config/lora_flags.py refuses more): no sequence-parallel gather (the token dispatcher feeds it), its adapters
+reduced over the expert-data-parallel group as its weight (``allreduce``). Grouped-GEMM experts: grouped.py.
 May assume: megatron-core 0.16's local ColumnParallelLinear / RowParallelLinear (TE layers: see wrap.py);
 parallel state initialised.
 """
@@ -34,7 +37,7 @@ import math
 import zlib
 
 import torch
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import tensor_parallel
 from megatron.core.tensor_parallel import mappings
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
@@ -56,12 +59,13 @@ def row_parts(name: str, config, rows: int) -> torch.Tensor:
 
 
 def fused_delta(a: torch.Tensor, b: torch.Tensor, parts: torch.Tensor, scale: float) -> torch.Tensor:
-    """``scale * B @ A`` with each row of B taking its own part's rows of A (``parts``: row_parts)."""
-    r = b.shape[1]
-    delta = torch.zeros(b.shape[0], a.shape[1], dtype=a.dtype, device=a.device)
-    for p in range(a.shape[0] // r):
+    """``scale * B @ A`` with each row of B taking its own part's rows of A (``parts``: row_parts); leading
+    dimensions (experts: A [E, P r, in], B [E, out, r]) are batched."""
+    r = b.shape[-1]
+    delta = torch.zeros(*b.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)
+    for p in range(a.shape[-2] // r):
         rows = parts.to(b.device) == p
-        delta[rows] = b[rows] @ a[p * r:(p + 1) * r]
+        delta[..., rows, :] = b[..., rows, :] @ a[..., p * r:(p + 1) * r, :]
     return delta * scale
 
 
@@ -79,10 +83,10 @@ class LoRA(torch.nn.Module):
         super().__init__()
         self.fp32 = fp32
         self.kind, self.scale, self.gated = kind, alpha / r, gated
-        self.sequence_parallel, self.tp_group = base.sequence_parallel, base.tp_group
+        expert = getattr(base, "is_expert", False)  # the dispatcher moves an expert's tokens (expert TP 1: config)
+        self.sequence_parallel, self.tp_group = base.sequence_parallel and not expert, base.tp_group
         self.dropout = torch.nn.Dropout(dropout) if dropout else torch.nn.Identity()
-        tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
-                    parallel_state.get_tensor_model_parallel_rank())
+        tp, rank = torch.distributed.get_world_size(base.tp_group), torch.distributed.get_rank(base.tp_group)
         weight = base.weight
         parts = torch.zeros(weight.shape[0], dtype=torch.long) if parts is None or kind == "row" else parts
         self.n_parts, self.r = int(parts.max()) + 1, r
@@ -102,6 +106,8 @@ class LoRA(torch.nn.Module):
         self.lora_b = torch.nn.Parameter(b.to(device=weight.device, dtype=dtype))
         set_tensor_model_parallel_attributes(self.lora_a, kind == "row", 1, 1)
         set_tensor_model_parallel_attributes(self.lora_b, kind == "column", 0, 1)
+        for param in (self.lora_a, self.lora_b):  # an expert's (under EP): reduced over expert-DP, as its weight
+            param.allreduce = getattr(weight, "allreduce", True)
 
     def _apply(self, fn, recurse=True):
         """As torch's, except that fp32 adapters ignore a change of dtype (Float16Module's ``bfloat16()``)."""

@@ -4,7 +4,7 @@ of 1,012,480 parameters (3.24%) | base frozen: no gradient buffer, no optimizer 
 checks them).
 
 Counts: a TP-sharded parameter counts its shard on each TP rank, a TP-replicated one (a column adapter's A, the
-norms) once per TP group; stages add up over PP (a tied output head counted on both ends, as its storage is).
+norms) once per TP group, an expert's (under EP) once per expert shard; stages add up over PP (a tied output head counted on both ends, as its storage is).
 May assume: called on every rank of the model-parallel group after ``wrap`` (a collective over that group), on
 chunks whose parameters live on the device the group communicates on.
 """
@@ -18,20 +18,25 @@ from mtmegatron.lora.section import Lora
 
 
 def counts(chunks) -> tuple[float, float]:
-    """(trainable, all) parameters of the whole model, summed over the model-parallel group."""
+    """(trainable, all) parameters of the whole model: dense ones summed over the model-parallel group, an
+    expert's (``allreduce`` False: sharded over EP) over the expert tensor x model x pipeline group."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    totals = [0.0, 0.0]
+    etp = parallel_state.get_expert_tensor_parallel_world_size()
+    totals = [0.0, 0.0, 0.0, 0.0]  # dense trainable, dense all, expert trainable, expert all
     device = None
     for chunk in chunks:
         for p in chunk.parameters():
             device = p.device if device is None else device
-            share = p.numel() if getattr(p, "tensor_model_parallel", False) else p.numel() / tp
-            totals[1] += share
+            expert = not getattr(p, "allreduce", True)
+            share = p.numel() if getattr(p, "tensor_model_parallel", False) else p.numel() / (etp if expert else tp)
+            totals[2 * expert + 1] += share
             if p.requires_grad:
-                totals[0] += share
+                totals[2 * expert] += share
     summed = torch.tensor(totals, dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(summed, group=parallel_state.get_model_parallel_group())
-    return round(summed[0].item()), round(summed[1].item())
+    dense, expert = summed[:2].clone(), summed[2:].clone()
+    torch.distributed.all_reduce(dense, group=parallel_state.get_model_parallel_group())
+    torch.distributed.all_reduce(expert, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group())
+    return round((dense[0] + expert[0]).item()), round((dense[1] + expert[1]).item())
 
 
 def line(chunks, lora: Lora) -> str:
