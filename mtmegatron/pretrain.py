@@ -86,6 +86,7 @@ def run(args, backend, task, data=None) -> int:
     from mtmegatron.training.checkpoint import checkpointing
     from mtmegatron.utils import checkpoint_dirs
     from mtmegatron.data.position import SamplePlan
+    from mtmegatron.data.section import Batches
     from mtmegatron.training.loop import RunState, train
     from mtmegatron.utils.metrics import MetricsWriter, print_rank0
     from mtmegatron.training.setup import build, count_parameters, init_distributed
@@ -126,7 +127,7 @@ def run(args, backend, task, data=None) -> int:
 
     gbs = args.global_batch_size
     # the data position is the consumed-sample count (training/data.py); --train-samples counts from it too
-    plan = SamplePlan(args, state.start, state.train_state["consumed_train_samples"])
+    plan = SamplePlan(Batches.of(args), args.data_parallel_size, state.start, state.train_state["consumed_train_samples"])
     train_end = args.train_iters if args.train_samples is None else plan.last_iteration_within(args.train_samples)
     num_samples = plan.end_of(max(train_end, state.start)) + gbs
     dataset, valid = task.datasets(args, rank, plan, num_samples, data)  # and their start-up lines

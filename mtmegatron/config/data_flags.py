@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 
+from mtmegatron.data.section import Splits
 from mtmegatron.data.splits import get_blend, per_split_paths
 from mtmegatron.models import families
 
@@ -46,7 +47,7 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_data_args(args: argparse.Namespace, error) -> None:
-    per_split = per_split_paths(args)
+    per_split = per_split_paths(Splits.of(args))
     if args.mock_data + bool(args.data_path) + bool(per_split) > 1:
         raise error("--mock-data, --data-path and --train/valid/test-data-path are mutually exclusive: give one "
                     "data source")

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import argparse
 
-from mtmegatron.data.position import SamplePlan, add_rejected_iterations
+from mtmegatron.data.position import SamplePlan, rejected_iterations
+from mtmegatron.data.section import Batches
 from mtmegatron.training.schedule_steps import scheduler_steps
 from mtmegatron.utils.errors import ConfigError
 
@@ -72,7 +73,8 @@ def _check_mode(args: argparse.Namespace) -> None:
         if args.train_samples < 0:
             raise ConfigError("--train-samples must be >= 0")
         _check_rampup(args)
-        args.train_iters = (SamplePlan(args).last_iteration_within(args.train_samples) if args.rampup_batch_size
+        plan = SamplePlan(Batches.of(args), args.data_parallel_size)
+        args.train_iters = (plan.last_iteration_within(args.train_samples) if args.rampup_batch_size
                             else args.train_samples // args.global_batch_size)
         return
     if args.train_iters is None:
@@ -123,7 +125,9 @@ def check_schedule_args(args: argparse.Namespace) -> None:
     if args.global_batch_size is None:  # Megatron-LM's default: one micro-batch per data-parallel rank
         args.global_batch_size = args.micro_batch_size * args.data_parallel_size
     _check_mode(args)
-    add_rejected_iterations(args)  # --result-rejected-tracker-filename extends --iterations-to-skip (Megatron-LM)
+    if args.result_rejected_tracker_filename is not None:  # extends --iterations-to-skip (Megatron-LM)
+        args.iterations_to_skip = (list(args.iterations_to_skip or [])
+                                   + rejected_iterations(args.result_rejected_tracker_filename))
     if args.lr_warmup_fraction is not None:
         if args.lr_warmup_iters or args.lr_warmup_samples:
             raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples are mutually exclusive")

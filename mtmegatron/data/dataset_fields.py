@@ -2,13 +2,15 @@
 ``pretrain_gpt.core_gpt_dataset_config_from_args`` fills them: ``--num-dataset-builder-threads``,
 ``--mid-level-dataset-surplus``, ``--allow-ambiguous-pad-tokens``, ``--dataloader-fast-cache-load``,
 ``--dataloader-defer-npy-index-mmap`` and ``--per-dataset-sequences-path`` (a JSON file read here).
+``dataset_config_fields`` takes data/section.py's ``DatasetBuilder`` (those flags), built by its caller.
 May assume: the flags registered from Megatron-LM's table and checked (config/training_flags.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+
+from mtmegatron.data.section import DatasetBuilder
 
 # GPTDatasetConfig field <- flag dest (Megatron-LM's pretrain_gpt.core_gpt_dataset_config_from_args)
 DATASET_FIELDS = {
@@ -20,9 +22,9 @@ DATASET_FIELDS = {
 }
 
 
-def dataset_config_fields(args: argparse.Namespace) -> dict:
-    fields = {field: getattr(args, dest) for field, dest in DATASET_FIELDS.items()}
-    if args.per_dataset_sequences_path is not None:
-        with open(args.per_dataset_sequences_path) as f:
+def dataset_config_fields(builder: DatasetBuilder) -> dict:
+    fields = {field: getattr(builder, dest) for field, dest in DATASET_FIELDS.items()}
+    if builder.per_dataset_sequences_path is not None:
+        with open(builder.per_dataset_sequences_path) as f:
             fields["sequences_per_dataset"] = json.load(f)
     return fields

@@ -9,14 +9,16 @@ rerun machine logged there as reproducibly rejected, as Megatron-LM adds them) c
 ``SamplePlan`` walks these global batches from a checkpoint's (iteration, consumed samples); the data samplers
 (training/data.py, sft/dataset.py, tasks/llava/data.py) and the training loop (training/loop.py) each walk
 their own copy, so they agree.
-May assume: ``args`` validated (global/micro batch size, data-parallel size; rampup checked by schedule_flags.py).
+``SamplePlan`` takes data/section.py's ``Batches`` (the batch sizes and skipped iterations), built by its caller.
+May assume: the flags validated (global/micro batch size, data-parallel size; rampup checked by schedule_flags.py).
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Iterator
+
+from mtmegatron.data.section import Batches
 
 
 @dataclass(frozen=True)
@@ -28,26 +30,24 @@ class GlobalBatch:
     skipped: bool           # --iterations-to-skip: consumed, not trained
 
 
-def add_rejected_iterations(args: argparse.Namespace) -> None:
-    """``--result-rejected-tracker-filename``: as Megatron-LM's argument validation, append the iterations that
-    megatron-core's RerunStateMachine finds reproducibly rejected in that file to ``--iterations-to-skip``."""
-    if args.result_rejected_tracker_filename is None:
-        return
+def rejected_iterations(tracker_filename: str) -> list[int]:
+    """``--result-rejected-tracker-filename``: the iterations that megatron-core's RerunStateMachine finds
+    reproducibly rejected in that file, which Megatron-LM's argument validation appends to
+    ``--iterations-to-skip`` (config/schedule_flags.py does)."""
     from megatron.core.rerun_state_machine import RerunStateMachine
 
-    found = RerunStateMachine.get_skipped_iterations_from_tracker_file(args.result_rejected_tracker_filename)
-    args.iterations_to_skip = list(args.iterations_to_skip or []) + list(found)
+    return list(RerunStateMachine.get_skipped_iterations_from_tracker_file(tracker_filename))
 
 
-def batch_size_calculator(args: argparse.Namespace):
+def batch_size_calculator(batches: Batches, data_parallel_size: int):
     """megatron-core's num-microbatches calculator for the flags (constant, or ramped over consumed samples).
     Not the process-global one: each plan owns one (rank -1: it logs nothing)."""
     from megatron.core.num_microbatches_calculator import (ConstantNumMicroBatchesCalculator,
                                                            RampupBatchsizeNumMicroBatchesCalculator)
 
-    common = (args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False, -1)
-    if args.rampup_batch_size:
-        start, increment, samples = args.rampup_batch_size
+    common = (batches.global_batch_size, batches.micro_batch_size, data_parallel_size, False, -1)
+    if batches.rampup_batch_size:
+        start, increment, samples = batches.rampup_batch_size
         return RampupBatchsizeNumMicroBatchesCalculator(*common, start, increment, samples)
     return ConstantNumMicroBatchesCalculator(*common)
 
@@ -57,15 +57,16 @@ class SamplePlan:
     ``consumed``. ``validation``: constant global batches from sample 0, none skipped. Re-iterable: each
     iteration over it starts again at the same position."""
 
-    def __init__(self, args: argparse.Namespace, start_iteration: int = 0, consumed: int | None = None,
+    def __init__(self, batches: Batches, data_parallel_size: int, start_iteration: int = 0, consumed: int | None = None,
                  validation: bool = False):
-        self.args, self.start_iteration, self.validation = args, start_iteration, validation
-        self.consumed = start_iteration * args.global_batch_size if consumed is None else consumed
-        self.skip = frozenset() if validation else frozenset(args.iterations_to_skip or ())
+        self.batches, self.data_parallel_size = batches, data_parallel_size
+        self.start_iteration, self.validation = start_iteration, validation
+        self.consumed = start_iteration * batches.global_batch_size if consumed is None else consumed
+        self.skip = frozenset() if validation else frozenset(batches.iterations_to_skip or ())
 
     def __iter__(self) -> Iterator[GlobalBatch]:
-        calculator = None if self.validation else batch_size_calculator(self.args)
-        gbs, mbs, dp = self.args.global_batch_size, self.args.micro_batch_size, self.args.data_parallel_size
+        calculator = None if self.validation else batch_size_calculator(self.batches, self.data_parallel_size)
+        gbs, mbs, dp = self.batches.global_batch_size, self.batches.micro_batch_size, self.data_parallel_size
         iteration, consumed = self.start_iteration, self.consumed
         while True:
             if calculator is not None:
@@ -78,7 +79,7 @@ class SamplePlan:
 
     def _ramp_end(self) -> int:
         """The consumed-sample count up to which the global batch ramps up (-1 without a ramp-up)."""
-        rampup = None if self.validation else getattr(self.args, "rampup_batch_size", None)
+        rampup = None if self.validation else self.batches.rampup_batch_size
         return rampup[2] if rampup else -1
 
     def end_of(self, last_iteration: int) -> int:
@@ -103,14 +104,14 @@ class SamplePlan:
             return batch.iteration - 1 + max(train_samples - batch.first, 0) // batch.size
 
 
-def rank_micro_batches(plan: SamplePlan, args: argparse.Namespace, dp_rank: int) -> Iterator[tuple[int, list[int]]]:
+def rank_micro_batches(plan: SamplePlan, dp_rank: int) -> Iterator[tuple[int, list[int]]]:
     """(iteration, sample indices) of this DP rank's micro-batches: its contiguous slice of each trained global
     batch, ``--micro-batch-size`` at a time."""
-    mbs = args.micro_batch_size
+    mbs = plan.batches.micro_batch_size
     for batch in plan:
         if batch.skipped:
             continue
-        per_rank = batch.size // args.data_parallel_size
+        per_rank = batch.size // plan.data_parallel_size
         first = batch.first + dp_rank * per_rank
         for offset in range(0, per_rank, mbs):
             yield batch.iteration, list(range(first + offset, first + offset + mbs))

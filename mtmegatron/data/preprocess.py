@@ -182,13 +182,14 @@ def run(args: argparse.Namespace, check=None) -> int:
     """The work of ``mtmegatron preprocess`` for flags config/preprocess_flags.py parsed: ``check(args)`` first (its
     flag checks, raising ValueError), then the work; 0, or 2 after one line on stderr for a flag, an input, a
     tokenizer or an output that fails (the command's one error boundary)."""
+    from mtmegatron.data.section import Tokenizer
     from mtmegatron.data.tokenizer_build import tokenizer_flags_text, tokenizer_from_flags
 
     try:
         if check is not None:
             check(args)
         if args.train_tokenizer is None:
-            tokenizer = tokenizer_from_flags(args, require_eod=args.append_eod)
+            tokenizer = tokenizer_from_flags(Tokenizer.of(args), require_eod=args.append_eod)
         else:
             tokenizer = train_bpe(iter_documents(args.input, args.json_keys[0]), args.train_tokenizer,
                                   f"{args.output_prefix}_tokenizer")
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace, check=None) -> int:
     if not args.append_eod:
         print("note: no end-of-document token between documents (pass --append-eod for GPT pretraining, as in "
               "Megatron-LM)", file=sys.stderr)
-    flags = tokenizer_flags_text(args, tokenizer)
+    flags = tokenizer_flags_text(Tokenizer.of(args), tokenizer)
     for out in outputs:
         print(f"wrote {out}.bin and {out}.idx; train with --data-path {out} {flags}")
     return 0

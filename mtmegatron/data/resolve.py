@@ -18,6 +18,7 @@ import argparse
 import os
 
 from mtmegatron.data.indexed import DataError, check_indexed_dataset
+from mtmegatron.data.section import Splits, Tokenizer
 from mtmegatron.data.splits import empty_splits
 from mtmegatron.data.tokenizer import TokenizerError, load_tokenizer
 from mtmegatron.utils.errors import ConfigError
@@ -41,7 +42,7 @@ def _typed_tokenizer(args: argparse.Namespace):
     from mtmegatron.models.vocab import check_vocab_padding
 
     try:
-        tokenizer = build_tokenizer(args)
+        tokenizer = build_tokenizer(Tokenizer.of(args))
     except TokenizerError as e:
         raise ConfigError(str(e)) from None
     args.vocab_size = tokenizer.model_vocab_size
@@ -82,7 +83,7 @@ def resolve_data(args: argparse.Namespace, progress: bool = True):
     try:
         for prefix in prefixes:
             counts = check_indexed_dataset(prefix)
-            empty = empty_splits(args, counts["sequences"], valid_samples(args)) if args.data_path else []
+            empty = empty_splits(Splits.of(args), counts["sequences"], valid_samples(args)) if args.data_path else []
             if empty:
                 raise ConfigError(f"--split {args.split} gives the {'/'.join(empty)} split of {prefix} no sequence "
                                   f"(it has {counts['sequences']}); megatron-core cannot draw samples from it: "

@@ -12,18 +12,20 @@ SentencePiece model's EOS id, GPT-2's ``<|endoftext|>``, TikTokenizer's ``</s>``
 A tokenizer that defines none is refused. ``model_vocab_size`` is the vocabulary Megatron-LM builds the model
 with for this type (its tokenizer's ``vocab_size``; for SentencePieceTokenizer Megatron-LM's training
 tokenizer also counts the special pieces it adds), padded later by models/vocab.py.
+Every function takes data/section.py's ``Tokenizer`` (the tokenizer flags), built by its caller.
 May assume: the flags passed check_tokenizer_args; nothing here starts a process group.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import json
 import logging
 import os
 import warnings
 
+from mtmegatron.data.section import Tokenizer
 from mtmegatron.data.tokenizer import TokenizerError
 
 GPT2_EOD = "<|endoftext|>"  # GPT-2's end-of-text token, Megatron-LM's GPT2BPETokenizer eod
@@ -64,19 +66,9 @@ class CoreTokenizer:
         return self.inner.detokenize(list(ids))
 
 
-def _core_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
+def _core_args(flags: Tokenizer, **changes) -> argparse.Namespace:
     """The namespace megatron-core's build_tokenizer reads (every field it touches present)."""
-    core = copy.copy(args)
-    for field, default in (("tokenizer_metadata", None), ("tokenizer_special_tokens", None),
-                           ("tokenizer_hf_use_fast", False), ("trust_remote_code", False),
-                           ("tokenizer_hf_include_special_tokens", False), ("tokenizer_sentencepiece_legacy", False),
-                           ("tiktoken_pattern", None), ("tiktoken_num_special_tokens", 1000), ("vocab_size", None),
-                           ("vocab_file", None), ("merge_file", None)):
-        if not hasattr(core, field):
-            setattr(core, field, default)
-    for field, value in changes.items():
-        setattr(core, field, value)
-    return core
+    return argparse.Namespace(**{**dataclasses.asdict(flags), "tokenizer_metadata": None, **changes})
 
 
 def _first_line(e: BaseException) -> str:
@@ -97,63 +89,63 @@ def sentencepiece_model_vocab_size(model_file: str) -> int:
     return sp.get_piece_size() + len(added - pieces)
 
 
-def _gpt2_bpe(args: argparse.Namespace):
+def _gpt2_bpe(flags: Tokenizer):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     from mtmegatron.data.tokenizer import HFTokenizer
 
     try:
-        with open(args.vocab_file, encoding="utf-8") as f:
+        with open(flags.vocab_file, encoding="utf-8") as f:
             vocab = json.load(f)
-        bpe = models.BPE.from_file(args.vocab_file, args.merge_file)
+        bpe = models.BPE.from_file(flags.vocab_file, flags.merge_file)
     except Exception as e:  # json or the tokenizers library's own Exception type
-        raise TokenizerError(f"--vocab-file {args.vocab_file} / --merge-file {args.merge_file} are not a GPT-2 "
+        raise TokenizerError(f"--vocab-file {flags.vocab_file} / --merge-file {flags.merge_file} are not a GPT-2 "
                              f"BPE vocab.json + merges.txt: {_first_line(e)}") from None
     if GPT2_EOD not in vocab:
-        raise TokenizerError(f"--vocab-file {args.vocab_file} has no {GPT2_EOD} (GPT-2's end-of-document token)")
+        raise TokenizerError(f"--vocab-file {flags.vocab_file} has no {GPT2_EOD} (GPT-2's end-of-document token)")
     tokenizer = Tokenizer(bpe)
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    return HFTokenizer(tokenizer, [args.vocab_file, args.merge_file], eod=vocab[GPT2_EOD],
+    return HFTokenizer(tokenizer, [flags.vocab_file, flags.merge_file], eod=vocab[GPT2_EOD],
                        kind="GPT2BPETokenizer")
 
 
-def build_tokenizer(args: argparse.Namespace, require_eod: bool = True):
-    """The tokenizer of ``args.tokenizer_type`` (flags already checked); TokenizerError with one line when the
+def build_tokenizer(flags: Tokenizer, require_eod: bool = True):
+    """The tokenizer of ``flags.tokenizer_type`` (flags already checked); TokenizerError with one line when the
     files cannot be loaded as that type. ``require_eod``: it must have an end-of-document token (preprocess
     without ``--append-eod`` needs none)."""
-    kind = args.tokenizer_type
+    kind = flags.tokenizer_type
     if kind == "GPT2BPETokenizer":
-        return _gpt2_bpe(args)
+        return _gpt2_bpe(flags)
     from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer as core_build_tokenizer
 
-    changes, source, model_vocab_size = {}, args.tokenizer_model, None
+    changes, source, model_vocab_size = {}, flags.tokenizer_model, None
     if kind == "HuggingFaceTokenizer":
-        path = os.path.expanduser(args.tokenizer_model)
+        path = os.path.expanduser(flags.tokenizer_model)
         if os.path.isfile(path):  # a tokenizer.json: transformers loads the directory holding it
             path = os.path.dirname(os.path.abspath(path))
         changes["tokenizer_model"] = source = path
     elif kind == "NullTokenizer":
-        source = f"NullTokenizer(--vocab-size {args.vocab_size})"
+        source = f"NullTokenizer(--vocab-size {flags.vocab_size})"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             previous = logging.root.manager.disable
             logging.disable(max(previous, logging.WARNING))  # transformers' notes on tokenizer classes, per rank
             try:
-                inner = core_build_tokenizer(_core_args(args, **changes))
+                inner = core_build_tokenizer(_core_args(flags, **changes))
             finally:
                 logging.disable(previous)
         if kind == "SentencePieceTokenizer":
-            model_vocab_size = sentencepiece_model_vocab_size(args.tokenizer_model)
+            model_vocab_size = sentencepiece_model_vocab_size(flags.tokenizer_model)
         return CoreTokenizer(inner, kind, source, model_vocab_size, require_eod=require_eod)
     except TokenizerError:
         raise
     except AssertionError as e:
         hint = ""
         if kind == "TikTokenizer":
-            hint = (f": --vocab-size ({args.vocab_size or 2 ** 17}) must be more than --tiktoken-num-special-tokens "
-                    f"({args.tiktoken_num_special_tokens}) and at most that plus the ranks in the file, and "
+            hint = (f": --vocab-size ({flags.vocab_size or 2 ** 17}) must be more than --tiktoken-num-special-tokens "
+                    f"({flags.tiktoken_num_special_tokens}) and at most that plus the ranks in the file, and "
                     f"--tokenizer-special-tokens must hold <unk> <s> </s> <mask> <pad> <cls> <sep>")
         raise TokenizerError(f"--tokenizer-type {kind} {source}: {_first_line(e) if str(e) else 'rejected'}"
                              f"{hint}") from None
@@ -161,26 +153,26 @@ def build_tokenizer(args: argparse.Namespace, require_eod: bool = True):
         raise TokenizerError(f"cannot load --tokenizer-type {kind} from {source}: {_first_line(e)}") from None
 
 
-def tokenizer_from_flags(args: argparse.Namespace, require_eod: bool = True):
+def tokenizer_from_flags(flags: Tokenizer, require_eod: bool = True):
     """The tokenizer the flags name: ``--tokenizer-type`` (above), else the local HF tokenizer of
     ``--tokenizer-model`` (data/tokenizer.py). TokenizerError with one line when it cannot be loaded."""
-    if args.tokenizer_type:
-        return build_tokenizer(args, require_eod)
+    if flags.tokenizer_type:
+        return build_tokenizer(flags, require_eod)
     from mtmegatron.data.tokenizer import load_tokenizer
 
-    return load_tokenizer(args.tokenizer_model, require_eod=require_eod)
+    return load_tokenizer(flags.tokenizer_model, require_eod=require_eod)
 
 
-def tokenizer_flags_text(args: argparse.Namespace, tokenizer) -> str:
+def tokenizer_flags_text(flags: Tokenizer, tokenizer) -> str:
     """The tokenizer flags that reproduce ``tokenizer`` for a pretrain run (printed by preprocess)."""
-    if not args.tokenizer_type:
+    if not flags.tokenizer_type:
         return f"--tokenizer-model {os.path.dirname(tokenizer.source)}"
-    parts = [f"--tokenizer-type {args.tokenizer_type}"]
+    parts = [f"--tokenizer-type {flags.tokenizer_type}"]
     for flag in ("tokenizer_model", "vocab_file", "merge_file", "tiktoken_pattern"):
-        if getattr(args, flag):
-            parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
-    if args.tokenizer_type == "TikTokenizer":
-        parts.append(f"--tiktoken-num-special-tokens {args.tiktoken_num_special_tokens}")
-    if args.tokenizer_type in ("TikTokenizer", "NullTokenizer") and args.vocab_size:
-        parts.append(f"--vocab-size {args.vocab_size}")
+        if getattr(flags, flag):
+            parts.append(f"--{flag.replace('_', '-')} {getattr(flags, flag)}")
+    if flags.tokenizer_type == "TikTokenizer":
+        parts.append(f"--tiktoken-num-special-tokens {flags.tiktoken_num_special_tokens}")
+    if flags.tokenizer_type in ("TikTokenizer", "NullTokenizer") and flags.vocab_size:
+        parts.append(f"--vocab-size {flags.vocab_size}")
     return " ".join(parts)

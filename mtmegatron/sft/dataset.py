@@ -240,7 +240,7 @@ def micro_batches(data: SFTData, args: argparse.Namespace, dp_rank: int, plan, p
     positions from the consumed-sample count), each position a bin of the packing plan."""
     from mtmegatron.data.position import rank_micro_batches
 
-    for _, positions in rank_micro_batches(plan, args, dp_rank):
+    for _, positions in rank_micro_batches(plan, dp_rank):
         bins = [[data.sample(i) for i in data.plan.bin(position)] for position in positions]
         if args.sft_packing:
             yield packed_batch(bins, args.seq_length, pad_id, padding_multiple(args))

@@ -17,9 +17,10 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
                   consumed: int | None = None, validation: bool = False, valid_set: int | None = None):
     """training/data.py's reader for SFT: ``dataset`` is sft/prepare.py's ``SFTInputs`` (its packing plan's bins)."""
     from mtmegatron.data.position import SamplePlan
+    from mtmegatron.data.section import Batches
     from mtmegatron.sft.dataset import micro_batches as sft_micro_batches
 
-    plan = SamplePlan(args, start_iteration, consumed, validation)
+    plan = SamplePlan(Batches.of(args), args.data_parallel_size, start_iteration, consumed, validation)
     return sft_micro_batches(dataset.data, args, dp_rank, plan, dataset.pad_id)
 
 

@@ -33,6 +33,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 
 from mtmegatron.data.splits import per_split_paths, requested_splits
 from mtmegatron.data.position import SamplePlan, rank_micro_batches
+from mtmegatron.data.section import Batches, DatasetBuilder, Splits
 from mtmegatron.training.resilience.robustness import data_worker_init
 from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.data.dataset_fields import dataset_config_fields
@@ -84,7 +85,8 @@ def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fi
         eod_mask_loss=args.eod_mask_loss,
         create_attention_mask=args.reset_attention_mask and args.create_attention_mask_in_dataloader,
         mmap_bin_files=args.mmap_bin_files,
-        **dataset_config_fields(args),  # the builder's threads, surplus, caches (config/training_flags.py)
+        # the builder's threads, surplus, caches (config/training_flags.py)
+        **dataset_config_fields(DatasetBuilder.of(args)),
         **fields,
     )
     return BlendedMegatronDatasetBuilder(dataset_class, sizes, lambda: True, config).build()
@@ -112,7 +114,7 @@ def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int 
     ``--split``, or over the separate ``--train/valid/test-data-path`` blends; valid is None when there is no
     validation data. ``--full-validation``: valid is one epoch of its split (``num_valid`` is not used), and
     with ``--multiple-validation-sets`` megatron-core's builder returns a list, one per valid prefix."""
-    per_split = per_split_paths(args)
+    per_split = per_split_paths(Splits.of(args))
     if per_split:
         fields = {"blend_per_split": [get_blend_from_list(p) if p else None for p in per_split]}
     else:
@@ -120,14 +122,14 @@ def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int 
     if args.full_validation:  # one epoch of the valid split; with several sets, one per --valid-data-path prefix
         num_valid = None
         fields.update(full_validation=True, multiple_validation_sets=args.multiple_validation_sets)
-    train, valid, _ = _build(PretrainGPTDataset, [num_train] + requested_splits(args, num_valid), args, tokenizer,
-                             path_to_cache=args.data_cache_path, **fields)
+    sizes = [num_train] + requested_splits(Splits.of(args), num_valid)
+    train, valid, _ = _build(PretrainGPTDataset, sizes, args, tokenizer, path_to_cache=args.data_cache_path, **fields)
     return train, valid
 
 
 def describe_data(args: argparse.Namespace) -> str:
     """The data source in one phrase, for the start-up line."""
-    per_split = per_split_paths(args)
+    per_split = per_split_paths(Splits.of(args))
     if not per_split:
         return f"{' '.join(args.data_path)} (split {args.split})"
     return " | ".join(f"{name} {' '.join(p)}" for name, p in zip(("train", "valid", "test"), per_split) if p)
@@ -143,9 +145,9 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
     sample ``consumed``, default ``start_iteration`` x global batch); ``validation``: the validation order
     (``valid_set``: which of several validation sets, for the test hook's file name). Other kinds of data are
     read by their task's reader (train_step.Step.micro_batches, mtmegatron/tasks/)."""
-    plan = SamplePlan(args, start_iteration, consumed, validation)
+    plan = SamplePlan(Batches.of(args), args.data_parallel_size, start_iteration, consumed, validation)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=MicroBatchIndices(plan, args, dp_rank), collate_fn=_stack,
+        dataset, batch_sampler=MicroBatchIndices(plan, dp_rank), collate_fn=_stack,
         num_workers=args.num_workers, worker_init_fn=data_worker_init(Resilience.of(args)),  # outlives the exit signal
         # its own generator: iter() draws the workers' base seed from it, not from torch's default generator,
         # which on the cpu backend is also the device generator that dropout draws from
@@ -153,22 +155,22 @@ def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iterati
     record = os.environ.get(TRAINED_SAMPLES_ENV)
     if record:
         name = f"valid{valid_set if valid_set is not None else ''}-" if validation else ""
-        return _recorded(loader, MicroBatchIndices(plan, args, dp_rank), record, name)
+        return _recorded(loader, MicroBatchIndices(plan, dp_rank), record, name)
     return iter(loader)
 
 
 class MicroBatchIndices:
     """Batch sampler: the sample indices of this DP rank's micro-batches, iteration after iteration (no end)."""
 
-    def __init__(self, plan: SamplePlan, args: argparse.Namespace, dp_rank: int):
-        self.plan, self.args, self.dp_rank = plan, args, dp_rank
+    def __init__(self, plan: SamplePlan, dp_rank: int):
+        self.plan, self.dp_rank = plan, dp_rank
 
     def __iter__(self) -> Iterator[list[int]]:
-        for _, indices in rank_micro_batches(self.plan, self.args, self.dp_rank):
+        for _, indices in rank_micro_batches(self.plan, self.dp_rank):
             yield indices
 
     def with_iterations(self) -> Iterator[tuple[int, list[int]]]:
-        return rank_micro_batches(self.plan, self.args, self.dp_rank)
+        return rank_micro_batches(self.plan, self.dp_rank)
 
 
 def _recorded(loader, indices: MicroBatchIndices, directory: str, name: str = "") -> Iterator[dict]:

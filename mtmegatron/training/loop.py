@@ -32,6 +32,7 @@ from mtmegatron.training.resilience import robustness
 from mtmegatron.training.resilience import weight_hash
 from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.data.position import SamplePlan
+from mtmegatron.data.section import Batches
 from mtmegatron.backends.device import compute_device, release_unused_memory
 from mtmegatron.training.evaluate import validation_losses, validation_sets
 from mtmegatron.training.observability.memory_history import MemoryHistory
@@ -80,7 +81,8 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     run's train_step.Step (default: the language model's)."""
     resilience = Resilience.of(args)  # what training/resilience/ reads, typed and frozen
     termination = robustness.TerminationRequest(resilience)
-    plan = iter(SamplePlan(args, state.start, state.train_state["consumed_train_samples"]))  # as the iterators'
+    plan = iter(SamplePlan(Batches.of(args), args.data_parallel_size, state.start,  # as the iterators'
+                           state.train_state["consumed_train_samples"]))
     sets = validation_sets(valid, args)  # --full-validation / --multiple-validation-sets: training/evaluate.py
     evaluate = bool(sets) and args.eval_interval
     if args.full_validation:

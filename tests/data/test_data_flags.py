@@ -28,6 +28,7 @@ from helpers.pretrain_runner import run_pretrain
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 from mtmegatron.training.data import MockTokenizer, build_gpt_datasets, micro_batches
+from mtmegatron.data.section import Splits
 from mtmegatron.data.splits import empty_splits
 
 VOCAB, SEQ = 64, 32
@@ -133,7 +134,7 @@ def test_per_split_paths_blend_weights_split_default_and_mmap(corpora):
     # a weighted blend asks samples of every split (megatron-core: no one-epoch default with weights); on 200
     # documents the default split leaves test empty, where megatron-core's GPTDataset would loop forever
     weighted = parse_args(BASE + ["--data-path", "0.75", a, "0.25", b], world_size=1)
-    assert empty_splits(weighted, 200, 16) == ["test"] and empty_splits(args, 200, 16) == []
+    assert empty_splits(Splits.of(weighted), 200, 16) == ["test"] and empty_splits(Splits.of(args), 200, 16) == []
     args, blend, _ = _datasets(["--data-path", "0.75", a, "0.25", b, "--split", "90,10,0"])
     share_a = float(np.mean(blend.dataset_index == 0))
     assert abs(share_a - 0.75) < 0.05, share_a

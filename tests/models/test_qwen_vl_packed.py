@@ -163,6 +163,7 @@ def test_a_resumed_run_reads_the_same_bins():
     """What a global batch holds is a function of the plan and the consumed count: a run resumed after
     iteration 3 reads what the uninterrupted run reads from iteration 4 on (across the epoch boundary)."""
     from mtmegatron.data.position import SamplePlan
+    from mtmegatron.data.section import Batches
     from mtmegatron.config.arguments import parse_args
     from mtmegatron.tasks.llava.data import MicroBatches
 
@@ -171,7 +172,8 @@ def test_a_resumed_run_reads_the_same_bins():
     bins = Bins(_Conversations(), seq_length=16, multiple=1, seed=3)
 
     def read(start: int, micro_batches: int) -> list:
-        reader = MicroBatches(bins, lambda batch: batch, args, 0, SamplePlan(args, start), shuffle=True)
+        plan = SamplePlan(Batches.of(args), args.data_parallel_size, start)
+        reader = MicroBatches(bins, lambda batch: batch, args, 0, plan, shuffle=True)
         return [next(reader) for _ in range(micro_batches)]
 
     whole = read(0, 12)

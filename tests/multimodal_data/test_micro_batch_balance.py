@@ -13,6 +13,7 @@ import torch
 
 from mtmegatron.data.vision.micro_batch_balance import balance, contiguous, peak_to_mean
 from mtmegatron.data.position import SamplePlan
+from mtmegatron.data.section import Batches
 from mtmegatron.tasks.llava.data import MicroBatches, Split, balance_summary
 
 
@@ -66,7 +67,8 @@ def test_the_ranks_read_each_global_batch_exactly_once():
     per_iteration = {}
     for balanced in (False, True):
         args = _args(balanced)
-        ranks = [MicroBatches(dataset, list, args, r, SamplePlan(args), shuffle=True) for r in (0, 1)]
+        plan = SamplePlan(Batches.of(args), args.data_parallel_size)
+        ranks = [MicroBatches(dataset, list, args, r, plan, shuffle=True) for r in (0, 1)]
         for iteration in range(6):  # past an epoch: the next permutation
             read = [next(reader) + next(reader) for reader in ranks]  # 2 micro-batches of 2 per rank
             per_iteration.setdefault(iteration, []).append(sorted(read[0] + read[1]))
@@ -80,7 +82,8 @@ def test_the_ranks_read_each_global_batch_exactly_once():
 def test_the_start_up_line_reports_before_and_after():
     loads = [4000, 4000, 4000, 50, 50, 50, 50, 50] * 4
     args = _args(True)
-    line = balance_summary(Split(_Samples(loads), list, shuffle=False), args, SamplePlan(args), batches=3)
+    plan = SamplePlan(Batches.of(args), args.data_parallel_size)
+    line = balance_summary(Split(_Samples(loads), list, shuffle=False), args, plan, batches=3)
     assert line.startswith("micro-batches balanced by load (text tokens + vision patches), mean over the first 3 ")
     per_micro = line.split("per micro-batch ")[1].split(",")[0]
     before, after = (float(x) for x in per_micro.split(" -> "))

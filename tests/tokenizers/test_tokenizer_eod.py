@@ -14,6 +14,7 @@ from helpers import tokenizer_files as files
 from mtmegatron.data.tokenizer import EOD, TokenizerError, load_tokenizer
 from mtmegatron.data.tokenizer_build import build_tokenizer, sentencepiece_model_vocab_size
 from mtmegatron.config.tokenizer_flags import add_tokenizer_args, check_tokenizer_args
+from mtmegatron.data.section import Tokenizer
 
 TINY_MODEL = ["--model", "llama3", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
               "--seq-length", "32", "--max-position-embeddings", "32", "--train-iters", "4", "--vocab-size", "256"]
@@ -26,6 +27,10 @@ def _flags(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_tokenizer_args(args, ValueError)
     return args
+
+
+def _tok(argv: list[str]) -> Tokenizer:
+    return Tokenizer.of(_flags(argv))
 
 
 def _last_ids(prefix: str) -> set[int]:
@@ -41,10 +46,10 @@ def test_deepseek_v3_style_config_gives_its_end_of_sentence_token(tokenizer_set)
     vocab = json.load(open(f"{directory}/tokenizer.json", encoding="utf-8"))["added_tokens"]
     eos_id = next(t["id"] for t in vocab if t["content"] == files.DEEPSEEK_EOS)
     bos_id = next(t["id"] for t in vocab if t["content"] == files.DEEPSEEK_BOS)
-    typed = build_tokenizer(_flags(case["flags"]))
+    typed = build_tokenizer(_tok(case["flags"]))
     assert typed.eod == eos_id != bos_id
     # a tokenizer.json file names the same tokenizer as its directory; so does the no---tokenizer-type path
-    assert build_tokenizer(_flags(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+    assert build_tokenizer(_tok(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
                                    f"{directory}/tokenizer.json"])).eod == eos_id
     assert load_tokenizer(directory).eod == eos_id
     assert _last_ids(case["prefix"]) == {eos_id}  # --append-eod wrote it after every document
@@ -58,15 +63,15 @@ def test_eod_of_each_kind_is_the_tokenizers_own(tokenizer_set):
     model = sp_flags[sp_flags.index("--tokenizer-model") + 1]
     eos = sentencepiece.SentencePieceProcessor(model_file=model).eos_id()
     for kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
-        tokenizer = build_tokenizer(_flags(["--tokenizer-type", kind, "--tokenizer-model", model]))
+        tokenizer = build_tokenizer(_tok(["--tokenizer-type", kind, "--tokenizer-model", model]))
         assert tokenizer.eod == eos and tokenizer.vocab_size == 300
     assert _last_ids(tokenizer_set["SentencePieceTokenizer"]["prefix"]) == {eos}
     gpt2 = tokenizer_set["GPT2BPETokenizer"]["flags"]
     vocab = json.load(open(gpt2[gpt2.index("--vocab-file") + 1], encoding="utf-8"))
-    assert build_tokenizer(_flags(gpt2)).eod == vocab[EOD]
-    tik = build_tokenizer(_flags(tokenizer_set["TikTokenizer"]["flags"]))
+    assert build_tokenizer(_tok(gpt2)).eod == vocab[EOD]
+    tik = build_tokenizer(_tok(tokenizer_set["TikTokenizer"]["flags"]))
     assert tik.eod == 2 and tik.vocab_size == 16 + 320  # "</s>" is the third of megatron-core's special tokens
-    null = build_tokenizer(_flags(tokenizer_set["NullTokenizer"]["flags"]))
+    null = build_tokenizer(_tok(tokenizer_set["NullTokenizer"]["flags"]))
     assert (null.eod, null.vocab_size) == (64, 65)  # Megatron-LM: ids 0..N-1, then end-of-document N
     assert _last_ids(tokenizer_set["NullTokenizer"]["prefix"]) == {64}
 
@@ -77,7 +82,7 @@ def test_gpt2_bpe_encodes_as_gpt2(tokenizer_set):
 
     flags = tokenizer_set["GPT2BPETokenizer"]["flags"]
     reference = transformers.GPT2Tokenizer.from_pretrained(str(tokenizer_set["root"] / "gpt2"))
-    ours = build_tokenizer(_flags(flags))
+    ours = build_tokenizer(_tok(flags))
     text = tokenizer_set["docs"][5] + " it's   odd  1234 ünïcödé 🙂\n\nend"
     assert ours.tokenize(text) == reference(text).input_ids
     assert ours.detokenize(ours.tokenize(text)) == text
@@ -118,12 +123,12 @@ def test_hf_config_without_a_usable_eos_token_is_refused(tokenizer_set, tmp_path
     with pytest.raises(TokenizerError, match="names no eos_token"):
         load_tokenizer(str(tmp_path / "tok"))
     with pytest.raises(TokenizerError, match="defines no end-of-document token .*no eos_token"):
-        build_tokenizer(_flags(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+        build_tokenizer(_tok(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
                                 str(tmp_path / "tok")]))
     # preprocess without --append-eod never reads it (Megatron-LM's preprocess_data.py neither): accepted
     assert load_tokenizer(str(tmp_path / "tok"), require_eod=False).eod is None
     args = _flags(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path / "tok")])
-    assert build_tokenizer(args, require_eod=False).eod is None
+    assert build_tokenizer(Tokenizer.of(args), require_eod=False).eod is None
     from mtmegatron import cli
 
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in tokenizer_set["docs"][:3]))

@@ -131,7 +131,7 @@ class MicroBatches:
         from mtmegatron.data.position import rank_micro_batches
 
         if not self.args.balance_micro_batches:
-            yield from (positions for _, positions in rank_micro_batches(self.plan, self.args, self.dp_rank))
+            yield from (positions for _, positions in rank_micro_batches(self.plan, self.dp_rank))
             return
         for batch in self.plan:
             if batch.skipped:
@@ -168,8 +168,10 @@ def read_split(dataset, args: argparse.Namespace, dp_rank: int, start_iteration:
     """The micro-batch reader of the vision tasks (training/data.py's signature): ``dataset`` a ``Split``, read
     from the global batches of data/position.py's SamplePlan."""
     from mtmegatron.data.position import SamplePlan
+    from mtmegatron.data.section import Batches
 
-    return micro_batches(dataset, args, dp_rank, SamplePlan(args, start_iteration, consumed, validation))
+    plan = SamplePlan(Batches.of(args), args.data_parallel_size, start_iteration, consumed, validation)
+    return micro_batches(dataset, args, dp_rank, plan)
 
 
 @dataclass
