@@ -6,6 +6,8 @@ query group, [gate; up]), and its A into its parts' blocks (lora/adapter.py: one
 map's order q, k, v / gate, up): ``W_q + s * B_q @ A_q`` is exactly the q rows of our fused update, so the PEFT
 adapter computes what our adapters do, and a peft-trained adapter (its own A per module) imports exactly. Keys
 as peft saves them: ``base_model.model.<HF module>.lora_A.weight`` / ``lora_B.weight``.
+Expert adapters (linear_fc1/linear_fc2 of MoE experts) are refused in one line (EXPERTS_REFUSAL): transformers 5
+fuses a MoE layer's experts into 3-D parameters that peft's LoRA layers do not take per expert and per part.
 May assume: a family whose HF map names each adapted weight (the dense decoder families).
 """
 
@@ -19,6 +21,11 @@ import torch
 from mtmegatron.models.families import ConversionError
 
 
+EXPERTS_REFUSAL = ("--peft-out: MoE expert adapters have no HF PEFT form here: transformers 5 holds a MoE layer's "
+                   "experts as one 3-D gate_up_proj/down_proj parameter (no per-expert w1/w3/w2 modules for peft to "
+                   "target); write the merged model with --out instead")
+
+
 def peft_tensors(adapters, run, entries: dict) -> dict[str, torch.Tensor]:
     """``{peft key: tensor}`` from the adapter reader; ``entries``: the family's HF map by mcore name."""
     out = {}
@@ -26,6 +33,8 @@ def peft_tensors(adapters, run, entries: dict) -> dict[str, torch.Tensor]:
         if not local.endswith(".lora.lora_a"):
             continue
         stem = local[:-len("lora.lora_a")]
+        if ".experts." in stem:
+            raise ConversionError(EXPERTS_REFUSAL)
         entry = entries.get(stem + "weight")
         if entry is None:
             raise ConversionError(f"--peft-out: the HF map has no weight {stem}weight for its adapter")
