@@ -62,7 +62,7 @@ def mla_fields(args: argparse.Namespace) -> dict:
 
 def needs_block_spec(args: argparse.Namespace) -> bool:
     """Whether a model with experts has dense layers too (then the stack is not one repeated layer)."""
-    return bool(args.num_experts) and 0 in moe_layer_pattern(args)
+    return bool(args.num_experts) and 0 in moe_layer_pattern(args.num_layers, args.num_experts, args.moe_layer_freq)
 
 
 def decoder_block_spec(config, args: argparse.Namespace, vp_stage: int | None):
@@ -73,7 +73,7 @@ def decoder_block_spec(config, args: argparse.Namespace, vp_stage: int | None):
 
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     count = get_num_layers_to_build(config, vp_stage=vp_stage)
-    kinds = moe_layer_pattern(args)[offset:offset + count]
+    kinds = moe_layer_pattern(args.num_layers, args.num_experts, args.moe_layer_freq)[offset:offset + count]
     return TransformerBlockSubmodules(layer_specs=[build_layer_spec(args, "moe" if kind else "dense")
                                                    for kind in kinds], layer_norm=LayerNormImpl)
 

@@ -2,7 +2,9 @@
 
 One ``TransformerConfig`` from the flags, the layer specs from ``models/layer_spec.build_layer_spec`` (one
 repeated layer, or DeepSeek's per-stage dense/MoE block and the MTP block), one ``GPTModel`` per virtual
-pipeline stage.
+pipeline stage. GPTModel's own arguments (vocabulary, position embedding, tied embeddings), the RoPE scaling and
+the family's build context come from one ``ModelBuild`` (models/section.py) filled here; the layer specs, FP8,
+initialisation and the multimodal and Gemma 3 builders still read the flags.
 May assume: megatron-core parallel state is initialised and the backend bridge is active.
 """
 
@@ -21,6 +23,7 @@ from mtmegatron.models import deepseek, fusions, initialization
 from mtmegatron.models import families
 from mtmegatron.models.config_from_flags import transformer_config_kwargs
 from mtmegatron.models.layer_spec import build_layer_spec
+from mtmegatron.models.section import Fusions, ModelBuild
 from mtmegatron.models.vocab import install_vocab_padding
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
@@ -32,7 +35,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         **initialization.config_fields(args),  # born on the device unless --use-cpu-initialization; --load skips
         overlap_p2p_comm=p2p_overlap_runs(args),
         batch_p2p_comm=not p2p_overlap_runs(args) and not _two_stage_interleaved(args),
-        **fusions.config_fields(args),
+        **fusions.config_fields(Fusions.of(args)),
         **deepseek.config_fields(args),  # MoE routing extras, MTP, qk-layernorm
         **(deepseek.mla_fields(args) if args.multi_latent_attention else {}),
     )
@@ -51,16 +54,16 @@ def with_final_norm(spec, config: TransformerConfig, vp_stage, norm) -> Transfor
                                       layer_norm=norm)
 
 
-def gpt_model_kwargs(args: argparse.Namespace) -> dict:
+def gpt_model_kwargs(build: ModelBuild) -> dict:
     """GPTModel's position-embedding arguments, from Megatron-LM's flags (as its gpt_builders passes them)."""
     return dict(
-        position_embedding_type=args.position_embedding_type,
-        rotary_percent=args.rotary_percent,
-        rotary_base=args.rotary_base,
-        rope_scaling=args.use_rope_scaling,
-        rope_scaling_factor=args.rope_scaling_factor,
-        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
-        fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
+        position_embedding_type=build.position_embedding_type,
+        rotary_percent=build.rotary_percent,
+        rotary_base=build.rotary_base,
+        rope_scaling=build.use_rope_scaling,
+        rope_scaling_factor=build.rope_scaling_factor,
+        seq_len_interpolation_factor=build.rotary_seq_len_interpolation_factor,
+        fp16_lm_cross_entropy=build.fp16_lm_cross_entropy,
     )
 
 
@@ -86,41 +89,44 @@ def _two_stage_interleaved(args) -> bool:
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage held by this rank (a single one without VPP); for ``--model llava``
     one LLaVAModel per stage (models/families/llava/model.py). Built where models/initialization.py says the weights are born."""
-    family_context = families.of(args).build_context(args, config)  # GPT-OSS: YaRN on a plain attention
-    with initialization.birth_device(args), llama3_scaling(args), family_context:
-        return _build_model_chunks(args, config)
+    build = ModelBuild.of(args)
+    family = families.get(build.model or "gpt")
+    family_context = family.build_context(config, build)  # GPT-OSS: YaRN on a plain attention
+    with initialization.birth_device(args), llama3_scaling(build), family_context:
+        return _build_model_chunks(args, config, build, family)
 
 
-def llama3_scaling(args: argparse.Namespace):
-    """The Llama-3.x RoPE scaling values of ``args`` for the RotaryEmbeddings built in this block
+def llama3_scaling(build: ModelBuild):
+    """The Llama-3.x RoPE scaling values of the build for the RotaryEmbeddings built in this block
     (patches/llama3_rope_scaling_values.py)."""
     from mtmegatron.patches.llama3_rope_scaling_values import scaling_values
 
-    if not args.use_rope_scaling:
+    if not build.use_rope_scaling:
         return contextlib.nullcontext()
-    return scaling_values(args.rope_scaling_low_freq_factor, args.rope_scaling_high_freq_factor,
-                          args.rope_scaling_original_max_position_embeddings)
+    return scaling_values(build.rope_scaling_low_freq_factor, build.rope_scaling_high_freq_factor,
+                          build.rope_scaling_original_max_position_embeddings)
 
 
-def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[GPTModel]:
-    if families.of(args).vision_encoder == "packed":
+def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig, build: ModelBuild,
+                        family: families.Family) -> list[GPTModel]:
+    if family.vision_encoder == "packed":
         from mtmegatron.models.families.qwen2_vl.model import build_qwen_vl_chunks
 
         return build_qwen_vl_chunks(args, config)
-    if families.of(args).is_multimodal:
+    if family.is_multimodal:
         from mtmegatron.models.families.llava.model import build_llava_chunks
 
         return build_llava_chunks(args, config)
-    if families.of(args).model_builder is not None:  # layers no flag expresses (models/families/gemma3/)
-        return families.of(args).model_builder(args, config)
+    if family.model_builder is not None:  # layers no flag expresses (models/families/gemma3/)
+        return family.model_builder(args, config)
     spec = build_layer_spec(args, "moe" if args.num_experts else "dense")
-    fused = fusions.uses_our_cross_entropy(args)
+    fused = fusions.uses_our_cross_entropy(Fusions.of(args))
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss
-    num_chunks = args.virtual_pipeline_model_parallel_size or 1
+    num_chunks = config.virtual_pipeline_model_parallel_size or 1
     chunks = []
     for vp_stage in range(num_chunks):
-        vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
+        vp = vp_stage if config.virtual_pipeline_model_parallel_size else None
         if deepseek.needs_block_spec(args):  # first-k dense + MoE layers: a per-stage layer list
             spec = deepseek.decoder_block_spec(config, args, vp)
         if args.layernorm_zero_centered_gamma:  # the block's final norm too (megatron's default is a torch norm)
@@ -129,17 +135,17 @@ def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> 
             GPTModel(
                 config=config,
                 transformer_layer_spec=spec,
-                vocab_size=args.padded_vocab_size,  # models/vocab.py: padding rows zero, their logits -inf
-                max_sequence_length=args.max_position_embeddings,
+                vocab_size=build.padded_vocab_size,  # models/vocab.py: padding rows zero, their logits -inf
+                max_sequence_length=build.max_position_embeddings,
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
-                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                **gpt_model_kwargs(args),
+                share_embeddings_and_output_weights=not build.untie_embeddings_and_output_weights,
+                **gpt_model_kwargs(build),
                 vp_stage=vp,
                 mtp_block_spec=deepseek.mtp_block_spec(config, args, vp),
             )
         )
-        install_vocab_padding(chunks[-1], args.vocab_size)
+        install_vocab_padding(chunks[-1], build.vocab_size)
         if fused:
             install_fused_loss(chunks[-1])
         keep_layers_in_bf16(chunks[-1], args)

@@ -14,7 +14,6 @@ May assume: validated flags; megatron-core 0.16.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 
 from mtmegatron.backends.base import installed_transformer_engine
@@ -49,13 +48,14 @@ def expert_modules(layer_modules, moe_use_grouped_gemm: bool, moe_use_legacy_gro
     return GroupedMLP, None
 
 
-def describe(args: argparse.Namespace, layer_modules) -> str:
-    """The experts part of the start-up line ('' for a dense model)."""
-    if not args.num_experts:
+def describe(num_experts: int | None, moe_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool,
+             layer_modules) -> str:
+    """The experts part of the start-up line ('' for a dense model; the flags of the same names)."""
+    if not num_experts:
         return ""
     from megatron.core.transformer.moe.experts import GroupedMLP
 
-    module, _ = expert_modules(layer_modules, args.moe_grouped_gemm, args.moe_use_legacy_grouped_gemm)
+    module, _ = expert_modules(layer_modules, moe_grouped_gemm, moe_use_legacy_grouped_gemm)
     if module is GroupedMLP:
         return " | experts GroupedMLP (grouped matmul: torch._grouped_mm where the device has it, else per expert)"
     return f" | experts {module.__name__}"

@@ -136,7 +136,8 @@ def build_layer_spec(args: argparse.Namespace, layer_kind="dense",
     causal for decoders, ``no_mask`` for a vision encoder."""
     m = choose_modules(args)
     if layer_kind == "mtp":
-        last = "moe" if args.num_experts and moe_layer_pattern(args)[-1] else "dense"
+        pattern = moe_layer_pattern(args.num_layers, args.num_experts, args.moe_layer_freq)
+        last = "moe" if args.num_experts and pattern[-1] else "dense"
         eh_proj = dataclasses.replace(m, column=m.plain_column)  # MTP's projection stays in high precision
         return get_mtp_layer_spec_for_backend(build_layer_spec(args, last), eh_proj)
     num_experts = _num_experts(args, layer_kind)
@@ -206,4 +207,4 @@ def describe_layer_spec(args: argparse.Namespace) -> str:
     norm = f"{_name(m.norm)}{' + ' + _name(m.norm_column) if te else ''}"
     return (f"mtmegatron: layers: --transformer-impl {args.transformer_impl} | norm {norm} | attention "
             f"{_name(m.core)} ({why}) | linears {_name(m.column)}/{_name(m.row)}{executor} | MLP {_name(m.mlp)}"
-            f"{describe_experts(args, m)}")
+            f"{describe_experts(args.num_experts, args.moe_grouped_gemm, args.moe_use_legacy_grouped_gemm, m)}")

@@ -1,12 +1,10 @@
 """Which decoder layers are MoE: the ``--moe-layer-freq`` parser and the dense/MoE layer pattern it gives, read by
 the layer specs (layer_spec.py, deepseek.py), the families' HF map (families/gpt.py) and the DeepSeek-V3 flags.
 Pure Python, imported before megatron-core is.
-May assume: nothing beyond the parsed argparse namespace.
+May assume: the values were parsed (``moe_layer_freq`` an int or a list of 0/1, ``parse_moe_layer_freq``).
 """
 
 from __future__ import annotations
-
-import argparse
 
 
 def parse_moe_layer_freq(value):
@@ -25,11 +23,11 @@ def parse_moe_layer_freq(value):
     return pattern
 
 
-def moe_layer_pattern(args: argparse.Namespace) -> list[int]:
-    """1 for an MoE layer, 0 for a dense one, over the decoder's layers (all dense without experts)."""
-    if not args.num_experts:
-        return [0] * args.num_layers
-    freq = args.moe_layer_freq
-    if isinstance(freq, int):
-        return [1 if i % freq == 0 else 0 for i in range(args.num_layers)]
-    return list(freq)
+def moe_layer_pattern(num_layers: int, num_experts: int | None, moe_layer_freq) -> list[int]:
+    """1 for an MoE layer, 0 for a dense one, over the decoder's ``num_layers`` layers (all dense without experts;
+    the flags ``--num-layers``, ``--num-experts``, ``--moe-layer-freq``)."""
+    if not num_experts:
+        return [0] * num_layers
+    if isinstance(moe_layer_freq, int):
+        return [1 if i % moe_layer_freq == 0 else 0 for i in range(num_layers)]
+    return list(moe_layer_freq)

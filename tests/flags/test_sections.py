@@ -190,3 +190,26 @@ def test_the_moved_packages_read_no_args():
     modules = [path for package in MOVED for path in (PACKAGE / package).glob("*.py")]
     readers = sorted(str(path.relative_to(PACKAGE)) for path in modules if re.search(r"\bargs\.\w", path.read_text()))
     assert readers == sorted(NAMESPACE_IS_THE_SUBJECT)
+
+
+def test_model_build_and_fusions_hold_the_flag_values_and_their_modules_read_no_args():
+    """GPT-OSS's YaRN values and GPTModel's arguments reach the build as ``ModelBuild``; the fusion decisions
+    from ``Fusions`` are those of the run's flags; the modules moved onto them (or onto plain values) read no
+    ``args.<name>``."""
+    import re
+
+    from mtmegatron.models import fusions
+    from mtmegatron.models.section import Fusions, ModelBuild
+
+    run = config.parse(["--model", "gpt-oss", "--model-size", "tiny", "--no-bias-dropout-fusion",
+                        "--cross-entropy-loss-fusion"])
+    build, fused = run.of(ModelBuild), run.of(Fusions)
+    assert (build.model, build.rope_type, build.untie_embeddings_and_output_weights) == ("gpt-oss", "yarn", True)
+    assert build.padded_vocab_size >= build.vocab_size == run.args.vocab_size
+    for section, made in ((ModelBuild, build), (Fusions, fused)):
+        assert all(getattr(made, f.name) is getattr(run.args, f.name) for f in dataclasses.fields(section))
+    assert not fused.bias_dropout_fusion and fusions.uses_our_cross_entropy(fused)
+    assert fusions.decide(fused) == fusions.decide(run.args)
+    moved = ["models/fusions.py", "models/moe_layers.py", "models/grouped_experts.py",
+             "models/families/gpt_oss/rope.py", "models/families/shared/mtp.py"]
+    assert [m for m in moved if re.search(r"\bargs\.\w", (PACKAGE / m).read_text())] == []

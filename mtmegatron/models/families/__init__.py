@@ -17,8 +17,9 @@ A family module defines ``FAMILY = Family(...)``, the whole of what the rest of 
 - ``vision_encoder``: ``"packed"`` for the native-resolution vision-language models (Qwen2-VL, Qwen2.5-VL: patches
   of every image in one packed sequence, M-RoPE; models/families/qwen2_vl/model.py builds them), None otherwise (LLaVA's
   fixed-size tiles go by ``is_multimodal``).
-- ``build_context(args, config)``: a context manager its model chunks are built inside (models/gpt.py), for what
-  megatron-core's modules take from neither flags nor config (GPT-OSS's YaRN on a plain attention); default none.
+- ``build_context(config, build)``: a context manager its model chunks are built inside (models/gpt.py), from the
+  TransformerConfig and the build's ``ModelBuild`` (models/section.py), for what megatron-core's modules take from
+  neither flags nor config (GPT-OSS's YaRN on a plain attention); default none.
 Lookups: ``get(name)``, ``of(args)``, ``by_hf_model_type(model_type)``, ``for_hf_config(config, requested)``,
 ``from_fingerprint(saved)``, ``preset(model, size)``; ``DEMO`` is the run a command line naming no model gets.
 Adding a family: one module here (its ``FAMILY``), listed in ``FAMILIES``, and its tests.
@@ -50,7 +51,7 @@ def get(name: str) -> Family:
 
 def of(args) -> Family:
     """The family of parsed flags (a plain Megatron-LM command line is ``gpt``)."""
-    return get(getattr(args, "model", None) or "gpt")
+    return get(args.model or "gpt")
 
 
 def with_hf_mapping() -> list[str]:

@@ -39,5 +39,5 @@ class Family:
     vision_encoder: str | None = None  # "packed": native-resolution patches in one sequence (models/families/qwen2_vl/model.py)
     chat_template: str | None = None
     task: str = "text"  # the kind of run it trains (mtmegatron/tasks/registry.py; --sft picks "sft" for a text family)
-    build_context: Callable = lambda args, config: contextlib.nullcontext()  # its model chunks are built inside
+    build_context: Callable = lambda config, build: contextlib.nullcontext()  # its model chunks are built inside
     model_builder: Callable | None = None  # (args, config) -> model chunks, for layers no flag expresses (gemma3/)

@@ -140,7 +140,8 @@ def hf_config(args, **_) -> dict:
 def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
     """gpt.decoder_map (GQA with q/k/v biases, q/k norms, shared expert, router + expert bias) and the MTP extras
     (families/shared/mtp.py, DeepSeek-V3's layout)."""
-    return gpt.decoder_map(args) + mtp_map(args)
+    return gpt.decoder_map(args) + mtp_map(args.num_layers, args.mtp_num_layers,
+                                           args.untie_embeddings_and_output_weights)
 
 
 FAMILY = Family(name="glm4.5", presets=PRESETS, hf_model_type="glm4_moe", hf_architecture="Glm4MoeForCausalLM",

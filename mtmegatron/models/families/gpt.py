@@ -214,7 +214,7 @@ def decoder_map(args, attention=gqa_attention, moe_prefix: str = "mlp",
            same("decoder.final_layernorm.weight", "model.norm.weight")]
     if args.untie_embeddings_and_output_weights:
         out.append(same("output_layer.weight", "lm_head.weight"))
-    pattern = moe_layer_pattern(args)
+    pattern = moe_layer_pattern(args.num_layers, args.num_experts, args.moe_layer_freq)
     layers = [(f"decoder.layers.{i}.", f"model.layers.{i}.", bool(kind)) for i, kind in enumerate(pattern)]
     layers += [(f"mtp.layers.{k}.transformer_layer.", f"model.layers.{args.num_layers + k}.", bool(pattern[-1]))
                for k in range(args.mtp_num_layers or 0)]

@@ -153,7 +153,8 @@ def _mla(rope_interleave: bool):
 
 
 def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
-    return gpt.decoder_map(args, attention=_mla(rope_interleave)) + mtp_map(args)
+    return (gpt.decoder_map(args, attention=_mla(rope_interleave))
+            + mtp_map(args.num_layers, args.mtp_num_layers, args.untie_embeddings_and_output_weights))
 
 
 FAMILY = Family(name="deepseek-v3", presets=PRESETS, hf_model_type="deepseek_v3",

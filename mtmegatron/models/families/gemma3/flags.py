@@ -27,13 +27,13 @@ def add_gemma3_args(p: argparse.ArgumentParser) -> None:
 def check_gemma3_args(args: argparse.Namespace, error: type[Exception]) -> None:
     own = [flag for flag, dest in (("--rotary-base-local", "rotary_base_local"),
                                    ("--query-pre-attn-scalar", "query_pre_attn_scalar"))
-           if getattr(args, dest, None) is not None]
-    if getattr(args, "model", None) != "gemma3":
+           if getattr(args, dest) is not None]
+    if args.model != "gemma3":
         if own:
             raise error(f"{' / '.join(own)}: Gemma 3's (--model gemma3)")
         return
-    for flag, on in (("--swiglu", args.swiglu), ("--quick-geglu", getattr(args, "quick_geglu", False)),
-                     ("--squared-relu", getattr(args, "squared_relu", False)),
+    for flag, on in (("--swiglu", args.swiglu), ("--quick-geglu", args.quick_geglu),
+                     ("--squared-relu", args.squared_relu),
                      ("--rotary-interleaved", args.rotary_interleaved)):
         if on:
             raise error(f"--model gemma3 does not take {flag} (GeGLU with tanh GeLU, non-interleaved RoPE)")

@@ -34,6 +34,7 @@ from megatron.core.transformer.utils import (ensure_metadata_has_dp_cp_group, is
 from mtmegatron.fp8.spec import keep_layers_in_bf16
 from mtmegatron.models import fusions
 from mtmegatron.models.layer_spec import build_layer_spec, choose_modules
+from mtmegatron.models.section import Fusions
 from mtmegatron.models.vocab import install_vocab_padding
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 from mtmegatron.utils.errors import ConfigError
@@ -148,7 +149,7 @@ def build_gemma3_chunks(args, config) -> list[Gemma3Model]:
     as models/gpt.gpt_model_kwargs passes them, Llama-3 scaling refused by flags.py)."""
     configure(config, args)
     spec = gemma3_layer_spec(args)
-    fused = fusions.uses_our_cross_entropy(args)
+    fused = fusions.uses_our_cross_entropy(Fusions.of(args))
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss
     chunks = []

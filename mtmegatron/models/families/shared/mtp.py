@@ -11,12 +11,13 @@ import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import Entry
 
 
-def mtp_map(args) -> list[Entry]:
-    """The map entries of every MTP layer ``args.mtp_num_layers`` asks for (none without MTP)."""
+def mtp_map(num_layers: int, mtp_num_layers: int | None, untied: bool) -> list[Entry]:
+    """The map entries of the ``mtp_num_layers`` MTP layers (none without MTP) after ``num_layers`` decoder layers;
+    ``untied``: ``--untie-embeddings-and-output-weights`` (the head copied from the output layer)."""
     out = []
-    head = "output_layer.weight" if args.untie_embeddings_and_output_weights else "embedding.word_embeddings.weight"
-    for k in range(args.mtp_num_layers or 0):
-        hp = f"model.layers.{args.num_layers + k}."
+    head = "output_layer.weight" if untied else "embedding.word_embeddings.weight"
+    for k in range(mtp_num_layers or 0):
+        hp = f"model.layers.{num_layers + k}."
         out += [gpt.same(f"mtp.layers.{k}.{m}.weight", f"{hp}{h}.weight") for m, h in
                 (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("final_layernorm", "shared_head.norm"))]
         out += [Entry(m, (hp + h,), None, lambda t: (t.clone(),)) for m, h in
