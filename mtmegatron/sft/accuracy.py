@@ -16,27 +16,28 @@ from __future__ import annotations
 from megatron.core import parallel_state
 
 from mtmegatron.inference.recompute import greedy_tokens
+from mtmegatron.sft.section import Sft
 
 
-def _prompt_room(args, max_new_tokens: int) -> int:
+def _prompt_room(sft: Sft, max_new_tokens: int) -> int:
     """How much of a prompt's end is kept so that prompt and answer fit ``--seq-length``."""
-    return max(args.seq_length - max_new_tokens, 1)
+    return max(sft.seq_length - max_new_tokens, 1)
 
 
-def greedy_answer(model, prompt: list[int], max_new_tokens: int, eod: int, args) -> list[int]:
+def greedy_answer(model, prompt: list[int], max_new_tokens: int, eod: int, sft: Sft) -> list[int]:
     """The greedy answer to ``prompt`` (inference/recompute.py's loop, the reference the KV-cache engine is checked
     against), the prompt's start cut so prompt and answer fit ``--seq-length``."""
-    return greedy_tokens(model, prompt[-_prompt_room(args, max_new_tokens):], max_new_tokens, eod)
+    return greedy_tokens(model, prompt[-_prompt_room(sft, max_new_tokens):], max_new_tokens, eod)
 
 
-def _pipeline_answers(model, tokenizer, prompts: list[list[int]], budgets: list[int], args) -> list[list[int]]:
+def _pipeline_answers(model, tokenizer, prompts: list[list[int]], budgets: list[int], sft: Sft) -> list[list[int]]:
     """Greedy answers of all prompts on megatron-core's static engine (works under PP), each cut at its budget
     and at the end-of-document token."""
     from mtmegatron.inference.engine import Sampling, generate
 
     longest = max(budgets)
-    kept = [p[-_prompt_room(args, longest):] for p in prompts]
-    results, _ = generate(model, tokenizer, [""] * len(kept), kept, Sampling(longest, seed=args.seed))
+    kept = [p[-_prompt_room(sft, longest):] for p in prompts]
+    results, _ = generate(model, tokenizer, [""] * len(kept), kept, Sampling(longest, seed=sft.seed))
     answers = []
     for result, budget in zip(results, budgets):
         tokens = list(result.tokens)[:budget]
@@ -49,7 +50,7 @@ def can_decode(model) -> bool:
                                 or parallel_state.get_context_parallel_world_size() == 1)
 
 
-def exact_match(model, template, conversations: list[list[dict]], args) -> tuple[float, list[tuple[str, str, str]]]:
+def exact_match(model, template, conversations: list[list[dict]], sft: Sft) -> tuple[float, list[tuple[str, str, str]]]:
     """(accuracy, [(prompt text, generated text, reference text)]) over conversations ending with an answer."""
     tokenizer = template.tokenizer
     prompts_text, references = [], []
@@ -62,9 +63,9 @@ def exact_match(model, template, conversations: list[list[dict]], args) -> tuple
     model[0].eval()
     try:
         if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-            answers = _pipeline_answers(model[0], tokenizer, prompts, budgets, args)
+            answers = _pipeline_answers(model[0], tokenizer, prompts, budgets, sft)
         else:
-            answers = [greedy_answer(model[0], p, b, tokenizer.eod, args) for p, b in zip(prompts, budgets)]
+            answers = [greedy_answer(model[0], p, b, tokenizer.eod, sft) for p, b in zip(prompts, budgets)]
     finally:
         model[0].train()
     rows = [(p, tokenizer.detokenize(a), r) for p, a, r in zip(prompts_text, answers, references)]

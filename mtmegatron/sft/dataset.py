@@ -10,12 +10,12 @@ Conversations longer than ``--seq-length`` positions are cut on the right and co
 (loss) tokens before and after the cut; data that the cut leaves without any assistant token is refused, and
 ``--sft-drop-unanswered`` leaves out the conversations it leaves without one. A file that is missing, a
 directory, compressed or not UTF-8 is one ``SFTDataError``, and a failed preparation leaves no cache behind.
+The SFT flags come as sft/section.py's ``Sft``; the padded layout's rows as a number (sft/prepare.py's).
 May assume: called on every rank before any process group (a file lock lets one rank build the cache).
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -28,6 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from mtmegatron.sft.formats import RecordError, parse_line
+from mtmegatron.sft.section import Sft
 from mtmegatron.sft.packing import Plan, first_fit_decreasing, packed_batch, padded_batch, round_up
 
 CACHE_VERSION = 2
@@ -161,33 +162,33 @@ def check_cut(stats: CutStats, num_conversations: int, seq_length: int) -> None:
                            f"--seq-length {seq_length}: nothing to train on; raise --seq-length{need}")
 
 
-def padding_multiple(args: argparse.Namespace) -> int:
+def padding_multiple(sft: Sft) -> int:
     """Each conversation's length is rounded up to this in the plan and the packed rows (2 x CP under CP)."""
-    return 2 * args.context_parallel_size if args.context_parallel_size > 1 else 1
+    return 2 * sft.context_parallel_size if sft.context_parallel_size > 1 else 1
 
 
-def _cache_key(files: list[str], tokenizer, args: argparse.Namespace) -> str:
+def _cache_key(files: list[str], tokenizer, sft: Sft) -> str:
     h = hashlib.sha256()
     for path in files:
         with open(path, "rb") as f:
             h.update(hashlib.sha256(f.read()).digest())
-    h.update(json.dumps([CACHE_VERSION, tokenizer.unique_identifiers, args.sft_tokenizer_prompt_format,
-                         args.seq_length, args.seed] + ([padding_multiple(args)] if padding_multiple(args) > 1
+    h.update(json.dumps([CACHE_VERSION, tokenizer.unique_identifiers, sft.sft_tokenizer_prompt_format,
+                         sft.seq_length, sft.seed] + ([padding_multiple(sft)] if padding_multiple(sft) > 1
                                                         else [])
-                        + (["drop-unanswered"] if args.sft_drop_unanswered else [])).encode())
+                        + (["drop-unanswered"] if sft.sft_drop_unanswered else [])).encode())
     return h.hexdigest()[:16]
 
 
-def _build(files: list[str], tokenizer, args: argparse.Namespace, directory: str, cached: str, progress: bool):
+def _build(files: list[str], tokenizer, sft: Sft, directory: str, cached: str, progress: bool):
     from mtmegatron.sft.templates import ChatTemplate
 
     conversations = [c for path in files for c in read_conversations(path)]
-    template = ChatTemplate(tokenizer, args.sft_tokenizer_prompt_format)
-    ids, assistant, offsets, stats = tokenize(conversations, template, args.seq_length, tokenizer.eod, progress,
-                                              args.sft_drop_unanswered)
-    check_cut(stats, len(conversations), args.seq_length)
-    lengths = round_up(np.diff(offsets) - 1, padding_multiple(args))
-    bins = first_fit_decreasing(lengths, args.seq_length, args.seed)
+    template = ChatTemplate(tokenizer, sft.sft_tokenizer_prompt_format)
+    ids, assistant, offsets, stats = tokenize(conversations, template, sft.seq_length, tokenizer.eod, progress,
+                                              sft.sft_drop_unanswered)
+    check_cut(stats, len(conversations), sft.seq_length)
+    lengths = round_up(np.diff(offsets) - 1, padding_multiple(sft))
+    bins = first_fit_decreasing(lengths, sft.seq_length, sft.seed)
     bin_of = np.concatenate([np.full(len(b), i) for i, b in enumerate(bins)])
     order = np.concatenate([np.array(b) for b in bins])
     tmp = os.path.join(directory, f"data.tmp{os.getpid()}.npz")
@@ -197,12 +198,12 @@ def _build(files: list[str], tokenizer, args: argparse.Namespace, directory: str
     os.replace(tmp, cached)
 
 
-def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: str, progress: bool) -> SFTData:
+def prepare(files: list[str], tokenizer, sft: Sft, cache_dir: str, progress: bool) -> SFTData:
     """Validated, tokenized, planned SFT data (built once, then read from the cache). Data that cannot be used
     leaves no cache directory behind."""
     for path in files:
         check_file(path)
-    directory = os.path.join(cache_dir, f"sft-{_cache_key(files, tokenizer, args)}")
+    directory = os.path.join(cache_dir, f"sft-{_cache_key(files, tokenizer, sft)}")
     new_cache_dir = not os.path.isdir(cache_dir)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -215,7 +216,7 @@ def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: st
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if not os.path.exists(cached):
-                    _build(files, tokenizer, args, directory, cached, progress)
+                    _build(files, tokenizer, sft, directory, cached, progress)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     except BaseException:
@@ -231,18 +232,19 @@ def prepare(files: list[str], tokenizer, args: argparse.Namespace, cache_dir: st
         bins: list[list[int]] = [[] for _ in range(int(z["bin_of"].max()) + 1)]
         for index, b in zip(z["order"].tolist(), z["bin_of"].tolist()):
             bins[b].append(index)
-        return SFTData(z["ids"], z["assistant"], z["offsets"], Plan(bins, args.seed), int(z["truncated"]),
+        return SFTData(z["ids"], z["assistant"], z["offsets"], Plan(bins, sft.seed), int(z["truncated"]),
                        tuple(int(t) for t in z["targets"]), int(z["unanswered"]), int(z["dropped"]))
 
 
-def micro_batches(data: SFTData, args: argparse.Namespace, dp_rank: int, plan, pad_id: int) -> Iterator[dict]:
+def micro_batches(data: SFTData, sft: Sft, dp_rank: int, plan, pad_id: int, padded_rows: int) -> Iterator[dict]:
     """This DP rank's micro-batches of the global batches of ``plan`` (training/data.py's SamplePlan: sample
-    positions from the consumed-sample count), each position a bin of the packing plan."""
+    positions from the consumed-sample count), each position a bin of the packing plan; ``padded_rows``: the
+    padded layout's rows per micro-batch."""
     from mtmegatron.data.position import rank_micro_batches
 
     for _, positions in rank_micro_batches(plan, dp_rank):
         bins = [[data.sample(i) for i in data.plan.bin(position)] for position in positions]
-        if args.sft_packing:
-            yield packed_batch(bins, args.seq_length, pad_id, padding_multiple(args))
+        if sft.sft_packing:
+            yield packed_batch(bins, sft.seq_length, pad_id, padding_multiple(sft))
         else:
-            yield padded_batch(bins, args.seq_length, pad_id, args.sft_padded_rows)
+            yield padded_batch(bins, sft.seq_length, pad_id, padded_rows)

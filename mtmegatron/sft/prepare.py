@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from mtmegatron.data.tokenizer import HFTokenizer, TokenizerError, load_tokenizer
 from mtmegatron.sft.dataset import SFTData, SFTDataError, prepare as prepare_data, read_conversations
+from mtmegatron.sft.section import Sft
 from mtmegatron.sft.templates import SPECIAL_TOKENS, ChatTemplate, TemplateError
 from mtmegatron.utils.errors import ConfigError
 
@@ -30,6 +31,7 @@ class SFTInputs:
     data: SFTData
     held_out: list[list[dict]] | None  # conversations whose assistant answers are scored by exact match
     summary: str
+    padded_rows: int  # the padded layout's rows per micro-batch: mbs x the fullest bin's conversations
 
     @property
     def pad_id(self) -> int:
@@ -55,14 +57,13 @@ def prepare(args: argparse.Namespace, progress: bool) -> SFTInputs:
                               f"model's --vocab-size {args.vocab_size}")
         template = ChatTemplate(tokenizer, args.sft_tokenizer_prompt_format)
         cache = args.data_cache_path or os.path.join(os.path.dirname(os.path.abspath(args.data_path[0])), "cache")
-        data = prepare_data(args.data_path, tokenizer, args, cache, progress)
+        data = prepare_data(args.data_path, tokenizer, Sft.of(args), cache, progress)
         held_out = read_conversations(held_out_file) if held_out_file else None
     except (TokenizerError, TemplateError, SFTDataError) as e:
         raise ConfigError(str(e)) from None
     if len(data.plan) < args.global_batch_size:
         raise ConfigError(f"--sft: the data packs into {len(data.plan)} sequences of --seq-length {args.seq_length}, "
                           f"fewer than one --global-batch-size {args.global_batch_size}")
-    args.sft_padded_rows = args.micro_batch_size * data.most_per_bin()  # the padded layout's fixed rows
     packed, padded = data.efficiency(args.seq_length)
     before, after = data.targets
     if progress and (data.num_unanswered or after < (1 - WARN_TARGETS_LOST) * before):
@@ -73,7 +74,7 @@ def prepare(args: argparse.Namespace, progress: bool) -> SFTInputs:
                f"sequences | non-pad tokens: {packed:.1%} packed, "
                f"{padded:.1%} padded | {'packed THD' if args.sft_packing else 'padded rows'} | template "
                f"{args.sft_tokenizer_prompt_format} | tokenizer {tokenizer.source}")
-    return SFTInputs(tokenizer, template, data, held_out, summary)
+    return SFTInputs(tokenizer, template, data, held_out, summary, args.micro_batch_size * data.most_per_bin())
 
 
 def cut_warning(data: SFTData, seq_length: int) -> str:

@@ -24,6 +24,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from mtmegatron.attention.cp_batch import batch_on_this_cp_rank
 from mtmegatron.training.resilience import rerun
 from mtmegatron.backends.device import compute_device, to_compute_device
+from mtmegatron.sft.section import Sft
 
 
 SUM_AND_COUNT = "lm loss sum, tokens"
@@ -65,9 +66,9 @@ def global_per_token_loss(losses_reduced: list[dict]) -> float:
     return (totals[0] / totals[1].clamp(min=1)).item()
 
 
-def schedule_shape(args) -> tuple[int, int]:
+def schedule_shape(sft: Sft, padded_rows: int) -> tuple[int, int]:
     """(seq_length, micro_batch_size) the pipeline schedule sizes its activations with: a packed micro-batch
-    is one THD row of ``mbs * seq_length`` tokens; a padded one has ``args.sft_padded_rows`` rows."""
-    if args.sft_packing:
-        return args.micro_batch_size * args.seq_length, 1
-    return args.seq_length, args.sft_padded_rows
+    is one THD row of ``mbs * seq_length`` tokens; a padded one has ``padded_rows`` rows (sft/prepare.py's)."""
+    if sft.sft_packing:
+        return sft.micro_batch_size * sft.seq_length, 1
+    return sft.seq_length, padded_rows
