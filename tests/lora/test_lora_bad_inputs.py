@@ -1,6 +1,6 @@
 """Bad LoRA input is one line and exit status 2, before any process group (``pretrain.main`` in this process):
 ``--lora-r 0``, an unknown target module, a LoRA flag without ``--lora-r``, ``--lora-load`` without ``--load``
-or naming no directory, LoRA on a model it does not serve yet. And, in lora/checkpoint.py's check, adapters made
+or naming no directory, LoRA on a model it does not serve yet, an MLA target on a model without MLA. And, in lora/checkpoint.py's check, adapters made
 for another base (shapes differ) or with another rank, a base directory holding adapters, an adapter directory
 holding none: each one CheckpointError line (pretrain.main reports those as the others, exit status 2)."""
 
@@ -19,7 +19,9 @@ CASES = {
     "lora-load without load": (["--lora-r", "8", "--lora-load", "."], "--lora-load needs --load"),
     "lora-load missing": (["--lora-r", "8", "--load", ".", "--lora-load", "/nonexistent/adapters"],
                           "--lora-load /nonexistent/adapters: no such directory"),
-    "moe": (["--lora-r", "8", "--num-experts", "2"], "--lora-r with --num-experts: not supported yet"),
+    "mla target on a dense model": (["--lora-r", "8", "--lora-target-modules", "linear_kv_up_proj"],
+                                    "--lora-target-modules linear_kv_up_proj: an MLA projection, and this model "
+                                    "has no --multi-latent-attention"),
     "fp32 adapters in an fp32 run": (["--lora-r", "8", "--lora-fp32-adapters"],
                                      "--lora-fp32-adapters needs --bf16 or --fp16"),
 }
