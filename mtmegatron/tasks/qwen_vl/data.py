@@ -5,7 +5,8 @@ data/vision/qwen_vl_samples.py, read as LLaVA's are (``tasks/llava/data.py``'s `
 ``MicroBatches``: a seeded permutation per epoch, each DP rank its contiguous slice) and collated padded to
 ``--seq-length`` (the pipeline schedule's fixed activation shape), or with ``--vision-packing thd|padded`` packed
 into bins as ``--sft`` packs (tasks/qwen_vl/thd.py; ``info["padded_collate_fn"]`` and
-``info["samples_valid"]`` keep the padded conversations for the held-out answer scoring). Images are resized within ``--min-pixels`` ..
+``info["samples_valid"]`` keep the padded conversations for the held-out answer scoring; ``info["padded_rows"]``
+the padded layout's rows per micro-batch). Images are resized within ``--min-pixels`` ..
 ``--max-pixels`` (HF's image processor bounds; default its own).
 
 ``reads_vision_data``: a packed-vision family whose ``--data-path`` (or ``--train-data-path``) names JSONL/JSON
@@ -87,10 +88,12 @@ def _tokenizer(args: argparse.Namespace, paths: list[str]):
         raise ConfigError(f"the tokenizer {tokenizer.source} has {tokenizer.vocab_size} tokens, more than the "
                           f"model's --vocab-size {args.vocab_size}")
     ids = special_ids(tokenizer)
+    expected = {"image_token_id": args.image_token_id, "video_token_id": args.video_token_id,
+                "vision_start_token_id": args.vision_start_token_id, "vision_end_token_id": args.vision_end_token_id}
     for field, token in TOKEN_FIELDS.items():
-        if model and ids[token] != getattr(args, field):
+        if model and ids[token] != expected[field]:
             raise ConfigError(f"--tokenizer-model {model}: {token} is id {ids[token]} but --model "
-                              f"{args.model} --model-size {args.model_size} reads id {getattr(args, field)} "
+                              f"{args.model} --model-size {args.model_size} reads id {expected[field]} "
                               f"(--{field.replace('_', '-')})")
         setattr(args, field, ids[token])  # a tokenizer trained here: the model reads its ids
     return tokenizer
@@ -127,10 +130,12 @@ def prepare(args: argparse.Namespace, progress: bool = True):
             "bad_samples": bad}
     layout = f"padded to {args.seq_length}"
     if args.vision_packing:  # SFT's packing plan: bins of conversations (tasks/qwen_vl/thd.py)
+        from mtmegatron.tasks.qwen_vl.section import Packing
         from mtmegatron.tasks.qwen_vl.thd import binned
 
         info["samples_valid"] = valid  # the held-out answer scoring reads conversations, padded
-        train, valid, info["collate_fn"], layout = binned(train, valid, args, pad_id(tokenizer))
+        train, valid, info["collate_fn"], layout, info["padded_rows"] = binned(train, valid, Packing.of(args),
+                                                                               pad_id(tokenizer))
     skipped = f", skipped {bad} bad sample(s)" if bad else ""
     info["summary"] = (f"vision conversations: {info['train_samples']} train / {info['valid_samples']} valid "
                        f"samples (native resolution, {config.image.min_pixels}..{config.image.max_pixels} pixels "

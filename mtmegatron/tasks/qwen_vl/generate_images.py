@@ -60,7 +60,8 @@ def _check_tokenizer(tokenizer, margs, error: type[Exception]) -> dict[str, int]
 
 def _pixel_bounds(args, config, error: type[Exception]):
     """The image patch config with ``--min-pixels`` / ``--max-pixels`` where given (checked)."""
-    given = {field: value for field in ("min_pixels", "max_pixels") if (value := getattr(args, field)) is not None}
+    given = {field: value for field, value in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels))
+             if value is not None}
     for field, value in given.items():
         if value < 1:
             raise error(f"--{field.replace('_', '-')} must be >= 1")

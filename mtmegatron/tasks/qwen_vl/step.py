@@ -15,7 +15,7 @@ the whole sequence and keeps this rank's positions (``cp_positions``: load-balan
 conversation's chunks of a THD row); labels and loss mask are cut the same way here, and so are the 3-D positions
 of a padded row (a THD row's stay whole: megatron-core's THD RoPE picks each sequence's chunks by offset). The loss
 is then ``cp_loss``: this rank's answer-token loss sum over the micro-batch's answer-token count.
-``vision_step(args)``: this forward step, that shape and the reader of ``tasks/llava/data.py`` (training's Step).
+``vision_step(packing, padded_rows)``: this forward step, that shape and the reader of ``tasks/llava/data.py`` (training's Step).
 May assume: DDP-wrapped ``NativeResolutionVLM`` chunks; sequence parallelism and pipeline stages are the model's.
 """
 
@@ -30,6 +30,7 @@ from mtmegatron.attention.cp_batch import cp_loss
 from mtmegatron.backends.device import to_compute_device
 from mtmegatron.tasks.llava.data import read_split
 from mtmegatron.tasks.llava.step import loss_func
+from mtmegatron.tasks.qwen_vl.section import Packing
 from mtmegatron.tasks.qwen_vl.thd import cp_positions
 from mtmegatron.training.sft_step import packed_seq_params
 from mtmegatron.training.train_step import Step
@@ -45,13 +46,12 @@ def cp_loss_func(loss_mask, output_tensor):
     return cp_loss(output_tensor.float().reshape(-1), loss_mask.reshape(-1).float())
 
 
-def schedule_shape(args) -> tuple[int, int]:
+def schedule_shape(packing: Packing, padded_rows: int | None) -> tuple[int, int]:
     """(seq_length, micro_batch_size) of the pipeline schedule: a THD micro-batch is one row of mbs x seq, padded
-    bins ``args.vision_padded_rows`` rows (tasks/qwen_vl/thd.py)."""
-    packing = args.vision_packing
-    if packing == "thd":
-        return args.micro_batch_size * args.seq_length, 1
-    return args.seq_length, args.vision_padded_rows if packing == "padded" else args.micro_batch_size
+    bins ``padded_rows`` rows (tasks/qwen_vl/thd.py's ``binned``)."""
+    if packing.vision_packing == "thd":
+        return packing.micro_batch_size * packing.seq_length, 1
+    return packing.seq_length, padded_rows if packing.vision_packing == "padded" else packing.micro_batch_size
 
 
 def forward_step(data_iterator, model):
@@ -77,6 +77,6 @@ def forward_step(data_iterator, model):
     return output, partial(loss, loss_mask)
 
 
-def vision_step(args) -> Step:
+def vision_step(packing: Packing, padded_rows: int | None) -> Step:
     """What the schedule runs for the packed-vision task (training/train_step.py's Step)."""
-    return Step(forward_step, shape=schedule_shape(args), micro_batches=read_split)
+    return Step(forward_step, shape=schedule_shape(packing, padded_rows), micro_batches=read_split)

@@ -24,9 +24,10 @@ class QwenVLTask(Task):
         return vision_splits(args, rank, plan, data)
 
     def step(self, args: argparse.Namespace, data):
+        from mtmegatron.tasks.qwen_vl.section import Packing
         from mtmegatron.tasks.qwen_vl.step import vision_step
 
-        return vision_step(args)
+        return vision_step(Packing.of(args), data.info.get("padded_rows"))
 
     def finish(self, model, args: argparse.Namespace, data, terminated: bool) -> None:
         """The loss plot and (not after a stop) the held-out answer accuracy."""

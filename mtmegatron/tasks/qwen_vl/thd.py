@@ -35,6 +35,7 @@ from mtmegatron.attention.cp_batch import thd_partition_index
 from mtmegatron.data.vision.template import IGNORE_INDEX
 from mtmegatron.data.vision.qwen_vl_samples import VISION_KEYS, collate_padded, pack
 from mtmegatron.sft.packing import first_fit_decreasing, round_up
+from mtmegatron.tasks.qwen_vl.section import Packing
 
 
 def _lengths(dataset) -> list[int]:
@@ -130,23 +131,24 @@ def cp_positions(batch: dict, cp_size: int, cp_rank: int) -> torch.Tensor:
     return thd_partition_index(bounds.cpu(), cp_size, cp_rank)
 
 
-def binned(train, valid, args, pad_id: int):
-    """``(train bins, held-out bins or None, collate, summary)`` of ``--vision-packing`` (module docstring); the
-    padded layout sets ``args.vision_padded_rows`` (mbs x the fullest bin's conversations, train and held-out)."""
+def binned(train, valid, packing: Packing, pad_id: int):
+    """``(train bins, held-out bins or None, collate, summary, padded rows)`` of ``--vision-packing`` (module
+    docstring); the padded layout's rows are mbs x the fullest bin's conversations, train and held-out (None
+    for THD)."""
     from functools import partial
 
-    multiple = 2 * args.context_parallel_size if args.context_parallel_size > 1 else 1
-    train_bins = Bins(train, args.seq_length, multiple, args.seed)
-    valid_bins = Bins(valid, args.seq_length, multiple, args.seed) if valid is not None else None
-    if args.vision_packing == "thd":
-        collate = partial(collate_packed, pad_id=pad_id, seq_length=args.seq_length, multiple=multiple)
-        layout = f"one THD row of {args.micro_batch_size} bins per micro-batch"
+    multiple = 2 * packing.context_parallel_size if packing.context_parallel_size > 1 else 1
+    train_bins = Bins(train, packing.seq_length, multiple, packing.seed)
+    valid_bins = Bins(valid, packing.seq_length, multiple, packing.seed) if valid is not None else None
+    if packing.vision_packing == "thd":
+        collate = partial(collate_packed, pad_id=pad_id, seq_length=packing.seq_length, multiple=multiple)
+        layout = f"one THD row of {packing.micro_batch_size} bins per micro-batch"
+        rows = None
     else:
         fullest = max(len(b) for bins in (train_bins, valid_bins) if bins is not None for b in bins.bins)
-        args.vision_padded_rows = args.micro_batch_size * fullest
-        collate = partial(collate_padded_bins, pad_id=pad_id, seq_length=args.seq_length,
-                          rows=args.vision_padded_rows)
-        layout = f"{args.vision_padded_rows} padded rows per micro-batch"
-    summary = (f"packed into {len(train_bins)} train bins of {args.seq_length} tokens ({train_bins.fill:.0%} "
+        rows = packing.micro_batch_size * fullest
+        collate = partial(collate_padded_bins, pad_id=pad_id, seq_length=packing.seq_length, rows=rows)
+        layout = f"{rows} padded rows per micro-batch"
+    summary = (f"packed into {len(train_bins)} train bins of {packing.seq_length} tokens ({train_bins.fill:.0%} "
                f"full), {layout}")
-    return train_bins, valid_bins, collate, summary
+    return train_bins, valid_bins, collate, summary, rows
