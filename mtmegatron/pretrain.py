@@ -67,7 +67,7 @@ def prepare(argv):
 
     task = TASKS[cfg.task]()  # the kind of run, decided once by parse_run_config
     data = task.prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
-    from mtmegatron.training.run_plan import plan_run
+    from mtmegatron.config.run_plan import plan_run
 
     run_plan = plan_run(args)  # what this run will do, printed by run()
     if int(os.environ.get("RANK", "0")) == 0:  # the planner's peak for rank 0 (plan/footprint.py), printed by run()

@@ -210,7 +210,7 @@ def test_sft_cut_report_and_drop(in_process, tmp_path, capsys):
 
 
 def test_sequence_parallel_at_tp1_is_said_not_listed():
-    from mtmegatron.training.run_plan import startup_lines
+    from mtmegatron.config.run_plan import startup_lines
     from mtmegatron.config.arguments import parse_args
 
     args = parse_args(BASE + ["--sequence-parallel"], world_size=1)

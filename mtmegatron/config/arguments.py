@@ -20,7 +20,7 @@ from mtmegatron.config.moe_flags import add_grouped_experts_args, check_grouped_
 from mtmegatron.models.families import FAMILIES
 from mtmegatron.models.families.deepseek_v3.flags import check_deepseek_args, normalize_deepseek_args
 from mtmegatron.models.families.llava.flags import add_llava_args, check_llava_args, fill_llava_fields
-from mtmegatron.training.pipeline_split import check_pipeline_split
+from mtmegatron.config.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
 from mtmegatron.models.transformer_impl import resolve_transformer_impl
 from mtmegatron.config.data_flags import add_data_args, check_data_args

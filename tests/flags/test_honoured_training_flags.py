@@ -212,7 +212,7 @@ def test_activation_offloading_contradictions_are_one_line(flags, says):
 
 
 def test_activation_offloading_on_the_host_is_off_with_a_startup_line():
-    from mtmegatron.training.run_plan import startup_lines
+    from mtmegatron.config.run_plan import startup_lines
 
     for flags, flag in ((OFFLOAD, "--fine-grained-activation-offloading"),
                         (["--cpu-offloading-num-layers", "1"], "--cpu-offloading-num-layers")):

@@ -93,7 +93,7 @@ def test_the_advised_split_minimises_the_costliest_stage():
 
 def test_a_pipelined_run_says_it_at_start_up():
     from mtmegatron.convert.model import parse_flags
-    from mtmegatron.training import run_plan
+    from mtmegatron.config import run_plan
 
     flags = ["--model", "qwen2.5-vl", "--model-size", "tiny", "--pipeline-model-parallel-size", "2",
              "--micro-batch-size", "1", "--global-batch-size", "2"]
