@@ -9,6 +9,7 @@ global batch, are left out as a drop-last sampler does). ``--multiple-validation
 Megatron-LM 0.16.1): megatron-core's builder keeps each ``--valid-data-path`` prefix as its own set, and each
 set gets its own loss (Megatron-LM's ``validation-0``, ``validation-1``, ...).
 The run's ``Step`` (train_step.py; given by its task) reads the validation set and runs its forward step.
+The values read are the run's ``Schedule`` (training/section.py); ``args`` goes only to the Step's reader.
 May assume: the model chunks, args and the valid dataset(s) of the run's kind (GPTDatasets: data.build_gpt_datasets).
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from megatron.core import parallel_state
 
+from mtmegatron.training.section import Schedule
 from mtmegatron.training.train_step import Step, _global_mean_loss, lm_step, run_schedule
 
 
@@ -35,27 +37,28 @@ class ValidationSet:
         return "" if self.index is None else f"-{self.index}"
 
 
-def validation_sets(valid, args) -> list[ValidationSet]:
+def validation_sets(valid, schedule: Schedule) -> list[ValidationSet]:
     """The sets an evaluation reads ([] when none is read): ``valid`` is one dataset, a list of them
     (``--multiple-validation-sets``) or None."""
     if valid is None:
         return []
     datasets = valid if isinstance(valid, list) else [valid]
-    many = isinstance(valid, list) or args.multiple_validation_sets
+    many = isinstance(valid, list) or schedule.multiple_validation_sets
     sets = []
     for index, dataset in enumerate(datasets):
-        iters = len(dataset) // args.global_batch_size if args.full_validation else args.eval_iters
+        iters = len(dataset) // schedule.global_batch_size if schedule.full_validation else schedule.eval_iters
         sets.append(ValidationSet(dataset, iters, index if many else None))
     return [s for s in sets if s.eval_iters > 0]
 
 
 def validation_loss(valid_dataset, model, args, eval_iters: int | None = None, valid_set: int | None = None,
-                    step: Step | None = None) -> float:
+                    step: Step | None = None, schedule: Schedule | None = None) -> float:
     """Mean LM loss over ``eval_iters`` (default ``--eval-iters``) global batches, the same value on every
     rank; ``valid_set`` names the set for the test hook of data.micro_batches; ``step``: the run's (default
-    ``lm_step``)."""
-    eval_iters = args.eval_iters if eval_iters is None else eval_iters
-    step = step or lm_step(args)
+    ``lm_step``); ``schedule``: the run's (default: from ``args``, equal by value)."""
+    schedule = schedule or Schedule.of(args)
+    eval_iters = schedule.eval_iters if eval_iters is None else eval_iters
+    step = step or lm_step(schedule)
     dp_rank = parallel_state.get_data_parallel_rank()
     iterators = [step.micro_batches(valid_dataset, args, dp_rank, validation=True, valid_set=valid_set)
                  for _ in model]
@@ -64,18 +67,19 @@ def validation_loss(valid_dataset, model, args, eval_iters: int | None = None, v
     total = 0.0
     with torch.no_grad():
         for _ in range(eval_iters):
-            total += _global_mean_loss(run_schedule(iterators, model, args, forward_only=True, step=step), args)
+            total += _global_mean_loss(run_schedule(iterators, model, schedule, forward_only=True, step=step), schedule)
     for chunk in model:
         chunk.train()
     return total / max(eval_iters, 1)
 
 
-def validation_losses(sets: list[ValidationSet], model, args, step: Step | None = None) -> dict[str, float]:
+def validation_losses(sets: list[ValidationSet], model, args, step: Step | None = None,
+                      schedule: Schedule | None = None) -> dict[str, float]:
     """Metrics keys -> loss: ``val_loss`` is the first set's (what Megatron-LM logs first), and with several
     sets ``val_loss_<i>`` is set i's."""
     row = {}
     for s in sets:
-        loss = validation_loss(s.dataset, model, args, s.eval_iters, s.index, step)
+        loss = validation_loss(s.dataset, model, args, s.eval_iters, s.index, step, schedule)
         if s.index is not None:
             row[f"val_loss_{s.index}"] = loss
         row.setdefault("val_loss", loss)

@@ -9,8 +9,10 @@ changes the micro-batch count, a checkpoint is saved first (with ``--save``), as
 
 What the schedule runs (forward step, loss, shape, the validation reader) is the run's ``Step``
 (training/train_step.py), given by its task: the loop never asks which kind of run it is.
-``train`` reads the validated flags and never changes them (resilience/ gets its ``Resilience`` section, built
-once here); what a run derives as it goes (the iteration it
+``train`` reads the validated flags as typed sections built once here (its own ``Schedule`` and ``Parallel``,
+training/section.py; ``Resilience``, ``Checkpoint``, ``Observability`` for those packages) and never changes them;
+the Namespace itself goes only where it is the subject (the checkpoint stores it, wandb logs it) or to the Step's
+reader; what a run derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
 May assume: process groups, model, optimizer, scheduler and data iterators are built (training/setup.py).
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+
+from megatron.core import parallel_state
 
 from mtmegatron.training import placement
 from mtmegatron.training.checkpoint import checkpointing
@@ -40,6 +44,7 @@ from mtmegatron.utils.metrics import print_rank0
 from mtmegatron.training.observability.run_hooks import RunHooks
 from mtmegatron.training.observability.section import Observability, Shape
 from mtmegatron.training.overlap import ParamGather
+from mtmegatron.training.section import Parallel, Schedule
 from mtmegatron.training.observability.progress_log import ProgressLog
 from mtmegatron.training.train_step import train_step
 
@@ -60,7 +65,7 @@ class RunState:
                                 "consumed_valid_samples": 0}
 
 
-def _validate_only(args, rank, model, sets, params, obs, state: RunState, step) -> None:
+def _validate_only(args, schedule: Schedule, rank, model, sets, params, obs, state: RunState, step) -> None:
     """``--skip-train`` (Megatron-LM): no training step and no save; the validation loss at the loaded
     iteration (one line per set with --multiple-validation-sets)."""
     state.last = state.start
@@ -68,7 +73,7 @@ def _validate_only(args, rank, model, sets, params, obs, state: RunState, step) 
         print_rank0(rank, "mtmegatron: --skip-train: nothing to do (no validation data or --eval-iters 0)")
         return
     with params.gathered(), obs.evaluation():
-        losses = validation_losses(sets, model, args, step)
+        losses = validation_losses(sets, model, args, step, schedule)
     for s in sets:
         loss = losses["val_loss" if s.index is None else f"val_loss_{s.index}"]
         print_rank0(rank, f"mtmegatron: --skip-train: validation{s.suffix} loss at iteration {state.start} on "
@@ -80,21 +85,23 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end. ``step``: the
     run's train_step.Step (default: the language model's)."""
     resilience = Resilience.of(args)  # what training/resilience/ reads, typed and frozen
+    schedule = Schedule.of(args)  # iterations, batches, intervals, exit conditions (training/section.py)
+    checkpoint = Checkpoint.of(args)  # what training/checkpoint/ reads (save/load build their own from args)
     termination = robustness.TerminationRequest(resilience)
-    plan = iter(SamplePlan(Batches.of(args), args.data_parallel_size, state.start,  # as the iterators'
+    dp = parallel_state.get_data_parallel_world_size()
+    plan = iter(SamplePlan(Batches.of(args), dp, state.start,  # as the iterators'
                            state.train_state["consumed_train_samples"]))
-    sets = validation_sets(valid, args)  # --full-validation / --multiple-validation-sets: training/evaluate.py
-    evaluate = bool(sets) and args.eval_interval
-    if args.full_validation:
+    sets = validation_sets(valid, schedule)  # --full-validation / --multiple-validation-sets: training/evaluate.py
+    evaluate = bool(sets) and schedule.eval_interval
+    if schedule.full_validation:
         for s in sets:
             print_rank0(rank, f"mtmegatron: --full-validation: validation{s.suffix} set of {len(s.dataset)} samples "
-                        f"read as {s.eval_iters} global batches of {args.global_batch_size} per evaluation")
-    params = ParamGather(model, args)  # --overlap-param-gather: parameters gathered before anything reads them
+                        f"read as {s.eval_iters} global batches of {schedule.global_batch_size} per evaluation")
+    params = ParamGather(model, Parallel.of(args))  # --overlap-param-gather: gathered before anything reads them
     params.start()
     observability, shape = Observability.of(args), Shape.of(args)  # what training/observability/ reads
     obs = RunHooks(observability, shape, vars(args), backend, rank, model, optimizer, writer, state.start)  # --log-*
     rerun.start(resilience, state.start)  # --rerun-mode: result validation and re-runs (training/resilience/rerun.py)
-    checkpoint = Checkpoint.of(args)  # what training/checkpoint/ reads (save/load build their own from args)
     for line in [rerun.describe(resilience, step is None or step.loss_validated)] + non_persistent.startup_lines(
             checkpoint):
         print_rank0(rank, line)
@@ -102,9 +109,9 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     device = compute_device()
     progress = ProgressLog(observability, shape,  # --log-progress
                            state.train_state.get("num_floating_point_operations_so_far", 0))
-    if args.skip_train:
+    if schedule.skip_train:
         try:
-            _validate_only(args, rank, model, sets, params, obs, state, step)
+            _validate_only(args, schedule, rank, model, sets, params, obs, state, step)
         finally:
             obs.close()
             writer.close()
@@ -115,7 +122,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         """A persistent checkpoint of ``iteration`` (--log-progress counts it in and records it)."""
         progress.count_in(state.train_state)
         with obs.saving():
-            path = checkpointing.save(args.save, iteration, model, optimizer, scheduler, args, state.train_state)
+            path = checkpointing.save(checkpoint.save, iteration, model, optimizer, scheduler, args, state.train_state)
         progress.saved(iteration, state.train_state["consumed_train_samples"])
         return path
 
@@ -126,7 +133,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
         micro_batches = None  # the previous iteration's count: --rampup-batch-size changes it
         for iteration in range(state.start + 1, state.last + 1):
             batch = next(plan)
-            if (args.save and micro_batches not in (None, batch.num_microbatches)
+            if (checkpoint.save and micro_batches not in (None, batch.num_microbatches)
                     and state.saved_at != iteration - 1):  # Megatron-LM saves before the count changes
                 params.sync()
                 save(iteration - 1)
@@ -140,18 +147,19 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 continue
             obs.step_begin(iteration)
             t0 = time.perf_counter()
-            stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch, step, resilience)
+            stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch, step, resilience,
+                               schedule)
             if "rerun_exit" in stats:  # the rerun machine stops the run before this step's update (rerun.py)
                 save, state.status = stats["rerun_exit"]
                 state.last, path = iteration - 1, None
-                if save and args.save:
+                if save and checkpoint.save:
                     params.sync()
                     with obs.saving():
-                        path = checkpointing.save(args.save, state.last, model, optimizer, scheduler, args,
+                        path = checkpointing.save(checkpoint.save, state.last, model, optimizer, scheduler, args,
                                                   state.train_state)
                 print_rank0(rank, rerun.exit_message(state.status, iteration, save, path))
                 break
-            release_unused_memory(args.empty_unused_memory_level, "step")
+            release_unused_memory(schedule.empty_unused_memory_level, "step")
             elapsed = time.perf_counter() - t0
             state.train_state["consumed_train_samples"] += batch.size
             progress.trained(batch.size)
@@ -163,42 +171,43 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 print_rank0(rank, f"mtmegatron: placement: all {checked} parameters, buffers, gradient buffers "
                             f"and optimizer states on {device}")
             skipped = state.train_state["skipped_steps"] = state.train_state["skipped_steps"] + int(stats["skipped"])
-            row = {"iteration": iteration, **stats, "tokens_per_sec": batch.size * args.seq_length / elapsed,
+            row = {"iteration": iteration, **stats, "tokens_per_sec": batch.size * schedule.seq_length / elapsed,
                    "step_time_ms": elapsed * 1000.0, "skipped_steps": skipped}
-            if evaluate and (iteration % args.eval_interval == 0 or iteration == state.last):
-                release_unused_memory(args.empty_unused_memory_level, "eval")
+            if evaluate and (iteration % schedule.eval_interval == 0 or iteration == state.last):
+                release_unused_memory(schedule.empty_unused_memory_level, "eval")
                 with params.gathered(), obs.evaluation():
-                    row.update(validation_losses(sets, model, args, step))
-                state.train_state["consumed_valid_samples"] += sum(s.eval_iters for s in sets) * args.global_batch_size
+                    row.update(validation_losses(sets, model, args, step, schedule))
+                read = sum(s.eval_iters for s in sets) * schedule.global_batch_size
+                state.train_state["consumed_valid_samples"] += read
             obs.log(row)  # metrics.jsonl, tensorboard, wandb
             history.after_step(iteration, iteration == state.start + 1)
             memory_report.maybe_report(observability, device, iteration)  # --log-memory-interval
             if weight_hash.due(resilience, iteration, first=False):
                 with params.gathered():
                     weight_hash.check(model, iteration)
-            if args.max_skipped_steps is not None and skipped > args.max_skipped_steps:
+            if schedule.max_skipped_steps is not None and skipped > schedule.max_skipped_steps:
                 print_rank0(rank, f"mtmegatron: error: {skipped} steps skipped for inf/nan "
-                            f"loss or gradients (more than --max-skipped-steps {args.max_skipped_steps}); "
+                            f"loss or gradients (more than --max-skipped-steps {schedule.max_skipped_steps}); "
                             f"stopping at iteration {iteration}")
                 state.status, state.last = 1, iteration
                 break
-            if args.save and args.save_interval and iteration % args.save_interval == 0:
+            if checkpoint.save and schedule.save_interval and iteration % schedule.save_interval == 0:
                 params.sync()
                 save(iteration)
                 state.saved_at = iteration
             elif non_persistent.due(checkpoint, iteration):  # --non-persistent-save-interval: only the newest kept
                 params.sync()
                 with obs.saving():
-                    checkpointing.save(non_persistent.directory(checkpoint, args.save), iteration, model, optimizer, scheduler, args,
-                                       state.train_state)
+                    checkpointing.save(non_persistent.directory(checkpoint, checkpoint.save), iteration, model,
+                                       optimizer, scheduler, args, state.train_state)
             reason = termination.requested()  # --exit-signal-handler / --exit-duration-in-mins
             if reason:
                 print_rank0(rank, f"mtmegatron: {reason}: stopping after iteration {iteration}"
-                            f"{'' if args.save else ' (no --save given: no checkpoint written)'}")
+                            f"{'' if checkpoint.save else ' (no --save given: no checkpoint written)'}")
                 state.last, state.terminated = iteration, True
                 break
         params.finish()  # the model is plain from here on: final save, sampling, export
-        if (state.status == 0 and args.save and state.saved_at != state.last
+        if (state.status == 0 and checkpoint.save and state.saved_at != state.last
                 and (state.last > state.start or state.last == 0)):  # 0: the initial checkpoint
             print_rank0(rank, f"mtmegatron: saved {save(state.last)}")
     finally:

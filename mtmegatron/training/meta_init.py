@@ -24,13 +24,14 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from megatron.core.transformer import TransformerConfig
 
 from mtmegatron.utils.errors import ConfigError
 
 
-def birth(args):
+def birth(config: TransformerConfig):
     """The context the model chunks are built in: the meta device, or nothing."""
-    return torch.device("meta") if args.init_model_with_meta_device else contextlib.nullcontext()
+    return torch.device("meta") if config.init_model_with_meta_device else contextlib.nullcontext()
 
 
 def check_materialisable(chunks) -> None:

@@ -59,7 +59,7 @@ def build_optimizer(args, model, params_dtype: torch.dtype):
                                            dump_param_to_param_group_map=args.dump_param_to_param_group_map)
     rank = torch.distributed.get_rank()
     if rank == 0:
-        print(f"mtmegatron: {describe(optimizer, args)}", flush=True)
+        print(f"mtmegatron: {describe(optimizer, config)}", flush=True)
     if os.environ.get(STATS_ENV):
         _write_stats_after_each_step(optimizer, os.environ[STATS_ENV], rank)
         if os.environ.get(DROP_GRAD_ENV):
@@ -74,25 +74,26 @@ def _fmt(n: float, unit: str = "") -> str:
     return f"{n:.0f}{unit and ' ' + unit}"
 
 
-def describe(optimizer, args) -> str:
-    """One line: which Adam runs the update, and (with offload) what this rank offloaded."""
+def describe(optimizer, config: OptimizerConfig) -> str:
+    """One line: which Adam runs the update, and (with offload) what this rank offloaded (``config``: the
+    OptimizerConfig it was built with)."""
     inners = inner_optimizers(optimizer)
     names = sorted({type(sub).__module__.split(".")[0] + "." + type(sub).__name__
                     for inner in inners for sub in getattr(inner, "sub_optimizers", [inner])})
     line = f"optimizer: {', '.join(names) or 'none on this rank'}"
-    if not args.optimizer_cpu_offload:
+    if not config.optimizer_cpu_offload:
         return line
     stats = offload_stats(optimizer)
     if not stats["offload"]:
         raise RuntimeError("--optimizer-cpu-offload was given but megatron-core built no HybridDeviceOptimizer")
     # states the Adam will create: fp32 master, exp_avg, exp_avg_sq (fp32) per element; the device part of
     # fp32 parameters keeps no separate master copy
-    master = 4 if (args.bf16 or args.fp16) else 0
+    master = 4 if (config.bf16 or config.fp16) else 0
     host = stats["offloaded_params"] * (4 + 4 + 4)
     device = (stats["total_params"] - stats["offloaded_params"]) * (master + 4 + 4)
     share = stats["offloaded_params"] / max(stats["total_params"], 1)
     return (f"{line}; optimizer offload: {100 * share:.1f}% of {_fmt(stats['total_params'])} params on rank 0 "
-            f"(fraction {args.optimizer_offload_fraction}), states host {_fmt(host, 'B')} / device "
+            f"(fraction {config.optimizer_offload_fraction}), states host {_fmt(host, 'B')} / device "
             f"{_fmt(device, 'B')}; copies on {stats['streams']}")
 
 

@@ -23,6 +23,7 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.distributed.torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
 
 from mtmegatron.models.config_from_flags import ddp_config_kwargs
+from mtmegatron.training.section import Parallel
 
 
 def ddp_config(args) -> DistributedDataParallelConfig:
@@ -49,14 +50,15 @@ def _per_chunk(funcs: list):
     return funcs[0] if len(funcs) == 1 else funcs
 
 
-def install_sync_funcs(config, model, args) -> None:
+def install_sync_funcs(config, model, parallel: Parallel) -> None:
     """Megatron-LM's training.setup: gradient accumulation without reduction until the last micro-batch
     (``no_sync``), grad reduce launched per chunk by the schedule (``align_grad_reduce``), and with the interleaved
-    schedule the parameter all-gather launched per chunk by the schedule (``align_param_gather``)."""
+    schedule the parameter all-gather launched per chunk by the schedule (``align_param_gather``). The flags come
+    from the run's ``Parallel`` section: Megatron-FSDP turns its own config's ``overlap_grad_reduce`` on."""
     config.no_sync_func = config.grad_sync_func = config.param_sync_func = None
-    if args.overlap_grad_reduce:
+    if parallel.overlap_grad_reduce:
         config.no_sync_func = _per_chunk([chunk.no_sync for chunk in model])
-        if args.align_grad_reduce:  # --no-align-grad-reduce: each stage reduces when its backward ends
+        if parallel.align_grad_reduce:  # --no-align-grad-reduce: each stage reduces when its backward ends
             config.grad_sync_func = _per_chunk([chunk.start_grad_sync for chunk in model])
     if model[0].ddp_config.overlap_param_gather and model[0].ddp_config.align_param_gather:
         config.param_sync_func = _per_chunk([chunk.start_param_sync for chunk in model])
@@ -66,10 +68,11 @@ class ParamGather:
     """Keeps DDP's forward pre-hooks (the lazy parameter all-gather of --overlap-param-gather) in the states
     Megatron-LM keeps them; every method is a no-op without --overlap-param-gather."""
 
-    def __init__(self, model, args):
+    def __init__(self, model, parallel: Parallel):
         self.model, self.config = model, model[0].config  # the config the schedules read
         # Megatron-FSDP gathers its parameters itself (Megatron-LM toggles no hooks for it either)
-        self.active = bool(args.use_distributed_optimizer and args.overlap_param_gather and not args.use_megatron_fsdp)
+        self.active = bool(parallel.use_distributed_optimizer and parallel.overlap_param_gather
+                           and not parallel.use_megatron_fsdp)
         self.hooks_on = self.active  # DDP registers the hooks when it is built
         self.stale = False  # an optimizer step updated only this rank's shards since the last full gather
         self._param_sync_func = None

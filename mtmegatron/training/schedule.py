@@ -11,12 +11,13 @@ scheduler compares) differs from this run's, the load stops with one message unl
 ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's values). Giving both is a flag error
 (``schedule_flags.check_schedule_args``). ``wd_incr_steps`` is not compared when both sides keep the
 weight decay constant (it has no effect then). ``--finetune`` / ``--no-load-optim`` never restore a schedule.
-May assume: ``args`` validated by config/arguments.py.
+May assume: the schedule flags validated by config/schedule_flags.py.
 """
 
 from __future__ import annotations
 
 from mtmegatron.training.schedule_steps import scheduler_steps, weight_decay_range
+from mtmegatron.training.section import LrSchedule
 
 # scheduler state key -> the flag that sets it
 COMPARED = {
@@ -29,24 +30,24 @@ COMPARED = {
 _STEP_KEYS = ("lr_warmup_steps", "lr_decay_steps", "wd_incr_steps")
 
 
-def build_scheduler(optimizer, args):
+def build_scheduler(optimizer, schedule: LrSchedule):
     """megatron-core's ``OptimizerParamScheduler`` for the flags, with Megatron-LM's step counts."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    start_wd, end_wd = weight_decay_range(args)
+    start_wd, end_wd = weight_decay_range(schedule)
     return OptimizerParamScheduler(
         optimizer,
-        init_lr=args.lr_warmup_init,
-        max_lr=args.lr,
-        min_lr=args.min_lr,
-        lr_decay_style=args.lr_decay_style,
+        init_lr=schedule.lr_warmup_init,
+        max_lr=schedule.lr,
+        min_lr=schedule.min_lr,
+        lr_decay_style=schedule.lr_decay_style,
         start_wd=start_wd,
         end_wd=end_wd,
-        wd_incr_style=args.weight_decay_incr_style,
-        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
-        override_opt_param_scheduler=args.override_opt_param_scheduler,
-        lr_wsd_decay_style=args.lr_wsd_decay_style,
-        **scheduler_steps(args),  # lr_warmup_steps, lr_decay_steps, wsd_decay_steps, wd_incr_steps
+        wd_incr_style=schedule.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=schedule.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=schedule.override_opt_param_scheduler,
+        lr_wsd_decay_style=schedule.lr_wsd_decay_style,
+        **scheduler_steps(schedule),  # lr_warmup_steps, lr_decay_steps, wsd_decay_steps, wd_incr_steps
     )
 
 
@@ -73,12 +74,12 @@ def _describe(key: str, value, gbs: int) -> str:
     return str(value)
 
 
-def check_schedule(saved: dict, scheduler, args, directory: str, error=ValueError) -> None:
+def check_schedule(saved: dict, scheduler, schedule: LrSchedule, directory: str, error=ValueError) -> None:
     """Raise ``error`` when the saved schedule differs and no flag says which one to use."""
     differences = schedule_differences(saved, scheduler.state_dict())
-    if not differences or args.override_opt_param_scheduler or args.use_checkpoint_opt_param_scheduler:
+    if not differences or schedule.override_opt_param_scheduler or schedule.use_checkpoint_opt_param_scheduler:
         return
-    gbs = args.global_batch_size
+    gbs = schedule.global_batch_size
     details = "; ".join(f"{key} [{COMPARED[key]}]: checkpoint {_describe(key, a, gbs)} vs run {_describe(key, b, gbs)}"
                         for key, (a, b) in differences.items())
     raise error(f"checkpoint {directory} was trained with another learning-rate/weight-decay schedule "

@@ -8,30 +8,30 @@ May assume: the schedule flags parsed (train_iters set for --train-samples, glob
 
 from __future__ import annotations
 
-import argparse
+from mtmegatron.training.section import LrSchedule
 
 
-def scheduler_steps(args: argparse.Namespace) -> dict:
+def scheduler_steps(schedule: LrSchedule) -> dict:
     """The step counts (in samples) of megatron-core's OptimizerParamScheduler for these flags, as Megatron-LM's
     ``get_optimizer_param_scheduler`` computes them."""
-    if args.train_samples is not None:
-        decay = args.lr_decay_samples if args.lr_decay_samples is not None else max(args.train_samples, 1)
-        warmup = args.lr_warmup_samples
-        wsd, wd_incr = args.lr_wsd_decay_samples, args.train_samples
+    if schedule.train_samples is not None:
+        decay = schedule.lr_decay_samples if schedule.lr_decay_samples is not None else max(schedule.train_samples, 1)
+        warmup = schedule.lr_warmup_samples
+        wsd, wd_incr = schedule.lr_wsd_decay_samples, schedule.train_samples
     else:
-        gbs = args.global_batch_size
+        gbs = schedule.global_batch_size
         # --train-iters 0 (write the initial checkpoint) still needs a positive decay length
-        decay = (args.lr_decay_iters if args.lr_decay_iters is not None else max(args.train_iters, 1)) * gbs
-        warmup = args.lr_warmup_iters * gbs
-        wsd = args.lr_wsd_decay_iters * gbs if args.lr_wsd_decay_iters is not None else None
-        wd_incr = args.train_iters * gbs
-    if args.lr_warmup_fraction is not None:
-        warmup = args.lr_warmup_fraction * decay
+        decay = (schedule.lr_decay_iters if schedule.lr_decay_iters is not None else max(schedule.train_iters, 1)) * gbs
+        warmup = schedule.lr_warmup_iters * gbs
+        wsd = schedule.lr_wsd_decay_iters * gbs if schedule.lr_wsd_decay_iters is not None else None
+        wd_incr = schedule.train_iters * gbs
+    if schedule.lr_warmup_fraction is not None:
+        warmup = schedule.lr_warmup_fraction * decay
     return {"lr_warmup_steps": warmup, "lr_decay_steps": decay, "wsd_decay_steps": wsd, "wd_incr_steps": wd_incr}
 
 
-def weight_decay_range(args: argparse.Namespace) -> tuple[float, float]:
+def weight_decay_range(schedule: LrSchedule) -> tuple[float, float]:
     """(start, end) weight decay: ``--weight-decay`` twice for the constant style."""
-    if args.weight_decay_incr_style == "constant":
-        return args.weight_decay, args.weight_decay
-    return args.start_weight_decay, args.end_weight_decay
+    if schedule.weight_decay_incr_style == "constant":
+        return schedule.weight_decay, schedule.weight_decay
+    return schedule.start_weight_decay, schedule.end_weight_decay

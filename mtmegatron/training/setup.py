@@ -31,40 +31,49 @@ from mtmegatron.training import meta_init, overlap
 from mtmegatron.training.fsdp_engine import engine
 from mtmegatron.training.optimizer import build_optimizer
 from mtmegatron.training.schedule import build_scheduler
+from mtmegatron.training.section import LrSchedule, Parallel
 
 
 def init_distributed(args, backend) -> None:
+    """``start_process_groups`` for the run's parsed values (the entry points' and tests' call): its ``Parallel``
+    section and the virtual pipeline size config/arguments.py derived."""
+    start_process_groups(Parallel.of(args), args.virtual_pipeline_model_parallel_size, backend)
+
+
+def start_process_groups(parallel: Parallel, virtual_pipeline_model_parallel_size: int | None, backend) -> None:
+    """The default process group (timing out after ``--distributed-timeout-minutes``), megatron-core's
+    model-parallel groups, the logging level and this rank's seeds."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend.set_device(local_rank)
     if not torch.distributed.is_initialized():
-        timeout = datetime.timedelta(minutes=args.distributed_timeout_minutes)
+        timeout = datetime.timedelta(minutes=parallel.distributed_timeout_minutes)
         if "RANK" not in os.environ:  # a plain `python -m mtmegatron.pretrain`: one process
             init_lone_process_group(backend.dist_backend, timeout)
         else:
             torch.distributed.init_process_group(backend=backend.dist_backend, timeout=timeout)
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        context_parallel_size=args.context_parallel_size,
-        expert_model_parallel_size=args.expert_model_parallel_size,
-        expert_tensor_parallel_size=args.expert_tensor_parallel_size,  # None: megatron-core's default, TP
-        distributed_timeout_minutes=args.distributed_timeout_minutes,
-        order=parallel_order(args),  # --use-tp-pp-dp-mapping
-        num_distributed_optimizer_instances=args.num_distributed_optimizer_instances,  # HSDP / partial dist. opt.
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        context_parallel_size=parallel.context_parallel_size,
+        expert_model_parallel_size=parallel.expert_model_parallel_size,
+        expert_tensor_parallel_size=parallel.expert_tensor_parallel_size,  # None: megatron-core's default, TP
+        distributed_timeout_minutes=parallel.distributed_timeout_minutes,
+        order=parallel_order(parallel),  # --use-tp-pp-dp-mapping
+        num_distributed_optimizer_instances=parallel.num_distributed_optimizer_instances,  # HSDP / partial dist. opt.
     )
-    apply_logging_level(args)  # --logging-level / MEGATRON_LOGGING_LEVEL
-    seed_everything(initialization.rank_seed(args))  # Megatron-LM's: --seed + 100 * pipeline rank
+    apply_logging_level(parallel)  # --logging-level / MEGATRON_LOGGING_LEVEL
+    seed_everything(initialization.rank_seed(parallel))  # Megatron-LM's: --seed + 100 * pipeline rank
 
 
-def parallel_order(args) -> str:
+def parallel_order(parallel: Parallel) -> str:
     """megatron-core's rank order for initialize_model_parallel (Megatron-LM's initialize.py)."""
-    return "tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp"
+    return "tp-cp-ep-pp-dp" if parallel.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp"
 
 
-def apply_logging_level(args) -> int | None:
+def apply_logging_level(parallel: Parallel) -> int | None:
     """Megatron-LM's rule: ``--logging-level`` wins over ``MEGATRON_LOGGING_LEVEL``; the root logger gets it."""
-    level = args.logging_level
+    level = parallel.logging_level
     if level is None and os.environ.get("MEGATRON_LOGGING_LEVEL") is not None:
         level = int(os.environ["MEGATRON_LOGGING_LEVEL"])
     if level is not None:
@@ -72,9 +81,9 @@ def apply_logging_level(args) -> int | None:
     return level
 
 
-def ddp_bucket_size(args, chunks) -> int:
+def ddp_bucket_size(parallel: Parallel, chunks) -> int:
     """``--ddp-num-buckets``: this rank's parameters (all model chunks) // N, as Megatron-LM's get_model."""
-    return sum(p.nelement() for chunk in chunks for p in chunk.parameters()) // args.ddp_num_buckets
+    return sum(p.nelement() for chunk in chunks for p in chunk.parameters()) // parallel.ddp_num_buckets
 
 
 def init_lone_process_group(dist_backend: str, timeout: datetime.timedelta) -> None:
@@ -106,37 +115,38 @@ def seed_everything(seed: int) -> None:
 def build(args):
     """Returns (model chunks wrapped in DDP, Megatron-FSDP or torch FSDP2 (training/fsdp_engine.py), optimizer,
     scheduler, transformer config)."""
+    parallel = Parallel.of(args)  # the layout and the data-parallel wrapper's flags (training/section.py)
     config = transformer_config(args)
-    with meta_init.birth(args):  # --init-model-with-meta-device: Megatron-FSDP materialises it (meta_init.py)
+    with meta_init.birth(config):  # --init-model-with-meta-device: Megatron-FSDP materialises it (meta_init.py)
         chunks = build_model_chunks(args, config)  # on the device, or on the host (models/initialization.py)
     meta_init.check_materialisable(chunks)
     device = compute_device()
-    for chunk in chunks if not args.init_model_with_meta_device else ():
+    for chunk in chunks if not config.init_model_with_meta_device else ():
         move_module(chunk, device)  # host-initialised parameters (attributes kept) and buffers; else a no-op
-    if args.lora_r:  # --lora-r: base frozen before DDP and the optimizer see it, adapters attached (lora/wrap.py)
-        section = Lora.of(args)  # what lora/ reads (lora/section.py)
-        chunks = lora.wrap(chunks, section, args.seed)
+    section = Lora.of(args)  # what lora/ reads (lora/section.py)
+    if section.lora_r:  # --lora-r: base frozen before DDP and the optimizer see it, adapters attached (lora/wrap.py)
+        chunks = lora.wrap(chunks, section, parallel.seed)
         lora.announce(chunks, section)  # the trained vs frozen parameter counts (lora/report.py)
-    if args.bf16 or args.fp16:
+    if config.bf16 or config.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = overlap.ddp_config(args)
-    if args.torch_fsdp2_cpu_offload:  # fully_shard receives it (patches/torch_fsdp2_cpu_offload.py)
+    if parallel.torch_fsdp2_cpu_offload:  # fully_shard receives it (patches/torch_fsdp2_cpu_offload.py)
         ddp_config.offload_policy = CPUOffloadPolicy(pin_memory=not on_host(device))
-    if args.ddp_num_buckets is not None:  # Megatron-LM: this rank's parameters // N
-        ddp_config.bucket_size = ddp_bucket_size(args, chunks)
+    if parallel.ddp_num_buckets is not None:  # Megatron-LM: this rank's parameters // N
+        ddp_config.bucket_size = ddp_bucket_size(parallel, chunks)
     wrapper = {"ddp": DistributedDataParallel, "megatron_fsdp": partial(FullyShardedDataParallel, device=device),
-               "torch_fsdp2": TorchFullyShardedDataParallel}[engine(args)]
+               "torch_fsdp2": TorchFullyShardedDataParallel}[engine(parallel)]
     model = [  # Megatron-LM: chunks after the first are not bucketed (their reduce overlaps anyway)
         wrapper(config, ddp_config, chunk, disable_bucketing=(i > 0)) for i, chunk in enumerate(chunks)
     ]
     if wrapper is DistributedDataParallel:  # the FSDP engines shard weights every rank initialised alike
         for chunk in model:
             chunk.broadcast_params()
-    optimizer = build_optimizer(args, model, config.params_dtype)
-    scheduler = build_scheduler(optimizer, args)
+    optimizer = build_optimizer(args, model, config.params_dtype)  # megatron-core's OptimizerConfig, by field name
+    scheduler = build_scheduler(optimizer, LrSchedule.of(args))
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
-    overlap.install_sync_funcs(config, model, args)
+    overlap.install_sync_funcs(config, model, parallel)
     return model, optimizer, scheduler, config
 
 

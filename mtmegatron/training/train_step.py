@@ -24,6 +24,7 @@ from mtmegatron.attention.cp_batch import batch_on_this_cp_rank, cp_loss
 from mtmegatron.training.resilience import rerun
 from mtmegatron.training.resilience import robustness
 from mtmegatron.training.resilience.section import Resilience
+from mtmegatron.training.section import Schedule
 from mtmegatron.backends.device import compute_device, to_compute_device
 from mtmegatron.training.observability.step_timers import timed
 from mtmegatron.training.data import micro_batches
@@ -68,15 +69,21 @@ class Step:
     loss_validated: bool = True
 
 
-def lm_step(args) -> Step:
+def lm_step(schedule: Schedule) -> Step:
     """The language model's step on text batches (training/data.py): with ``--calculate-per-token-loss`` the
     per-token loss of sft_step.py (megatron-core then sums over the global batch), else the micro-batch mean."""
-    return Step(sft_step.forward_step if args.calculate_per_token_loss else forward_step)
+    return Step(sft_step.forward_step if schedule.calculate_per_token_loss else forward_step)
 
 
-def _global_mean_loss(losses_reduced: list[dict], args) -> float:
+def micro_batches_per_step(schedule: Schedule) -> int:
+    """Micro-batches per global batch without ``--rampup-batch-size``: --global-batch-size // (--micro-batch-size x
+    data-parallel size), as config/arguments.py checks it divides."""
+    return schedule.global_batch_size // (schedule.micro_batch_size * parallel_state.get_data_parallel_world_size())
+
+
+def _global_mean_loss(losses_reduced: list[dict], schedule: Schedule) -> float:
     """Average the last stage's micro-batch losses, then over data-parallel ranks, visible on every rank."""
-    if args.calculate_per_token_loss:  # megatron-core's per-token convention: [sum, count] reports (sft_step.py)
+    if schedule.calculate_per_token_loss:  # megatron-core's per-token convention: [sum, count] reports (sft_step.py)
         return sft_step.global_per_token_loss(losses_reduced)
     contribution = torch.zeros(1, dtype=torch.float64, device=compute_device())
     is_reporter = (
@@ -86,23 +93,24 @@ def _global_mean_loss(losses_reduced: list[dict], args) -> float:
     )
     if is_reporter and losses_reduced:
         mean = torch.stack([d["lm loss"].double() for d in losses_reduced]).mean()
-        contribution += mean / args.data_parallel_size
+        contribution += mean / parallel_state.get_data_parallel_world_size()
     torch.distributed.all_reduce(contribution)
     return contribution.item()
 
 
-def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatches: int | None = None,
+def run_schedule(data_iterators, model, schedule: Schedule, forward_only: bool, num_microbatches: int | None = None,
                  step: Step | None = None) -> list[dict]:
     """One global batch through megatron-core's schedule (chosen from the parallel state) with ``step`` (default:
-    ``lm_step``); the last stage's per-micro-batch loss dicts."""
+    ``lm_step``) and ``num_microbatches`` (default: ``micro_batches_per_step``); the last stage's per-micro-batch
+    loss dicts."""
     forward_backward = get_forward_backward_func()
-    step = step or lm_step(args)
-    seq_length, micro_batch_size = step.shape or (args.seq_length, args.micro_batch_size)
+    step = step or lm_step(schedule)
+    seq_length, micro_batch_size = step.shape or (schedule.seq_length, schedule.micro_batch_size)
     return forward_backward(
         forward_step_func=step.forward_step,
         data_iterator=data_iterators if len(model) > 1 else data_iterators[0],
         model=model if len(model) > 1 else model[0],
-        num_microbatches=num_microbatches or args.num_microbatches,
+        num_microbatches=num_microbatches or micro_batches_per_step(schedule),
         seq_length=seq_length,
         micro_batch_size=micro_batch_size,
         decoder_seq_length=seq_length,
@@ -111,40 +119,43 @@ def run_schedule(data_iterators, model, args, forward_only: bool, num_microbatch
 
 
 def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0, batch=None,
-               step: Step | None = None, resilience: Resilience | None = None) -> dict:
+               step: Step | None = None, resilience: Resilience | None = None,
+               schedule: Schedule | None = None) -> dict:
     """One optimizer step over a global batch; ``iteration`` only names the step in inf/nan reports. ``batch``
     (training/data.py's GlobalBatch) gives its size and micro-batch count under --rampup-batch-size (default:
     --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's. ``step``: the run's
     (default ``lm_step``); ``resilience``: the run's section (training/loop.py builds it once; default: from
-    ``args``, equal by value, so the same rerun machine). When the rerun machine stops the run, returns
+    ``args``, equal by value, so the same rerun machine); ``schedule``: the run's ``Schedule`` (likewise). ``args``
+    itself goes only to models/aux_losses.py. When the rerun machine stops the run, returns
     ``{"rerun_exit": (save_checkpoint, exit_code)}`` without a step."""
-    step = step or lm_step(args)
+    schedule = schedule or Schedule.of(args)
+    step = step or lm_step(schedule)
     machine = rerun.machine(resilience or Resilience.of(args))
     replayable = rerun.replayable(data_iterators)
     while machine.should_run_forward_backward(replayable):  # once, unless a result was rejected
         for chunk in model:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
-        losses_reduced = run_schedule(replayable, model, args, forward_only=False,
+        losses_reduced = run_schedule(replayable, model, schedule, forward_only=False,
                                       num_microbatches=batch.num_microbatches if batch else None, step=step)
     should_checkpoint, should_exit, exit_code = machine.should_checkpoint_and_exit()
     if should_exit:
         return {"rerun_exit": (should_checkpoint, exit_code)}
     lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it afterwards)
-    if not args.fp16 and robustness.nonfinite_step(model, losses_reduced, iteration):
+    if not schedule.fp16 and robustness.nonfinite_step(model, losses_reduced, iteration):
         # inf/nan never reaches the weights (fp16: the optimizer's check)
         update_successful, grad_norm, num_zeros = False, None, None
     else:
-        with timed(model[0], "optimizer", log_level=1, barrier=args.barrier_with_L1_time):
+        with timed(model[0], "optimizer", log_level=1, barrier=schedule.barrier_with_L1_time):
             update_successful, grad_norm, num_zeros = optimizer.step()
     if update_successful:
-        scheduler.step(increment=batch.size if batch else args.global_batch_size)
+        scheduler.step(increment=batch.size if batch else schedule.global_batch_size)
     return {
-        "loss": _global_mean_loss(losses_reduced, args),
+        "loss": _global_mean_loss(losses_reduced, schedule),
         "grad_norm": float(grad_norm) if grad_norm is not None else None,
         "lr": lr,
         "skipped": not update_successful,
-        **({"num_zeros_in_grad": None if num_zeros is None else int(num_zeros)} if args.log_num_zeros_in_grad else {}),
+        **({"num_zeros_in_grad": None if num_zeros is None else int(num_zeros)} if schedule.log_num_zeros_in_grad else {}),
         # Megatron-LM's iteration line shows the loss scale after the step (1.0 without --fp16)
         "loss_scale": float(optimizer.get_loss_scale()),
         **aux_loss_stats(args),  # mtp_loss / moe_aux_loss / moe_z_loss when the model has them
