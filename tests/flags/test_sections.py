@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import itertools
 from pathlib import Path
 
 import pytest
@@ -212,4 +213,38 @@ def test_model_build_and_fusions_hold_the_flag_values_and_their_modules_read_no_
     assert fusions.decide(fused) == fusions.decide(run.args)
     moved = ["models/fusions.py", "models/moe_layers.py", "models/grouped_experts.py",
              "models/families/gpt_oss/rope.py", "models/families/shared/mtp.py"]
+    assert [m for m in moved if re.search(r"\bargs\.\w", (PACKAGE / m).read_text())] == []
+
+
+def test_data_sft_and_packing_sections_hold_the_flag_values_and_their_modules_read_no_args():
+    """The data sections (data/section.py), ``Sft`` and the packed-vision ``Packing`` hold the values the flags
+    gave; the sample plan and the tokenizer flags line read them as they read the run's args; the modules moved
+    onto them read no ``args.<name>``."""
+    import re
+
+    from mtmegatron.data.position import SamplePlan
+    from mtmegatron.data.section import Batches, DatasetBuilder, Splits, Tokenizer
+    from mtmegatron.data.tokenizer_build import tokenizer_flags_text
+    from mtmegatron.sft.section import Sft
+    from mtmegatron.tasks.qwen_vl.section import Packing
+
+    run = config.parse(["--model", "llama3", "--model-size", "tiny", "--sft", "--no-sft-packing", "--seq-length", "64",
+                        "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
+                        "--rampup-batch-size", "4", "4", "16", "--train-samples", "64", "--iterations-to-skip", "2", "--split", "90,10,0", "--tokenizer-type", "NullTokenizer",
+                        "--vocab-size", "300", "--num-dataset-builder-threads", "3"], world_size=2)
+    sections = [run.of(s) for s in (Batches, DatasetBuilder, Splits, Tokenizer, Sft, Packing)]
+    for made in sections:
+        assert all(getattr(made, f.name) is getattr(run.args, f.name) for f in dataclasses.fields(made))
+    batches, builder, splits, tokenizer, sft, packing = sections
+    assert (batches.global_batch_size, batches.rampup_batch_size, batches.iterations_to_skip) == (8, [4, 4, 16], [2])
+    assert (builder.num_dataset_builder_threads, splits.split, sft.sft_packing, packing.seq_length) == (
+        3, "90,10,0", False, 64)
+    plan = SamplePlan(batches, 2)
+    # the ramp: 4 samples a batch until 16 are consumed, then 8; iteration 3 (2 done before it) consumed untrained
+    assert [(b.size, b.skipped, b.num_microbatches) for b in itertools.islice(plan, 6)] == [
+        (4, False, 1), (4, False, 1), (4, True, 1), (4, False, 1), (8, False, 2), (8, False, 2)]
+    assert tokenizer_flags_text(tokenizer, None) == "--tokenizer-type NullTokenizer --vocab-size 300"
+    moved = ["data/dataset_fields.py", "data/position.py", "data/splits.py", "data/tokenizer_build.py",
+             "sft/dataset.py", "sft/accuracy.py", "sft/report.py", "training/sft_step.py", "tasks/qwen_vl/thd.py",
+             "tasks/qwen_vl/step.py"]
     assert [m for m in moved if re.search(r"\bargs\.\w", (PACKAGE / m).read_text())] == []
