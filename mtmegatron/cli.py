@@ -88,6 +88,7 @@ def main(argv=None) -> int:
     quiet_checkpoint_noise()  # before megatron-core is imported: a bad input is then the only line on stderr
     parser = _Parser(prog="mtmegatron", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(direction=None)  # only convert's subcommands have one (config/convert_flags.py)
     for name, fn, text in (("env", cmd_env, "show backends, versions, kernels"),
                            ("doctor", cmd_env, "same as env"),
                            ("patches", cmd_patches, "list megatron-core patches and why")):
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
         from mtmegatron.config.flag_help import unknown_flags_message
 
         command = sub.choices[args.command]
-        if getattr(args, "direction", None):
+        if args.direction:
             command = command._subparsers._group_actions[0].choices[args.direction]
         command.error(unknown_flags_message(command, extras).removesuffix(" (see --help)"))
     from mtmegatron.backends import BackendUnavailableError
