@@ -3,7 +3,6 @@ and counted with skip_bad_samples); truncation never cuts an image; every sample
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 
@@ -12,6 +11,7 @@ import torch
 from mm_samples import qa, write_jsonl, write_png
 
 from mtmegatron.data.vision.build import build_multimodal_datasets
+from mtmegatron.data.vision.section import LlavaData
 from mtmegatron.data.vision.llava_conversations import ConversationDataset, LoaderConfig
 from mtmegatron.data.vision.images import ImageConfig
 from mtmegatron.data.vision.records import BadSample
@@ -124,7 +124,7 @@ def _args(**kw):
     base = dict(data_path=None, valid_data_path=None, img_h=32, img_w=32, vocab_size=1024, decoder_seq_length=128, seed=1, split="9,1,0",
                 prompt_format="llama3", vision_model_type="clip", use_tiling=False, max_num_tiles=1,
                 use_thumbnail=False, skip_bad_samples=False, image_folder=None, tokenizer_model=None)
-    return argparse.Namespace(**{**base, **kw})
+    return LlavaData(**{**base, **kw})
 
 
 def test_build_embedded_and_user_data(tokenizer, folder, capsys):

@@ -1,6 +1,6 @@
 """``build_multimodal_datasets``: the one entry point the LLaVA training side calls.
 
-Reads these ``args`` fields (flags of ``--model llava``):
+Reads these fields of data/vision/section.py's ``LlavaData`` (flags of ``--model llava``):
 - ``data_path``: JSONL file(s), or JSON array files as LLaVA ships them (list or str); None -> the embedded
   shapes dataset (``shapes.py``; its ``*_captions.jsonl`` with ``--prompt-format plain``), generated once into
   the cache with its own tokenizer (``SHAPES_SEED``, at most ``SHAPES_MAX_SIDE`` pixels a side);
@@ -23,7 +23,6 @@ May assume: the LLaVA flags are parsed and checked (models/families/llava/flags.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -38,6 +37,7 @@ from mtmegatron.data.vision.images import ImageConfig
 from mtmegatron.data.vision.records import BadSample
 from mtmegatron.data.vision.template import MULTIMODAL_SPECIAL_TOKENS, TemplateError
 from mtmegatron.data.tokenizer import TokenizerError, load_tokenizer, train_bpe
+from mtmegatron.data.vision.section import LlavaData
 from mtmegatron.models.families import llava
 from mtmegatron.utils.errors import ConfigError
 
@@ -106,55 +106,55 @@ def _held_out(dataset, split: str, seed: int):
             torch.utils.data.Subset(dataset, sorted(order[:num_valid])))
 
 
-def build_multimodal_datasets(args: argparse.Namespace, img_seq_len: int, tokenizer=None, progress: bool = True):
+def build_multimodal_datasets(flags: LlavaData, img_seq_len: int, tokenizer=None, progress: bool = True):
     """(train dataset, valid dataset or None, tokenizer, info); ``info["collate_fn"]`` makes batches
     (``llava_collate.py``), ``info["bad_samples"]`` counts skipped samples (also printed to stderr when ``progress``),
     ``info["summary"]`` is one line for logs."""
-    template = _or(args.prompt_format, llava.FAMILY.chat_template)
-    data_paths = _as_list(args.data_path)
-    valid_paths = _as_list(args.valid_data_path)
-    image_folder = args.image_folder
+    template = _or(flags.prompt_format, llava.FAMILY.chat_template)
+    data_paths = _as_list(flags.data_path)
+    valid_paths = _as_list(flags.valid_data_path)
+    image_folder = flags.image_folder
     try:
         if not data_paths:
             from mtmegatron.data.vision import shapes
 
             directory, tokenizer_dir = shapes.prepare(
-                seed=SHAPES_SEED, height=min(args.img_h, SHAPES_MAX_SIDE), width=min(args.img_w, SHAPES_MAX_SIDE),
-                vocab_size=args.vocab_size)
+                seed=SHAPES_SEED, height=min(flags.img_h, SHAPES_MAX_SIDE), width=min(flags.img_w, SHAPES_MAX_SIDE),
+                vocab_size=flags.vocab_size)
             suffix = "_captions.jsonl" if template == "plain" else ".jsonl"
             data_paths = [os.path.join(directory, "train" + suffix)]
             valid_paths = [os.path.join(directory, "valid" + suffix)]
             image_folder = directory
-            if tokenizer is None and not args.tokenizer_model:
+            if tokenizer is None and not flags.tokenizer_model:
                 tokenizer = load_tokenizer(tokenizer_dir)
         for path in data_paths + valid_paths:
             if not os.path.isfile(path):
                 raise ConfigError(f"--data-path: no such JSONL file: {path}")
         if tokenizer is None:
-            model = args.tokenizer_model
-            tokenizer = load_tokenizer(model) if model else _bpe_for(data_paths, args.vocab_size)
-        if tokenizer.vocab_size > args.vocab_size:
+            model = flags.tokenizer_model
+            tokenizer = load_tokenizer(model) if model else _bpe_for(data_paths, flags.vocab_size)
+        if tokenizer.vocab_size > flags.vocab_size:
             raise ConfigError(f"the tokenizer {tokenizer.source} has {tokenizer.vocab_size} tokens, more than the "
-                              f"model's --vocab-size {args.vocab_size}")
+                              f"model's --vocab-size {flags.vocab_size}")
         image = ImageConfig.for_vision_model(
-            _or(args.vision_model_type, "clip"), args.img_h, args.img_w,
-            use_tiling=bool(args.use_tiling), max_num_tiles=_or(args.max_num_tiles, 1),
-            use_thumbnail=bool(args.use_thumbnail))
-        config = LoaderConfig(template, img_seq_len, args.decoder_seq_length, image,
-                              bool(args.skip_bad_samples))
+            _or(flags.vision_model_type, "clip"), flags.img_h, flags.img_w,
+            use_tiling=bool(flags.use_tiling), max_num_tiles=_or(flags.max_num_tiles, 1),
+            use_thumbnail=bool(flags.use_thumbnail))
+        config = LoaderConfig(template, img_seq_len, flags.decoder_seq_length, image,
+                              bool(flags.skip_bad_samples))
         train = ConversationDataset(data_paths, image_folder, tokenizer, config, progress)
         bad = list(train.bad_samples)
         if valid_paths:
             valid = ConversationDataset(valid_paths, image_folder, tokenizer, config, progress)
             bad += valid.bad_samples
         else:
-            train, valid = _held_out(train, _or(args.split, "969,30,1"), args.seed)
+            train, valid = _held_out(train, _or(flags.split, "969,30,1"), flags.seed)
     except (BadSample, TemplateError, TokenizerError, FileNotFoundError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(str(e)) from None
     info = {
-        "collate_fn": Collator(pad_id(tokenizer), img_seq_len, args.img_h, args.img_w),
+        "collate_fn": Collator(pad_id(tokenizer), img_seq_len, flags.img_h, flags.img_w),
         "train_samples": len(train),
         "valid_samples": len(valid) if valid is not None else 0,
         "bad_samples": len(bad),

@@ -40,13 +40,14 @@ class MultimodalData:
 
 def prepare(args: argparse.Namespace, progress: bool = True) -> MultimodalData:
     from mtmegatron.data.vision.build import build_multimodal_datasets
+    from mtmegatron.data.vision.section import LlavaData
     from mtmegatron.models.families.llava.flags import image_embeddings_per_tile
 
     if args.mock_data:
         raise ConfigError("--mock-data with --model llava: megatron-core's mock data has all-zero images, which "
                           "cannot show that the vision path learns anything; without --data-path the run uses the "
                           "embedded shapes dataset (generated images with questions about them, no network)")
-    train, valid, tokenizer, info = build_multimodal_datasets(args, image_embeddings_per_tile(args),
+    train, valid, tokenizer, info = build_multimodal_datasets(LlavaData.of(args), image_embeddings_per_tile(args),
                                                               progress=progress)
     if len(train) == 0:
         raise ConfigError("the multimodal training split is empty")
