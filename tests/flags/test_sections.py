@@ -248,3 +248,36 @@ def test_data_sft_and_packing_sections_hold_the_flag_values_and_their_modules_re
              "sft/dataset.py", "sft/accuracy.py", "sft/report.py", "training/sft_step.py", "tasks/qwen_vl/thd.py",
              "tasks/qwen_vl/step.py"]
     assert [m for m in moved if re.search(r"\bargs\.\w", (PACKAGE / m).read_text())] == []
+
+
+def test_training_sections_hold_the_flag_values_and_drive_the_schedule_and_layout():
+    """training/section.py: Parallel, LrSchedule and Schedule hold the values the flags gave; the process-group
+    order, the wrapper and the scheduler's step counts follow them; the training modules moved onto them read no
+    ``args.<name>`` (the five left fill megatron-core's configs by field name, hand ``init_distributed``'s callers
+    the section, or write the run's outputs: listed exactly)."""
+    import re
+
+    from mtmegatron.training.fsdp_engine import engine
+    from mtmegatron.training.schedule_steps import scheduler_steps
+    from mtmegatron.training.section import LrSchedule, Parallel, Schedule
+    from mtmegatron.training.setup import parallel_order
+
+    run = config.parse(["--tensor-model-parallel-size", "2", "--use-tp-pp-dp-mapping", "--ddp-num-buckets", "3",
+                        "--overlap-grad-reduce", "--no-align-grad-reduce", "--lr", "0.01", "--min-lr", "0.001",
+                        "--lr-warmup-iters", "2", "--train-iters", "20", "--global-batch-size", "8",
+                        "--eval-interval", "5", "--eval-iters", "3", "--save-interval", "4", "--max-skipped-steps", "2"],
+                       world_size=2)
+    sections = [run.of(s) for s in (Parallel, LrSchedule, Schedule)]
+    for made in sections:
+        assert all(getattr(made, f.name) is getattr(run.args, f.name) for f in dataclasses.fields(made))
+    parallel, lr, schedule = sections
+    assert (parallel.tensor_model_parallel_size, parallel.ddp_num_buckets, parallel.overlap_grad_reduce,
+            parallel.align_grad_reduce) == (2, 3, True, False)
+    assert (parallel_order(parallel), engine(parallel)) == ("tp-cp-ep-pp-dp", "ddp")
+    assert (lr.lr, lr.min_lr, schedule.eval_interval, schedule.eval_iters, schedule.save_interval,
+            schedule.max_skipped_steps) == (0.01, 0.001, 5, 3, 4, 2)
+    steps = scheduler_steps(lr)  # samples: iterations x global batch
+    assert (steps["lr_warmup_steps"], steps["lr_decay_steps"], steps["wd_incr_steps"]) == (16, 160, 160)
+    top = sorted(path.name for path in (PACKAGE / "training").glob("*.py")
+                 if path.name not in ("data.py", "sft_step.py") and re.search(r"\bargs\.\w", path.read_text()))
+    assert top == ["finish.py", "optimizer.py", "overlap.py", "sampling.py", "setup.py"]
