@@ -43,6 +43,8 @@ def add_preprocess_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-tokenizer", type=int, metavar="VOCAB", default=None,
                    help="no --tokenizer-type/--tokenizer-model: train a byte-level BPE of this vocabulary size on "
                         "the input; saved to <prefix>_tokenizer/")
+    # config/tokenizer_flags.py's checks ask the run's family (a Namespace without --model is Megatron-LM's gpt)
+    p.set_defaults(model=None)
 
 
 def _one_line_error(message: str):

@@ -24,6 +24,7 @@ def _flags(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_tokenizer_args(parser)
     parser.add_argument("--vocab-size", type=int, default=None)
+    parser.set_defaults(model=None)  # as the preprocess parser: the tokenizer checks ask the family
     args = parser.parse_args(argv)
     check_tokenizer_args(args, ValueError)
     return args
