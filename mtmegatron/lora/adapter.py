@@ -73,7 +73,23 @@ def init_generator(seed: int, name: str) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
 
 
-class LoRA(torch.nn.Module):
+class KeepsFp32(torch.nn.Module):
+    """A module whose parameters stay fp32 when ``self.fp32``: a change of dtype (Float16Module's ``bfloat16()``)
+    is ignored, a device move is not. Adapters (LoRA here, grouped.GroupedLoRA) under ``--lora-fp32-adapters``."""
+
+    fp32 = False
+
+    def _apply(self, fn, recurse=True):
+        if not self.fp32:
+            return super()._apply(fn, recurse)
+
+        def keep_dtype(t):
+            out = fn(t)
+            return t.to(out.device) if t.is_floating_point() and out.dtype != t.dtype else out
+        return super()._apply(keep_dtype, recurse)
+
+
+class LoRA(KeepsFp32):
     """The adapter of one base linear. ``kind`` is "column" or "row"; ``gated`` marks a SwiGLU linear_fc1 (its
     B rows are [gate; up] per TP rank, resharded as megatron-core reshards the base weight). ``parts``: the
     part of each of this rank's B rows (row_parts); its largest value + 1 is the number of A blocks."""
@@ -108,16 +124,6 @@ class LoRA(torch.nn.Module):
         set_tensor_model_parallel_attributes(self.lora_b, kind == "column", 0, 1)
         for param in (self.lora_a, self.lora_b):  # an expert's (under EP): reduced over expert-DP, as its weight
             param.allreduce = getattr(weight, "allreduce", True)
-
-    def _apply(self, fn, recurse=True):
-        """As torch's, except that fp32 adapters ignore a change of dtype (Float16Module's ``bfloat16()``)."""
-        if not self.fp32:
-            return super()._apply(fn, recurse)
-
-        def keep_dtype(t):
-            out = fn(t)
-            return t.to(out.device) if t.is_floating_point() and out.dtype != t.dtype else out
-        return super()._apply(keep_dtype, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.lora_a.dtype)  # a no-op unless fp32 adapters see a half-precision input

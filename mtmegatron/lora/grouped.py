@@ -22,7 +22,7 @@ import torch
 from megatron.core.dist_checkpointing import ShardedTensor
 from megatron.core.transformer.moe import grouped_gemm_util as gg
 
-from mtmegatron.lora.adapter import fused_delta, init_generator
+from mtmegatron.lora.adapter import KeepsFp32, fused_delta, init_generator
 from mtmegatron.utils.errors import ConfigError
 
 
@@ -46,11 +46,15 @@ class _Pair(torch.nn.Module):
                    * masks[p] for p in range(self.n_parts))
 
 
-class GroupedLoRA(torch.nn.Module):
-    """The adapters of one GroupedMLP: ``linear_fc1`` / ``linear_fc2`` (_Pair) for the targets asked for."""
+class GroupedLoRA(KeepsFp32):
+    """The adapters of one GroupedMLP: ``linear_fc1`` / ``linear_fc2`` (_Pair) for the targets asked for; ``fp32``
+    (``--lora-fp32-adapters``): A and B in fp32 over a half-precision base, their input cast to fp32 at the grouped
+    matmul and their output to the base output's dtype, as adapter.py's LoRA."""
 
-    def __init__(self, experts, names: list[str], layer: int, r: int, alpha: float, dropout: float, seed: int):
+    def __init__(self, experts, names: list[str], layer: int, r: int, alpha: float, dropout: float, seed: int,
+                 fp32: bool = False):
         super().__init__()
+        self.fp32 = fp32
         from mtmegatron.lora.adapter import row_parts
 
         config, e_local = experts.config, experts.num_local_experts
@@ -59,6 +63,7 @@ class GroupedLoRA(torch.nn.Module):
         first = experts.ep_group.rank() * e_local
         hidden, ffn = config.hidden_size, config.moe_ffn_hidden_size
         weight = experts.weight1
+        dtype = torch.float32 if fp32 else weight.dtype
         shapes = {"linear_fc1": (hidden, ffn * (2 if config.gated_linear_unit else 1)), "linear_fc2": (ffn, hidden)}
         for name in ("linear_fc1", "linear_fc2"):
             if name not in names:
@@ -72,15 +77,15 @@ class GroupedLoRA(torch.nn.Module):
                 a[e].uniform_(-bound, bound, generator=init_generator(
                     seed, f"layers.{layer}.mlp.experts.local_experts.{first + e}.{name}"))
             b = torch.zeros(e_local, out, r)
-            pair = _Pair(a.to(device=weight.device, dtype=weight.dtype).contiguous(),
-                         b.to(device=weight.device, dtype=weight.dtype), parts, getattr(weight, "allreduce", True))
+            pair = _Pair(a.to(device=weight.device, dtype=dtype).contiguous(),
+                         b.to(device=weight.device, dtype=dtype), parts, getattr(weight, "allreduce", True))
             setattr(self, name, pair)
 
     def path(self, name: str, x: torch.Tensor, tokens_per_expert) -> torch.Tensor | None:
         pair = getattr(self, name, None)
         if pair is None:
             return None
-        return pair(self.dropout(x), tokens_per_expert, self.r) * self.scale
+        return pair(self.dropout(x.to(pair.lora_a.dtype)), tokens_per_expert, self.r) * self.scale
 
     def delta(self, name: str) -> torch.Tensor:
         """``scale * B @ A`` per local expert ([E, out, in]): what merging adds to expert e's weight."""
@@ -127,14 +132,16 @@ def _sharded_state_dict(experts, base_method):
     return sharded_state_dict
 
 
-def attach(experts, names: list[str], layer: int, r: int, alpha: float, dropout: float, seed: int) -> None:
-    """Give the GroupedMLP ``experts`` of (0-based global) decoder layer ``layer`` adapters on ``names``."""
+def attach(experts, names: list[str], layer: int, r: int, alpha: float, dropout: float, seed: int,
+           fp32: bool = False) -> None:
+    """Give the GroupedMLP ``experts`` of (0-based global) decoder layer ``layer`` adapters on ``names`` (fp32 ones
+    with ``fp32``)."""
     if experts.activation_recompute or experts.config.moe_apply_probs_on_input:
         raise ConfigError("--lora-r with --moe-grouped-gemm: 'moe_act' recompute and --moe-apply-probs-on-input "
                           "take no expert adapters yet")
     if experts.tp_group.size() > 1:
         raise ConfigError("--lora-r: expert adapters need expert tensor parallelism 1 "
                           "(--expert-tensor-parallel-size 1)")
-    experts.lora = GroupedLoRA(experts, names, layer, r, alpha, dropout, seed)
+    experts.lora = GroupedLoRA(experts, names, layer, r, alpha, dropout, seed, fp32)
     experts.forward = types.MethodType(forward, experts)
     experts.sharded_state_dict = _sharded_state_dict(experts, experts.sharded_state_dict)

@@ -79,7 +79,8 @@ def wrap(chunks: list, lora: Lora, seed: int) -> list:
             p.requires_grad_(False)
         experts_names = [n for n in lora.lora_target_modules if n in ("linear_fc1", "linear_fc2")]
         for layer, experts in grouped_targets(chunk) if experts_names else ():
-            grouped.attach(experts, experts_names, layer, lora.lora_r, lora.lora_alpha, lora.lora_dropout, seed)
+            grouped.attach(experts, experts_names, layer, lora.lora_r, lora.lora_alpha, lora.lora_dropout, seed,
+                           lora.lora_fp32_adapters)
         for name, linear in targets(chunk, lora.lora_target_modules):
             gated = name.endswith("linear_fc1") and chunk.config.gated_linear_unit
             parts = row_parts(name, chunk.config, linear.weight.shape[0])

@@ -121,3 +121,52 @@ def test_fp32_adapters_stay_fp32_over_a_bf16_base(single_rank):
     out, _ = base(x)
     expected = x @ base.weight.t() + ((x.float() @ a.t() @ b.t()) * 2.0).bfloat16()
     assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
+
+
+def test_fp32_grouped_expert_adapters_over_a_bf16_base(single_rank):
+    """``--lora-fp32-adapters`` on grouped-GEMM experts (lora/grouped.py): the stacked adapters stay fp32 when the
+    GroupedMLP is cast to bf16, their path runs in fp32 through the grouped matmul, the layer's bf16 output is its
+    fp32 merged reference within bf16 rounding (and not the base's), and the adapters' gradients are fp32."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.moe.experts import GroupedMLP
+
+    from mtmegatron.lora import grouped
+
+    torch.manual_seed(5)
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, ffn_hidden_size=6,
+                               moe_ffn_hidden_size=6, num_moe_experts=2, moe_grouped_gemm=True, add_bias_linear=False,
+                               gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+                               use_cpu_initialization=True)
+    experts = GroupedMLP(2, config, ProcessGroupCollection.use_mpu_process_groups())
+    grouped.attach(experts, ["linear_fc1", "linear_fc2"], 0, 4, 8.0, 0.0, 1, fp32=True)
+    lora = experts.lora
+    with torch.no_grad():
+        for pair in (lora.linear_fc1, lora.linear_fc2):
+            pair.lora_b.normal_(0, 0.5, generator=torch.Generator().manual_seed(3))
+    saved = [p.detach().clone() for p in lora.parameters()]
+    experts.bfloat16()
+    assert experts.weight1.dtype == experts.weight2.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 and torch.equal(p, q) for p, q in zip(lora.parameters(), saved))
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(4)).bfloat16()
+    tokens, probs = torch.tensor([2, 1]), torch.ones(3)
+    assert lora.path("linear_fc1", x, tokens).dtype == torch.float32
+    out, _ = experts(x, tokens, probs)
+    assert out.dtype == torch.bfloat16
+
+    def reference(with_adapters: bool) -> torch.Tensor:
+        w1 = experts.weight1.float().view(2, 8, -1)
+        w2 = experts.weight2.float().view(2, -1, 8)
+        if with_adapters:
+            w1 = w1 + lora.delta("linear_fc1").transpose(1, 2)
+            w2 = w2 + lora.delta("linear_fc2").transpose(1, 2)
+        rows = [x[:2].float(), x[2:].float()]
+        return torch.cat([experts.activation_func_with_probs(h @ w1[e], probs[:len(h), None]) @ w2[e]
+                          for e, h in enumerate(rows)]).detach()
+
+    merged, base = reference(True), reference(False)
+    assert (out.float() - merged).abs().max() <= 2e-2 * merged.abs().max()  # bf16 rounding of the base path
+    assert (merged - base).abs().max() > 0.2 * merged.abs().max()  # the adapters matter
+    out.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 and p.grad.abs().max() > 0
+               for p in lora.parameters())
