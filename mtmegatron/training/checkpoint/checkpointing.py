@@ -359,11 +359,17 @@ def _materialize_optimizer_state(optimizer) -> None:
 _GROUP_KEYS = ("wd_mult", "lr_mult", "is_decoupled_lr")
 
 
+def _one_optimizer(entry) -> bool:
+    """An optimizer's own state: Float16Optimizer's and DistributedOptimizer's hold ``optimizer``, FP32Optimizer's
+    (an fp32 run's plain optimizer) is torch's ``state`` + ``param_groups``."""
+    return isinstance(entry, dict) and ("optimizer" in entry or "param_groups" in entry)
+
+
 def _saved_optimizers(state) -> list[dict]:
     """The per-optimizer entries of an optimizer state (common part): a chained optimizer's ``{0: .., 1: ..}``,
     or the one optimizer's own dict."""
-    if isinstance(state, dict) and "optimizer" not in state:
-        return [state[k] for k in sorted(k for k in state if isinstance(k, int)) if "optimizer" in state[k]]
+    if isinstance(state, dict) and not _one_optimizer(state):
+        return [state[k] for k in sorted(k for k in state if isinstance(k, int)) if _one_optimizer(state[k])]
     return [state] if state else []
 
 
