@@ -2,7 +2,7 @@
 ``pretrain_gpt.core_gpt_dataset_config_from_args`` fills them: ``--num-dataset-builder-threads``,
 ``--mid-level-dataset-surplus``, ``--allow-ambiguous-pad-tokens``, ``--dataloader-fast-cache-load``,
 ``--dataloader-defer-npy-index-mmap`` and ``--per-dataset-sequences-path`` (a JSON file read here).
-``dataset_config_fields`` takes data/section.py's ``DatasetBuilder`` (those flags), built by its caller.
+``dataset_config_fields`` takes data/section.py's ``GptData`` (those flags among its values), built by its caller.
 May assume: the flags registered from Megatron-LM's table and checked (config/training_flags.py).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from mtmegatron.data.section import DatasetBuilder
+from mtmegatron.data.section import GptData
 
 # GPTDatasetConfig field <- flag dest (Megatron-LM's pretrain_gpt.core_gpt_dataset_config_from_args)
 DATASET_FIELDS = {
@@ -22,7 +22,7 @@ DATASET_FIELDS = {
 }
 
 
-def dataset_config_fields(builder: DatasetBuilder) -> dict:
+def dataset_config_fields(builder: GptData) -> dict:
     fields = {field: getattr(builder, dest) for field, dest in DATASET_FIELDS.items()}
     if builder.per_dataset_sequences_path is not None:
         with open(builder.per_dataset_sequences_path) as f:

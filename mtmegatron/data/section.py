@@ -1,6 +1,6 @@
 """The values data/ reads, by flag dest (issue 36's typed sections): the tokenizer flags (``Tokenizer``), where
 the pretraining text is and how ``--split`` divides it (``Splits``), megatron-core's dataset builder options
-(``DatasetBuilder``) and the batch sizes that decide which samples each iteration reads (``Batches``).
+and the GPT datasets' values (``GptData``) and the batch sizes that decide which samples each iteration reads (``Batches``).
 Built once where a run (or ``mtmegatron preprocess``) starts that concern (``X.of(args)``) and handed down.
 May assume: the flags were parsed and checked (config/tokenizer_flags.py, config/data_flags.py,
 config/schedule_flags.py); ``Tokenizer`` holds only dests that the preprocess parser defines too.
@@ -42,8 +42,20 @@ class Splits(Section):
 
 
 @dataclass(frozen=True)
-class DatasetBuilder(Section):
-    """megatron-core's GPTDatasetConfig builder options, as Megatron-LM's flags name them (data/dataset_fields.py)."""
+class GptData(Section):
+    """What megatron-core's GPTDatasetConfig takes from the flags (training/data.py), its builder options as
+    Megatron-LM's flags name them (data/dataset_fields.py), and where the datasets' index cache goes."""
+    seed: int                                       # the datasets' shuffles
+    seq_length: int
+    reset_position_ids: bool                        # positions restart at each document
+    reset_attention_mask: bool                      # tokens attend only within their document
+    eod_mask_loss: bool                             # no loss on the end-of-document token
+    create_attention_mask_in_dataloader: bool       # the dataset builds the --reset-attention-mask mask
+    mmap_bin_files: bool
+    vocab_size: int                                 # the mock data's tokenizer (NullTokenizer --vocab-size V-1)
+    data_cache_path: str | None                     # the index cache (resolve.py fills it for real data)
+    full_validation: bool                           # one epoch of the valid split
+    multiple_validation_sets: bool                  # one valid set per --valid-data-path prefix
     num_dataset_builder_threads: int
     mid_level_dataset_surplus: float
     allow_ambiguous_pad_tokens: bool

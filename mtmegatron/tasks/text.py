@@ -22,14 +22,16 @@ class TextTask(Task):
         return resolve_data(args, progress=progress)
 
     def datasets(self, args: argparse.Namespace, rank: int, plan, num_samples: int, data) -> tuple:
+        from mtmegatron.data.section import GptData, Splits
         from mtmegatron.training.data import (build_gpt_datasets, build_mock_dataset, build_mock_validation,
                                               describe_data)
 
-        num_valid = args.eval_iters * args.global_batch_size
-        if args.mock_data:
-            return build_mock_dataset(args, num_samples), build_mock_validation(args, num_valid)
-        dataset, valid = build_gpt_datasets(args, num_samples, num_valid or None, data)
-        print_rank0(rank, f"mtmegatron: data {describe_data(args)} | {len(dataset)} train samples"
+        num_valid, gpt, splits = args.eval_iters * args.global_batch_size, GptData.of(args), Splits.of(args)
+        if args.mock_data:  # validation only with --eval-interval or --skip-train
+            valid_samples = num_valid if args.eval_interval or args.skip_train else 0
+            return build_mock_dataset(gpt, num_samples), build_mock_validation(gpt, valid_samples)
+        dataset, valid = build_gpt_datasets(gpt, splits, num_samples, num_valid or None, data)
+        print_rank0(rank, f"mtmegatron: data {describe_data(splits)} | {len(dataset)} train samples"
                     f"{f', {_valid_sizes(valid)} valid' if valid is not None else ', no validation split'}"
                     f" | tokenizer {data.source} ({data.vocab_size} tokens)")
         return dataset, valid

@@ -14,6 +14,8 @@ which. Megatron-LM's data flags (config/data_flags.py) go to megatron-core's GPT
 Test hook: ``MTMEGATRON_TEST_TRAINED_SAMPLES=DIR`` makes each rank append one JSON line per training micro-batch
 it hands to the model, ``{"iteration": I, "samples": [...]}``, to ``DIR/rank<R>.jsonl`` (validation micro-batches
 to ``DIR/valid-rank<R>.jsonl``, or ``DIR/valid<i>-rank<R>.jsonl`` for set i of several).
+The dataset builders take data/section.py's ``GptData`` (and ``Splits``), built by the task; the reader
+``micro_batches`` keeps the readers' signature (the run's args, train_step.Step.micro_batches).
 May assume: megatron-core's dataset builder; mock data needs no files. Real data (``--data-path``, or the
 embedded corpus) has been checked and its tokenizer resolved by ``mtmegatron.data.resolve``.
 """
@@ -33,7 +35,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 
 from mtmegatron.data.splits import per_split_paths, requested_splits
 from mtmegatron.data.position import SamplePlan, rank_micro_batches
-from mtmegatron.data.section import Batches, DatasetBuilder, Splits
+from mtmegatron.data.section import Batches, GptData, Splits
 from mtmegatron.training.resilience.robustness import data_worker_init
 from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.data.dataset_fields import dataset_config_fields
@@ -72,66 +74,65 @@ class PretrainMockGPTDataset(_PristineMaskCache, MockGPTDataset):
     pass
 
 
-def _build(dataset_class, sizes: list, args: argparse.Namespace, tokenizer, **fields):
+def _build(dataset_class, sizes: list, data: GptData, tokenizer, **fields):
     """megatron-core's builder over one GPTDatasetConfig with Megatron-LM's data flags (document resets, EOD
     loss mask, mmap); ``fields`` add what the caller's data needs (split or per-split blends, cache path). The
     attention mask is built only for ``--reset-attention-mask``: otherwise it is the causal mask type."""
     config = GPTDatasetConfig(
-        random_seed=args.seed,
-        sequence_length=args.seq_length,
+        random_seed=data.seed,
+        sequence_length=data.seq_length,
         tokenizer=tokenizer,
-        reset_position_ids=args.reset_position_ids,
-        reset_attention_mask=args.reset_attention_mask,
-        eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=args.reset_attention_mask and args.create_attention_mask_in_dataloader,
-        mmap_bin_files=args.mmap_bin_files,
-        # the builder's threads, surplus, caches (config/training_flags.py)
-        **dataset_config_fields(DatasetBuilder.of(args)),
+        reset_position_ids=data.reset_position_ids,
+        reset_attention_mask=data.reset_attention_mask,
+        eod_mask_loss=data.eod_mask_loss,
+        create_attention_mask=data.reset_attention_mask and data.create_attention_mask_in_dataloader,
+        mmap_bin_files=data.mmap_bin_files,
+        **dataset_config_fields(data),  # the builder's threads, surplus, caches (config/training_flags.py)
         **fields,
     )
     return BlendedMegatronDatasetBuilder(dataset_class, sizes, lambda: True, config).build()
 
 
-def build_mock_dataset(args: argparse.Namespace, num_samples: int):
-    train, _, _ = _build(PretrainMockGPTDataset, [num_samples, None, None], args, MockTokenizer(args.vocab_size),
+def build_mock_dataset(data: GptData, num_samples: int):
+    train, _, _ = _build(PretrainMockGPTDataset, [num_samples, None, None], data, MockTokenizer(data.vocab_size),
                          split="1,0,0")
     return train
 
 
-def build_mock_validation(args: argparse.Namespace, num_samples: int | None):
-    """``--mock-data`` with ``--eval-interval``: megatron-core's mock dataset as the valid split (random
-    documents like the training ones, as Megatron-LM evaluates on mock data); None without validation (with
-    ``--skip-train`` validation is all the run does)."""
-    if not num_samples or not (args.eval_interval or args.skip_train):
+def build_mock_validation(data: GptData, num_samples: int | None):
+    """``--mock-data`` with ``--eval-interval`` (or ``--skip-train``, where validation is all the run does; the
+    caller asks no samples otherwise): megatron-core's mock dataset as the valid split (random documents like
+    the training ones, as Megatron-LM evaluates on mock data); None without validation."""
+    if not num_samples:
         return None
-    _, valid, _ = _build(PretrainMockGPTDataset, [None, num_samples, None], args, MockTokenizer(args.vocab_size),
+    _, valid, _ = _build(PretrainMockGPTDataset, [None, num_samples, None], data, MockTokenizer(data.vocab_size),
                          split="0,1,0")
     return valid
 
 
-def build_gpt_datasets(args: argparse.Namespace, num_train: int, num_valid: int | None, tokenizer):
+def build_gpt_datasets(data: GptData, splits: Splits, num_train: int, num_valid: int | None, tokenizer):
     """(train, valid) GPTDatasets over ``--data-path`` (a prefix, or a weighted blend ``W1 P1 W2 P2 ...``) cut by
     ``--split``, or over the separate ``--train/valid/test-data-path`` blends; valid is None when there is no
     validation data. ``--full-validation``: valid is one epoch of its split (``num_valid`` is not used), and
     with ``--multiple-validation-sets`` megatron-core's builder returns a list, one per valid prefix."""
-    per_split = per_split_paths(Splits.of(args))
+    per_split = per_split_paths(splits)
     if per_split:
         fields = {"blend_per_split": [get_blend_from_list(p) if p else None for p in per_split]}
     else:
-        fields = {"blend": get_blend_from_list(args.data_path), "split": args.split}
-    if args.full_validation:  # one epoch of the valid split; with several sets, one per --valid-data-path prefix
+        fields = {"blend": get_blend_from_list(splits.data_path), "split": splits.split}
+    if data.full_validation:  # one epoch of the valid split; with several sets, one per --valid-data-path prefix
         num_valid = None
-        fields.update(full_validation=True, multiple_validation_sets=args.multiple_validation_sets)
-    sizes = [num_train] + requested_splits(Splits.of(args), num_valid)
-    train, valid, _ = _build(PretrainGPTDataset, sizes, args, tokenizer, path_to_cache=args.data_cache_path, **fields)
+        fields.update(full_validation=True, multiple_validation_sets=data.multiple_validation_sets)
+    sizes = [num_train] + requested_splits(splits, num_valid)
+    train, valid, _ = _build(PretrainGPTDataset, sizes, data, tokenizer, path_to_cache=data.data_cache_path, **fields)
     return train, valid
 
 
-def describe_data(args: argparse.Namespace) -> str:
+def describe_data(splits: Splits) -> str:
     """The data source in one phrase, for the start-up line."""
-    per_split = per_split_paths(Splits.of(args))
+    per_split = per_split_paths(splits)
     if not per_split:
-        return f"{' '.join(args.data_path)} (split {args.split})"
+        return f"{' '.join(splits.data_path)} (split {splits.split})"
     return " | ".join(f"{name} {' '.join(p)}" for name, p in zip(("train", "valid", "test"), per_split) if p)
 
 

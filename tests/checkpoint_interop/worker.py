@@ -64,6 +64,7 @@ def megatron_lm_reader(checkpoint: str, ckpt_step: int) -> dict:
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+    from mtmegatron.data.section import GptData
     from mtmegatron.training.data import build_mock_dataset, micro_batches
     from mtmegatron.training.train_step import train_step
 
@@ -105,7 +106,7 @@ def megatron_lm_reader(checkpoint: str, ckpt_step: int) -> dict:
     rng_keys = sorted(loaded["rng_state"][0]) if load_rng else []
     consumed = ckpt_args.consumed_train_samples  # Megatron-LM's sampler resumes at this sample
     assert consumed == ckpt_step * args.global_batch_size, consumed
-    dataset = build_mock_dataset(args, (args.train_iters + 1) * args.global_batch_size)
+    dataset = build_mock_dataset(GptData.of(args), (args.train_iters + 1) * args.global_batch_size)
     iterators = [micro_batches(dataset, args, 0, consumed // args.global_batch_size)]
     stats = train_step(iterators, model, optimizer, scheduler, args, ckpt_step + 1)
     return {"tracked": tracked, "loss": stats["loss"], "ckpt_tp_pp": list(ckpt_tp_pp), "rng_loaded": load_rng,

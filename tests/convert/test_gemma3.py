@@ -112,12 +112,13 @@ def test_pretrain_load_first_loss_equals_hf(converted, tmp_path):
     from helpers.pretrain_runner import run_pretrain
 
     from mtmegatron.convert.model import parse_flags
+    from mtmegatron.data.section import GptData
     from mtmegatron.training.data import build_mock_dataset
 
     hf_dir, mc_dir, _, _ = converted
     flags = _flags(mc_dir) + TRAIN + ["--load", str(mc_dir)]
     args = parse_flags(flags)
-    dataset = build_mock_dataset(args, (args.train_iters + 1) * args.global_batch_size)
+    dataset = build_mock_dataset(GptData.of(args), (args.train_iters + 1) * args.global_batch_size)
     samples = [dataset[i] for i in range(args.global_batch_size)]
     batch_file = tmp_path / "batch.pt"
     torch.save({k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in ("tokens", "labels", "loss_mask")},

@@ -124,10 +124,11 @@ def test_round_trip_is_exact(converted, tmp_path):
 def _first_global_batch(flags: list[str]) -> dict:
     """Global batch 0 as pretrain reads it (samples [0, G) of megatron's mock dataset)."""
     from mtmegatron.convert.model import parse_flags
+    from mtmegatron.data.section import GptData
     from mtmegatron.training.data import build_mock_dataset
 
     args = parse_flags(flags)
-    dataset = build_mock_dataset(args, (args.train_iters + 1) * args.global_batch_size)
+    dataset = build_mock_dataset(GptData.of(args), (args.train_iters + 1) * args.global_batch_size)
     samples = [dataset[i] for i in range(args.global_batch_size)]
     return {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in ("tokens", "labels", "loss_mask")}
 

@@ -28,7 +28,7 @@ from helpers.pretrain_runner import run_pretrain
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 from mtmegatron.training.data import MockTokenizer, build_gpt_datasets, micro_batches
-from mtmegatron.data.section import Splits
+from mtmegatron.data.section import GptData, Splits
 from mtmegatron.data.splits import empty_splits
 
 VOCAB, SEQ = 64, 32
@@ -63,7 +63,7 @@ def corpora(tmp_path_factory):
 
 def _datasets(flags: list[str]):
     args = parse_args(BASE + flags, world_size=1)
-    train, valid = build_gpt_datasets(args, 64, 16, MockTokenizer(VOCAB))
+    train, valid = build_gpt_datasets(GptData.of(args), Splits.of(args), 64, 16, MockTokenizer(VOCAB))
     return args, train, valid
 
 

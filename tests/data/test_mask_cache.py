@@ -10,6 +10,7 @@ import torch
 
 from mtmegatron.training import data
 from mtmegatron.config.arguments import parse_args
+from mtmegatron.data.section import GptData
 from mtmegatron.training.data import build_mock_dataset
 
 # vocab 64: megatron's mock documents count 1, 2, ... modulo the vocabulary, so label 0 (the pad id below) occurs
@@ -28,7 +29,7 @@ def _pad_id_0(monkeypatch):
 
 
 def _masks(order: list[int]) -> dict[int, torch.Tensor]:
-    dataset = build_mock_dataset(parse_args(FLAGS, world_size=1), 16)
+    dataset = build_mock_dataset(GptData.of(parse_args(FLAGS, world_size=1)), 16)
     return {i: dataset[i]["loss_mask"].clone() for i in order}
 
 
@@ -37,5 +38,5 @@ def test_loss_mask_does_not_depend_on_the_read_order():
     assert any(m.sum() < m.numel() for m in forward.values())  # some samples do have masked (pad) labels
     for i in range(8):
         assert torch.equal(forward[i], backward[i]), i
-        labels_are_pad = build_mock_dataset(parse_args(FLAGS, world_size=1), 16)[i]["labels"] == 0
+        labels_are_pad = build_mock_dataset(GptData.of(parse_args(FLAGS, world_size=1)), 16)[i]["labels"] == 0
         assert torch.equal(forward[i] == 0, labels_are_pad), i  # masked exactly where this sample's label is pad

@@ -69,6 +69,7 @@ def _build_worker(rank, world_size, backend_name, tmp):
 
     import mtmegatron
     from mtmegatron.config.arguments import parse_args
+    from mtmegatron.data.section import GptData
     from mtmegatron.training.data import build_mock_dataset
     from mtmegatron.training.setup import build, init_distributed
 
@@ -89,7 +90,7 @@ def _build_worker(rank, world_size, backend_name, tmp):
         for param in group["params"]:
             wd[param] = group["wd_mult"]
     names = {param: name for name, param in model[0].module.named_parameters()}
-    dataset = build_mock_dataset(args, 4)
+    dataset = build_mock_dataset(GptData.of(args), 4)
     # --no-rope-freq 2: the second layer's attention ignores the rotary embedding, the first uses it
     import torch
 

@@ -223,7 +223,7 @@ def test_data_sft_and_packing_sections_hold_the_flag_values_and_their_modules_re
     import re
 
     from mtmegatron.data.position import SamplePlan
-    from mtmegatron.data.section import Batches, DatasetBuilder, Splits, Tokenizer
+    from mtmegatron.data.section import Batches, GptData, Splits, Tokenizer
     from mtmegatron.data.tokenizer_build import tokenizer_flags_text
     from mtmegatron.sft.section import Sft
     from mtmegatron.tasks.qwen_vl.section import Packing
@@ -232,7 +232,7 @@ def test_data_sft_and_packing_sections_hold_the_flag_values_and_their_modules_re
                         "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
                         "--rampup-batch-size", "4", "4", "16", "--train-samples", "64", "--iterations-to-skip", "2", "--split", "90,10,0", "--tokenizer-type", "NullTokenizer",
                         "--vocab-size", "300", "--num-dataset-builder-threads", "3"], world_size=2)
-    sections = [run.of(s) for s in (Batches, DatasetBuilder, Splits, Tokenizer, Sft, Packing)]
+    sections = [run.of(s) for s in (Batches, GptData, Splits, Tokenizer, Sft, Packing)]
     for made in sections:
         assert all(getattr(made, f.name) is getattr(run.args, f.name) for f in dataclasses.fields(made))
     batches, builder, splits, tokenizer, sft, packing = sections
