@@ -538,7 +538,8 @@ def _load(root: str, model, optimizer, scheduler, args, checkpoint: Checkpoint, 
         raise CheckpointError(f"checkpoint {directory} holds {'distributed' if distopt else 'plain'}-optimizer "
                               f"state; run with{'' if distopt else 'out'} --use-distributed-optimizer, or "
                               f"pass --no-load-optim to load the weights only")
-    _check_experts_optimizer_state(saved, checkpoint, load_optim, directory)
+    # a LoRA checkpoint's expert state is its adapters': the same keys for grouped and sequential (lora/grouped.py)
+    _check_experts_optimizer_state(saved, checkpoint, load_optim and part != "adapters", directory)
     content = saved["content"]
     sharding = content.get("distrib_optim_sharding_type")
     if (load_optim and checkpoint.use_distributed_optimizer and saved["distributed_optimizer"]
