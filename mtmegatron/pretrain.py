@@ -57,10 +57,12 @@ def prepare(argv):
     mtmegatron.activate(backend)
     megatron_core_checks.check_configs(args)  # megatron-core's config assertions as one line (with its patches)
     if args.fp8_format:  # the FP8 executor depends on the backend and is probed on this rank's device (set first)
-        from mtmegatron.fp8.spec import resolve_executor
+        from mtmegatron.fp8.section import Fp8
+        from mtmegatron.fp8.spec import choose_executor
 
         try:
-            resolve_executor(args, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+            args.fp8_executor_in_use, args.fp8_executor_note = choose_executor(
+                Fp8.of(args), args.transformer_engine_layers, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         except ValueError as e:
             raise ConfigError(str(e)) from None
     from mtmegatron.tasks.registry import TASKS

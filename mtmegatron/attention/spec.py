@@ -1,6 +1,6 @@
 """Which core attention a transformer layer gets: one decision from the flags, with the reason it was made.
 
-``core_attention_choice(args)`` returns ``(kind, reason)``, kind one of:
+``core_attention_choice(attention_backend, transformer_impl, transformer_engine)`` returns ``(kind, reason)``, kind one of:
 - ``"te"``: TransformerEngine's ``TEDotProductAttention`` (TE layers: ``--transformer-impl transformer_engine`` where
   TE serves the backend, or ``--fp8-executor transformer_engine``; with ``--attention-backend auto|flash|fused``;
   TE picks its own fused kernel);
@@ -12,12 +12,10 @@
 - ``"fused_softmax"``: ``--attention-backend local|unfused`` with ``--transformer-impl mtmegatron``;
 - ``"local"``: megatron-core's ``DotProductAttention`` (``local|unfused`` with ``--transformer-impl local``).
 ``models/layer_spec.py`` turns the kind into the class (and MLA's head-dims variant); nothing here edits a spec.
-May assume: argparse namespaces from mtmegatron.config.arguments; no megatron-core import needed.
+May assume: the values of validated flags (config/attention_flags.py); no megatron-core import needed.
 """
 
 from __future__ import annotations
-
-import argparse
 
 KINDS = ("te", "sdpa", "fused_softmax", "local")
 # --cp-comm-type's values (attention/core.py runs them) and the --attention-backend values that keep an explicit
@@ -31,11 +29,11 @@ LOCAL_BACKENDS = ("local", "unfused")
 MEASURED_FUSED_OVER_SDPA = "1.3-4.6x"
 
 
-def core_attention_choice(args: argparse.Namespace, transformer_engine: bool) -> tuple[str, str]:
-    """``(kind, reason)`` for ``args.attention_backend`` / ``args.transformer_impl``; ``transformer_engine``: the
-    layers are TransformerEngine's (``fp8/spec.uses_transformer_engine``)."""
-    backend = args.attention_backend
-    fused_impl = args.transformer_impl == "mtmegatron"
+def core_attention_choice(attention_backend: str, transformer_impl: str, transformer_engine: bool) -> tuple[str, str]:
+    """``(kind, reason)`` for ``--attention-backend`` and ``--transformer-impl``; ``transformer_engine``: the layers
+    are TransformerEngine's (decided at parse time, models/transformer_impl.py)."""
+    backend = attention_backend
+    fused_impl = transformer_impl == "mtmegatron"
     if backend in LOCAL_BACKENDS:
         if fused_impl:
             return "fused_softmax", f"--attention-backend {backend} with --transformer-impl mtmegatron"

@@ -53,14 +53,18 @@ def startup_lines(args) -> list[str]:
 
 def plan_run(args) -> RunPlan:
     from mtmegatron.fp8 import spec as fp8_spec
-    from mtmegatron.models.layer_spec import describe_layer_spec  # megatron-core's spec modules: lazy
+    from mtmegatron.models.gpt import layer_choice  # megatron-core's spec modules: lazy
+    from mtmegatron.models.layer_spec import describe_layer_spec
     from mtmegatron.ops import native
 
+    choice = layer_choice(args)
+    fp8_line = [fp8_spec.describe(choice.fp8, choice.fp8_executor, args.fp8_executor_note)] if args.fp8_format else []
     lines = ([f"mtmegatron: {native.status(active_backend().device_type)}"] + startup_lines(args)
-             + [describe_layer_spec(args)] + ([fp8_spec.describe(args)] if args.fp8_format else []))
+             + [describe_layer_spec(choice)] + fp8_line)
     return RunPlan(family=args.model, transformer_impl=args.transformer_impl,
                    transformer_engine_layers=args.transformer_engine_layers,
-                   fp8_executor=fp8_spec.executor_in_use(args),
-                   attention_kernel=core_attention_choice(args, args.transformer_engine_layers)[0],
+                   fp8_executor=choice.fp8_executor,
+                   attention_kernel=core_attention_choice(args.attention_backend, args.transformer_impl,
+                                                          args.transformer_engine_layers)[0],
                    fusions=tuple(name for name, (on, _) in fusions.decide(args).items() if on),
                    host_initialization=initialization.host_initialization(args), lines=tuple(lines))

@@ -5,4 +5,4 @@ May assume: torch >= 2.7; megatron-core only where linear.py/spec.py are importe
 """
 
 from .recipes import (FORMATS, RECIPES, BlockwiseScaling, DelayedScaling, MXFP8Scaling, Recipe,  # noqa: F401
-                      TensorwiseScaling, recipe_from_args)
+                      TensorwiseScaling, recipe_of)

@@ -3,7 +3,7 @@
 Formats: ``e4m3`` (E4M3 everywhere) and ``hybrid`` (E4M3 forward, E5M2 for gradients). Recipes: ``delayed``
 (scale from an amax history), ``tensorwise`` (current per-tensor scaling), ``blockwise`` (DeepSeek-V3: 1x128
 tiles for activations and gradients, 128x128 blocks for weights, power-of-2 scales) and ``mxfp8`` (1x32
-blocks, E8M0 scales rounded up). ``recipe_from_args`` builds one from the Megatron-LM flags.
+blocks, E8M0 scales rounded up). ``recipe_of`` builds one from the FP8 flags (the ``Fp8`` section, fp8/section.py).
 May assume: torch >= 2.7 (float8 dtypes; float8_e8m0fnu is only needed by mxfp8).
 """
 
@@ -72,12 +72,12 @@ class MXFP8Scaling(Recipe):
 _BY_NAME = {cls.name: cls for cls in (DelayedScaling, TensorwiseScaling, BlockwiseScaling, MXFP8Scaling)}
 
 
-def recipe_from_args(args) -> Recipe | None:
-    """The recipe the flags ask for, or None when ``--fp8-format`` is not given."""
-    if not args.fp8_format:
+def recipe_of(fp8) -> Recipe | None:
+    """The recipe ``fp8`` (an ``Fp8`` section) asks for, or None when ``--fp8-format`` is not given."""
+    if not fp8.fp8:
         return None
-    cls = _BY_NAME[args.fp8_recipe]
+    cls = _BY_NAME[fp8.fp8_recipe]
     if cls is DelayedScaling:
-        return cls(fp8_format=args.fp8_format, margin=args.fp8_margin, amax_history_len=args.fp8_amax_history_len,
-                   amax_compute_algo=args.fp8_amax_compute_algo)
-    return cls(fp8_format=args.fp8_format)
+        return cls(fp8_format=fp8.fp8, margin=fp8.fp8_margin, amax_history_len=fp8.fp8_amax_history_len,
+                   amax_compute_algo=fp8.fp8_amax_compute_algo)
+    return cls(fp8_format=fp8.fp8)

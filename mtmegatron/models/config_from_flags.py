@@ -106,3 +106,45 @@ def ddp_config_kwargs(args: argparse.Namespace, config_class, ours: dict) -> dic
                   average_in_collective=args.ddp_average_in_collective)
     kwargs.update(ours)
     return kwargs
+
+
+def deepseek_fields(args: argparse.Namespace) -> dict:
+    """TransformerConfig fields for MoE routing extras, MTP and qk-layernorm, the flags models/deepseek.py's blocks
+    use (empty when all are off)."""
+    fields = {}
+    if args.qk_layernorm:
+        fields["qk_layernorm"] = True
+    if args.num_experts:
+        fields.update(
+            moe_layer_freq=args.moe_layer_freq,
+            moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+            moe_router_score_function=args.moe_router_score_function,
+            moe_router_enable_expert_bias=args.moe_router_enable_expert_bias,
+            moe_router_bias_update_rate=args.moe_router_bias_update_rate,
+            moe_router_num_groups=args.moe_router_num_groups,
+            moe_router_group_topk=args.moe_router_group_topk,
+            moe_router_topk_scaling_factor=args.moe_router_topk_scaling_factor,
+            moe_router_dtype="fp32" if args.moe_router_score_function == "sigmoid" else None,
+        )
+    if args.mtp_num_layers:
+        fields.update(mtp_num_layers=args.mtp_num_layers, mtp_loss_scaling_factor=args.mtp_loss_scaling_factor)
+    return fields
+
+
+def mla_fields(args: argparse.Namespace) -> dict:
+    """MLATransformerConfig's own fields (q/kv LoRA ranks, head dims, RoPE or YaRN)."""
+    return dict(
+        q_lora_rank=args.q_lora_rank,
+        kv_lora_rank=args.kv_lora_rank,
+        qk_head_dim=args.qk_head_dim,
+        qk_pos_emb_head_dim=args.qk_pos_emb_head_dim,
+        v_head_dim=args.v_head_dim,
+        rope_type=args.rope_type,
+        rotary_base=args.rotary_base,
+        rotary_scaling_factor=args.rotary_scaling_factor,
+        original_max_position_embeddings=args.original_max_position_embeddings,
+        beta_fast=args.beta_fast,
+        beta_slow=args.beta_slow,
+        mscale=args.mscale,
+        mscale_all_dim=args.mscale_all_dim,
+    )

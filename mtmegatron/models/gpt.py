@@ -3,8 +3,9 @@
 One ``TransformerConfig`` from the flags, the layer specs from ``models/layer_spec.build_layer_spec`` (one
 repeated layer, or DeepSeek's per-stage dense/MoE block and the MTP block), one ``GPTModel`` per virtual
 pipeline stage. GPTModel's own arguments (vocabulary, position embedding, tied embeddings), the RoPE scaling and
-the family's build context come from one ``ModelBuild`` (models/section.py) filled here; the layer specs, FP8,
-initialisation and the multimodal and Gemma 3 builders still read the flags.
+the family's build context come from one ``ModelBuild`` (models/section.py) filled here, the layer specs and FP8
+from one ``LayerChoice`` (``layer_choice``: the layer and FP8 flags with the TE-layers decision and the FP8
+executor); initialisation and the multimodal and Gemma 3 builders still read the flags.
 May assume: megatron-core parallel state is initialised and the backend bridge is active.
 """
 
@@ -18,12 +19,13 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-from mtmegatron.fp8.spec import keep_layers_in_bf16, te_config_fields
+from mtmegatron.fp8.section import Fp8
+from mtmegatron.fp8.spec import choose_executor, keep_layers_in_bf16, te_config_fields
 from mtmegatron.models import deepseek, fusions, initialization
 from mtmegatron.models import families
-from mtmegatron.models.config_from_flags import transformer_config_kwargs
+from mtmegatron.models.config_from_flags import deepseek_fields, mla_fields, transformer_config_kwargs
 from mtmegatron.models.layer_spec import build_layer_spec
-from mtmegatron.models.section import Fusions, ModelBuild
+from mtmegatron.models.section import Fusions, LayerChoice, Layers, ModelBuild
 from mtmegatron.models.vocab import install_vocab_padding
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
@@ -36,14 +38,27 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         overlap_p2p_comm=p2p_overlap_runs(args),
         batch_p2p_comm=not p2p_overlap_runs(args) and not _two_stage_interleaved(args),
         **fusions.config_fields(Fusions.of(args)),
-        **deepseek.config_fields(args),  # MoE routing extras, MTP, qk-layernorm
-        **(deepseek.mla_fields(args) if args.multi_latent_attention else {}),
+        **deepseek_fields(args),  # MoE routing extras, MTP, qk-layernorm
+        **(mla_fields(args) if args.multi_latent_attention else {}),
     )
     if args.num_experts and args.moe_ffn_hidden_size is None:
         ours["moe_ffn_hidden_size"] = args.ffn_hidden_size
     kwargs = transformer_config_kwargs(args, config_class, ours)
-    kwargs.update(te_config_fields(args))
+    choice = layer_choice(args)
+    kwargs.update(te_config_fields(choice.fp8, choice.fp8_executor))
     return config_class(**kwargs)
+
+
+def layer_choice(args: argparse.Namespace) -> LayerChoice:
+    """The layer specs' inputs (models/section.py): the layer and FP8 flags, whether the layers are
+    TransformerEngine's (decided at parse time) and the FP8 executor pretrain chose at start-up (chosen here, and
+    not recorded, where no start-up chose it: convert, generate, the planner)."""
+    fp8 = Fp8.of(args)
+    executor = None
+    if fp8.fp8:
+        executor = args.fp8_executor_in_use or choose_executor(fp8, args.transformer_engine_layers)[0]
+    return LayerChoice(layers=Layers.of(args), fp8=fp8, transformer_engine=args.transformer_engine_layers,
+                       fp8_executor=executor)
 
 
 def with_final_norm(spec, config: TransformerConfig, vp_stage, norm) -> TransformerBlockSubmodules:
@@ -109,17 +124,18 @@ def llama3_scaling(build: ModelBuild):
 
 def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig, build: ModelBuild,
                         family: families.Family) -> list[GPTModel]:
+    choice = layer_choice(args)
     if family.vision_encoder == "packed":
         from mtmegatron.models.families.qwen2_vl.model import build_qwen_vl_chunks
 
-        return build_qwen_vl_chunks(args, config)
+        return build_qwen_vl_chunks(args, config, choice)
     if family.is_multimodal:
         from mtmegatron.models.families.llava.model import build_llava_chunks
 
-        return build_llava_chunks(args, config)
+        return build_llava_chunks(args, config, choice)
     if family.model_builder is not None:  # layers no flag expresses (models/families/gemma3/)
-        return family.model_builder(args, config)
-    spec = build_layer_spec(args, "moe" if args.num_experts else "dense")
+        return family.model_builder(config, build, choice, Fusions.of(args))
+    spec = build_layer_spec(choice, "moe" if args.num_experts else "dense")
     fused = fusions.uses_our_cross_entropy(Fusions.of(args))
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss
@@ -127,8 +143,8 @@ def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig, bui
     chunks = []
     for vp_stage in range(num_chunks):
         vp = vp_stage if config.virtual_pipeline_model_parallel_size else None
-        if deepseek.needs_block_spec(args):  # first-k dense + MoE layers: a per-stage layer list
-            spec = deepseek.decoder_block_spec(config, args, vp)
+        if deepseek.needs_block_spec(choice.layers):  # first-k dense + MoE layers: a per-stage layer list
+            spec = deepseek.decoder_block_spec(config, choice, vp)
         if args.layernorm_zero_centered_gamma:  # the block's final norm too (megatron's default is a torch norm)
             spec = with_final_norm(spec, config, vp, ZeroCenteredNorm)
         chunks.append(
@@ -142,11 +158,11 @@ def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig, bui
                 share_embeddings_and_output_weights=not build.untie_embeddings_and_output_weights,
                 **gpt_model_kwargs(build),
                 vp_stage=vp,
-                mtp_block_spec=deepseek.mtp_block_spec(config, args, vp),
+                mtp_block_spec=deepseek.mtp_block_spec(config, choice, vp),
             )
         )
         install_vocab_padding(chunks[-1], build.vocab_size)
         if fused:
             install_fused_loss(chunks[-1])
-        keep_layers_in_bf16(chunks[-1], args)
+        keep_layers_in_bf16(chunks[-1], choice.fp8, config.num_layers)
     return chunks

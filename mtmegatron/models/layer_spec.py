@@ -1,6 +1,6 @@
 """The one transformer-layer spec builder: every module of a dense, MoE or MTP layer chosen from the flags here.
 
-``build_layer_spec(args, layer_kind)`` reads like megatron-core's ``get_gpt_layer_local_spec`` /
+``build_layer_spec(choice, layer_kind)`` reads like megatron-core's ``get_gpt_layer_local_spec`` /
 ``get_gpt_layer_with_transformer_engine_spec`` and reuses their pieces (``ModuleSpec``, the submodules classes,
 ``get_moe_module_spec_for_backend``, ``get_mtp_layer_spec_for_backend``, ``LocalSpecProvider``):
 
@@ -12,20 +12,19 @@
 
 TE layers: ``--transformer-impl transformer_engine`` where TransformerEngine (CUDA) or MT-TransformerEngine (MUSA)
 serves the backend (``models/transformer_impl.py`` decides, bf16/fp16 and FP8 alike), or FP8 with the
-``transformer_engine`` executor under any impl (``fp8/spec.uses_transformer_engine``).
+``transformer_engine`` executor under any impl (``LayerChoice.transformer_engine``).
 | core attention | ``attention/spec.core_attention_choice``: SDPA, fused softmax, local or TE; MLA's head-dims variant of a local/fused one |||
 
 MLA, qk-layernorm, MoE (shared experts included) and MTP are kept under every choice. Each call returns a new
 spec; nothing is edited after it is built. TransformerEngine is never imported here: where it is not installed
 (tests) its classes are ``ModuleSpec``s naming them (``grouped_experts.te_module``), resolved only when built.
-``describe_layer_spec(args)`` is the start-up line that says what was chosen and why.
-May assume: validated flags; megatron-core 0.16; for FP8, the executor resolved (``args.fp8_executor_in_use``)
-or the backend active.
+``describe_layer_spec(choice)`` is the start-up line that says what was chosen and why. ``choice`` is a
+``LayerChoice`` (models/section.py: the layer flags, the FP8 flags, the TE-layers decision, the FP8 executor).
+May assume: validated flags; megatron-core 0.16; for FP8, the executor chosen (``choice.fp8_executor``).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
@@ -45,11 +44,12 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 
 from mtmegatron.attention.core import SDPADotProductAttention
 from mtmegatron.attention.spec import core_attention_choice
-from mtmegatron.fp8.spec import executor_in_use, fp8_linears, uses_transformer_engine
+from mtmegatron.fp8.spec import fp8_linears
 from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm
 from mtmegatron.models.grouped_experts import describe as describe_experts, expert_modules, te_module
 from mtmegatron.models.mla_attention import with_head_dims
 from mtmegatron.models.moe_layers import moe_layer_pattern
+from mtmegatron.models.section import LayerChoice, Layers
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
 LAYER_KINDS = ("dense", "moe", "mtp")
@@ -67,7 +67,7 @@ class LayerModules(LocalSpecProvider):
     norm_column: object     # TE: norm + column linear in one module; None elsewhere
     core: object
     mlp: type
-    transformer_engine: bool = False  # TE's layers (fp8/spec.uses_transformer_engine)
+    transformer_engine: bool = False  # TE's layers (LayerChoice.transformer_engine)
 
     def column_parallel_linear(self):
         return self.column
@@ -91,17 +91,17 @@ class LayerModules(LocalSpecProvider):
         return expert_modules(self, moe_use_grouped_gemm, moe_use_legacy_grouped_gemm)  # models/grouped_experts.py
 
 
-def choose_modules(args: argparse.Namespace) -> LayerModules:
+def choose_modules(choice: LayerChoice) -> LayerModules:
     """The modules of every layer of this run (see the module docstring's table)."""
-    te = uses_transformer_engine(args)
-    fused = args.transformer_impl == "mtmegatron"
-    kind, _ = core_attention_choice(args, transformer_engine=te)
+    layers, te = choice.layers, choice.transformer_engine
+    fused = layers.transformer_impl == "mtmegatron"
+    kind, _ = core_attention_choice(layers.attention_backend, layers.transformer_impl, transformer_engine=te)
     if kind == "te":
         core = te_module("TEDotProductAttention")
     else:
         core = {"sdpa": SDPADotProductAttention, "fused_softmax": FusedDotProductAttention,
                 "local": DotProductAttention}[kind]
-    if args.multi_latent_attention and kind in ("fused_softmax", "local"):
+    if layers.multi_latent_attention and kind in ("fused_softmax", "local"):
         core = with_head_dims(core)  # megatron's local attention does not take MLA's k/v channels
     mlp = FusedMLP if fused else MLP
     if te:
@@ -109,19 +109,20 @@ def choose_modules(args: argparse.Namespace) -> LayerModules:
                             row=te_module("TERowParallelLinear"), plain_column=te_module("TEColumnParallelLinear"),
                             norm_column=te_module("TELayerNormColumnParallelLinear"), core=core, mlp=mlp,
                             transformer_engine=True)
-    column, row = fp8_linears(args) or (ColumnParallelLinear, RowParallelLinear)
-    norm = FusedRMSNorm if fused else LocalSpecProvider().layer_norm(rms_norm=args.normalization == "RMSNorm")
-    if args.layernorm_zero_centered_gamma:  # --apply-layernorm-1p
+    column, row = (fp8_linears(choice.fp8, choice.fp8_executor, te)
+                   or (ColumnParallelLinear, RowParallelLinear))
+    norm = FusedRMSNorm if fused else LocalSpecProvider().layer_norm(rms_norm=layers.normalization == "RMSNorm")
+    if layers.layernorm_zero_centered_gamma:  # --apply-layernorm-1p
         norm = ZeroCenteredNorm
     return LayerModules(norm=norm, column=column, row=row, plain_column=ColumnParallelLinear, norm_column=None,
                         core=core, mlp=mlp)
 
 
-def _num_experts(args: argparse.Namespace, layer_kind) -> int | None:
+def _num_experts(layers: Layers, layer_kind) -> int | None:
     if layer_kind == "moe":
-        if not args.num_experts:
+        if not layers.num_experts:
             raise ValueError("a MoE layer needs --num-experts")
-        return args.num_experts
+        return layers.num_experts
     if layer_kind == "dense" or layer_kind is None:
         return None
     if not isinstance(layer_kind, int):
@@ -129,30 +130,30 @@ def _num_experts(args: argparse.Namespace, layer_kind) -> int | None:
     return layer_kind or None
 
 
-def build_layer_spec(args: argparse.Namespace, layer_kind="dense",
+def build_layer_spec(choice: LayerChoice, layer_kind="dense",
                      attn_mask_type: AttnMaskType = AttnMaskType.causal) -> ModuleSpec:
     """A new TransformerLayer spec (``dense``, ``moe``, or a number of experts, None/0 = dense) or, for
     ``mtp``, a MultiTokenPredictionLayer spec around the decoder's last layer kind. ``attn_mask_type``:
     causal for decoders, ``no_mask`` for a vision encoder."""
-    m = choose_modules(args)
+    m, layers = choose_modules(choice), choice.layers
     if layer_kind == "mtp":
-        pattern = moe_layer_pattern(args.num_layers, args.num_experts, args.moe_layer_freq)
-        last = "moe" if args.num_experts and pattern[-1] else "dense"
+        pattern = moe_layer_pattern(layers.num_layers, layers.num_experts, layers.moe_layer_freq)
+        last = "moe" if layers.num_experts and pattern[-1] else "dense"
         eh_proj = dataclasses.replace(m, column=m.plain_column)  # MTP's projection stays in high precision
-        return get_mtp_layer_spec_for_backend(build_layer_spec(args, last), eh_proj)
-    num_experts = _num_experts(args, layer_kind)
+        return get_mtp_layer_spec_for_backend(build_layer_spec(choice, last), eh_proj)
+    num_experts = _num_experts(layers, layer_kind)
     te = m.transformer_engine
-    qk_layernorm = bool(args.qk_layernorm)
+    qk_layernorm = bool(layers.qk_layernorm)
 
     if num_experts:
-        mlp = get_moe_module_spec_for_backend(m, num_experts=num_experts, moe_grouped_gemm=args.moe_grouped_gemm,
-                                              moe_use_legacy_grouped_gemm=args.moe_use_legacy_grouped_gemm)
+        mlp = get_moe_module_spec_for_backend(m, num_experts=num_experts, moe_grouped_gemm=layers.moe_grouped_gemm,
+                                              moe_use_legacy_grouped_gemm=layers.moe_use_legacy_grouped_gemm)
     else:  # TE fuses the pre-MLP norm into fc1
         mlp = ModuleSpec(module=m.mlp, submodules=MLPSubmodules(linear_fc1=m.norm_column if te else m.column,
                                                                 linear_fc2=m.row))
     pre_mlp_layernorm = IdentityOp if te and not num_experts else m.norm
 
-    if args.multi_latent_attention:  # TE fuses q/kv layernorm into the up projections
+    if layers.multi_latent_attention:  # TE fuses q/kv layernorm into the up projections
         up = m.norm_column if te and qk_layernorm else m.plain_column
         down = te_module("TELinear") if te else m.plain_column
         qk_norm = m.norm if qk_layernorm and not te else IdentityOp
@@ -198,13 +199,13 @@ def _name(module) -> str:
     return module[1] if isinstance(module, tuple) else module.__name__
 
 
-def describe_layer_spec(args: argparse.Namespace) -> str:
+def describe_layer_spec(choice: LayerChoice) -> str:
     """The start-up line: which norm, core attention (and why), linears and MLP the layers run."""
-    m = choose_modules(args)
-    te = uses_transformer_engine(args)
-    _, why = core_attention_choice(args, transformer_engine=te)
-    executor = f" (FP8 executor {executor_in_use(args)})" if args.fp8_format else ""
+    m, layers, te = choose_modules(choice), choice.layers, choice.transformer_engine
+    _, why = core_attention_choice(layers.attention_backend, layers.transformer_impl, transformer_engine=te)
+    executor = f" (FP8 executor {choice.fp8_executor})" if choice.fp8.fp8 else ""
     norm = f"{_name(m.norm)}{' + ' + _name(m.norm_column) if te else ''}"
-    return (f"mtmegatron: layers: --transformer-impl {args.transformer_impl} | norm {norm} | attention "
+    experts = describe_experts(layers.num_experts, layers.moe_grouped_gemm, layers.moe_use_legacy_grouped_gemm, m)
+    return (f"mtmegatron: layers: --transformer-impl {layers.transformer_impl} | norm {norm} | attention "
             f"{_name(m.core)} ({why}) | linears {_name(m.column)}/{_name(m.row)}{executor} | MLP {_name(m.mlp)}"
-            f"{describe_experts(args.num_experts, args.moe_grouped_gemm, args.moe_use_legacy_grouped_gemm, m)}")
+            f"{experts}")

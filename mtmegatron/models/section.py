@@ -8,6 +8,11 @@ live only on ``MLATransformerConfig``); what the config carries (hidden size, he
 stages, MLA) is read from the config. Filled once per build by models/gpt.py (``ModelBuild.of(args)``).
 ``Fusions``: the fusion flags and the values that decide where each applies (models/fusions.py), read when the
 config is filled and by the start-up line.
+``Layers``: the flags the layer spec reads (models/layer_spec.py, models/deepseek.py's per-stage blocks).
+``LayerChoice`` (not a section: two of its values are decided after parsing, so they are no flag dests): the
+``Layers`` and ``Fp8`` sections with whether the layers are TransformerEngine's (models/transformer_impl.py, at
+parse time) and the FP8 executor in use (fp8/spec.choose_executor, at start-up); models/gpt.py's
+``layer_choice(args)`` fills it once, and every layer-spec builder takes it.
 May assume: the flags were parsed and checked (config/, the families' flags.py).
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtmegatron.fp8.section import Fp8
 from mtmegatron.utils.section import Section
 
 
@@ -42,6 +48,8 @@ class ModelBuild(Section):
     beta_slow: float
     mscale: float
     mscale_all_dim: float
+    rotary_base_local: int | float | None               # Gemma 3: its window layers' RoPE base and softmax scalar
+    query_pre_attn_scalar: float | None                 # (families/gemma3/model.py)
 
 
 @dataclass(frozen=True)
@@ -62,3 +70,30 @@ class Fusions(Section):
     gradient_accumulation_fusion: bool
     cross_entropy_loss_fusion: bool
     num_experts: int | None                             # MoE permute/router fusions (mtmegatron.ops)
+
+
+@dataclass(frozen=True)
+class Layers(Section):
+    """What decides the modules of a layer (models/layer_spec.py) and which layers are MoE (models/deepseek.py)."""
+
+    transformer_impl: str                               # local, mtmegatron, transformer_engine (as resolved)
+    attention_backend: str                              # attention/spec.core_attention_choice
+    normalization: str
+    layernorm_zero_centered_gamma: bool                 # --apply-layernorm-1p
+    multi_latent_attention: bool
+    qk_layernorm: bool
+    num_layers: int
+    num_experts: int | None
+    moe_layer_freq: int | list                          # models/moe_layers.moe_layer_pattern
+    moe_grouped_gemm: bool
+    moe_use_legacy_grouped_gemm: bool
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """The layer spec's inputs: the flags, and the two decisions made after parsing (see the module docstring)."""
+
+    layers: Layers
+    fp8: Fp8
+    transformer_engine: bool                            # the layers are TransformerEngine's
+    fp8_executor: str | None                            # the FP8 executor in use; None without FP8

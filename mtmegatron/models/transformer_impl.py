@@ -7,7 +7,7 @@ themselves, so such a run takes local layers (or is refused when TE was asked fo
 The decision whether this run's layers are TransformerEngine's is made here once, in
 ``args.transformer_engine_layers``: without FP8, the resolved impl is ``transformer_engine``; with FP8, the executor
 is TransformerEngine's (``--fp8-executor transformer_engine``, or ``auto`` on a backend whose first FP8 executor is
-TE's and whose TE serves it: the choice ``fp8/spec.resolve_executor`` then makes at start-up). Every consumer
+TE's and whose TE serves it: the choice ``fp8/spec.choose_executor`` then makes at start-up). Every consumer
 (layer spec, grouped experts, FP8 executor choice) reads that field.
 May assume: flags parsed (``args.backend`` may be None: auto-detect); importing mtmegatron.backends is cheap.
 """

@@ -1,4 +1,4 @@
-"""The ``scaled_mm`` executor's probe and resolution (fp8/probe.py, fp8/spec.resolve_executor) with the device faked.
+"""The ``scaled_mm`` executor's probe and resolution (fp8/probe.py, fp8/spec.choose_executor) with the device faked.
 
 - arch rules: CUDA needs capability >= 8.9, block scales sm90 + cuBLAS >= 12.9 + torch.nn.functional.scaled_mm;
   MUSA needs arch >= 310 (S5000), no block scales; the CPU runs tensor-wise only;
@@ -24,6 +24,7 @@ from mtmegatron.fp8.executors import QTensor, gemm_emulated, gemm_scaled_mm, gem
 from mtmegatron.backends.base import Backend, DeviceFacts, has_block_scaled_mm
 from mtmegatron.fp8.probe import rules
 from mtmegatron.fp8.quantize import fp8_quantize_blockwise
+from mtmegatron.fp8.section import Fp8
 
 
 def cuda(cap, cuda_version=(12, 9), block_api=True):
@@ -116,10 +117,14 @@ class FakeBackend:
 
 
 def fp8_args(recipe="tensorwise", executor="auto"):
-    return argparse.Namespace(fp8_format="hybrid", fp8_recipe=recipe, fp8_executor=executor, fp8_margin=0,
-                              fp8_amax_history_len=1, fp8_amax_compute_algo="most_recent",
-                              transformer_engine_layers=False,  # what parse decides without TE
-                              fp8_executor_in_use=None, fp8_executor_note=None)  # pretrain.prepare chooses them
+    return Fp8(fp8="hybrid", fp8_recipe=recipe, fp8_executor=executor, fp8_margin=0, fp8_amax_history_len=1,
+               fp8_amax_compute_algo="most_recent", tp_only_amax_red=False, first_last_layers_bf16=False,
+               num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1)
+
+
+def choose(fp8, local_rank):
+    """pretrain.prepare's choice; the layers are not TransformerEngine's (what parse decides without TE)."""
+    return spec.choose_executor(fp8, False, local_rank=local_rank)
 
 
 def test_device_is_set_before_the_probe_which_runs_on_the_current_device(monkeypatch):
@@ -131,8 +136,7 @@ def test_device_is_set_before_the_probe_which_runs_on_the_current_device(monkeyp
         return probe.ScaledMMSupport(None, None)
 
     monkeypatch.setattr(probe, "scaled_mm_support", fake_probe)
-    args = fp8_args()
-    assert spec.resolve_executor(args, local_rank=3) == "scaled_mm"
+    assert choose(fp8_args(), local_rank=3)[0] == "scaled_mm"
     assert backend.log == [("set_device", 3), ("probe", "cuda:3", (9, 0))]
 
 
@@ -195,11 +199,9 @@ def cpu_backend(monkeypatch):
                           "to torch._scaled_mm): its GEMMs are emulated"),
 ])
 def test_cpu_resolution_per_recipe(cpu_backend, recipe, executor, note):
-    args = fp8_args(recipe, "auto")
-    assert spec.resolve_executor(args, local_rank=0) == executor
-    assert args.fp8_executor_note == note
-    args.first_last_layers_bf16 = False
-    line = spec.describe(args)
+    fp8 = fp8_args(recipe, "auto")
+    assert choose(fp8, local_rank=0) == (executor, note)
+    line = spec.describe(fp8, executor, note)
     assert f"executor {executor}" in line and (note is None or f"({note})" in line)
 
 
@@ -210,10 +212,10 @@ def test_old_musa_arch_refuses_an_explicit_scaled_mm_and_auto_says_why(monkeypat
     monkeypatch.setattr("mtmegatron.backends.active._active", backend)
     with pytest.raises(ValueError, match=r"^--fp8-executor scaled_mm: MUSA arch 220 < 310: torch_musa runs "
                                          r"_scaled_mm from the S5000 \(arch 310\) on$"):
-        spec.resolve_executor(fp8_args(executor="scaled_mm"), local_rank=1)
-    args = fp8_args(executor="auto")
-    assert spec.resolve_executor(args, local_rank=1) == "emulated"
-    assert args.fp8_executor_note.startswith("scaled_mm does not run here: MUSA arch 220 < 310")
+        choose(fp8_args(executor="scaled_mm"), local_rank=1)
+    executor, note = choose(fp8_args(executor="auto"), local_rank=1)
+    assert executor == "emulated"
+    assert note.startswith("scaled_mm does not run here: MUSA arch 220 < 310")
 
 
 def test_musa_offers_scaled_mm():

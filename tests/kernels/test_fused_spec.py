@@ -48,12 +48,13 @@ def test_fused_spec_matches_local_spec(megatron_cpu):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from mtmegatron.models.fused_spec import FusedDotProductAttention, FusedMLP, FusedRMSNorm, install_fused_loss
+    from mtmegatron.models.gpt import layer_choice
     from mtmegatron.models.layer_spec import build_layer_spec
     from mtmegatron.config.arguments import parse_args
 
     fused_args = parse_args(["--transformer-impl", "mtmegatron", "--attention-backend", "local", "--mock-data"])
     local = _model(get_gpt_layer_local_spec(normalization="RMSNorm"))
-    fused = _model(build_layer_spec(fused_args, "dense"))
+    fused = _model(build_layer_spec(layer_choice(fused_args), "dense"))
     fused.load_state_dict(local.state_dict(), strict=True)
     layer = fused.decoder.layers[0]
     assert isinstance(layer.input_layernorm, FusedRMSNorm) and isinstance(layer.mlp, FusedMLP)

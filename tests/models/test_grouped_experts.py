@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from mtmegatron.models.gpt import layer_choice
 from mtmegatron.models.layer_spec import build_layer_spec, describe_layer_spec
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
@@ -20,13 +21,13 @@ def make_args(*extra, impl="local", te_executor=False):
            if te_executor else [])
     args = parse_args(["--model", "mixtral", "--model-size", "tiny", "--mock-data", "--transformer-impl", impl,
                        *fp8, *extra], world_size=1)
-    if te_executor:  # TE layers by structure: what resolve_executor stores; TE itself is never imported
+    if te_executor:  # TE layers by structure: what pretrain records; TE itself is never imported
         args.fp8_executor_in_use = "transformer_engine"
     return args
 
 
 def experts(args):
-    return build_layer_spec(args, "moe").submodules.mlp.submodules.experts
+    return build_layer_spec(layer_choice(args), "moe").submodules.mlp.submodules.experts
 
 
 def qualname(slot) -> str:
@@ -41,7 +42,7 @@ def test_experts_module_per_flag_without_te(impl):
     assert sequential.submodules.linear_fc1.__name__ == "ColumnParallelLinear"
     grouped = experts(make_args("--moe-grouped-gemm", impl=impl))
     assert grouped.module.__name__ == "GroupedMLP" and grouped.submodules is None
-    assert "experts GroupedMLP" in describe_layer_spec(make_args("--moe-grouped-gemm", impl=impl))
+    assert "experts GroupedMLP" in describe_layer_spec(layer_choice(make_args("--moe-grouped-gemm", impl=impl)))
 
 
 def test_te_layers_get_te_grouped_linears_unless_legacy():

@@ -19,6 +19,7 @@ import pytest
 import torch.distributed as dist
 
 import mtmegatron
+from mtmegatron.models.gpt import layer_choice
 from mtmegatron.models.layer_spec import build_layer_spec, describe_layer_spec
 from mtmegatron.config.arguments import parse_args
 
@@ -39,7 +40,7 @@ def make_args(impl="local", backend="auto", executor=None, family="llama3", *ext
         args = parse_args(argv, world_size=1)
     assert args.transformer_impl == impl
     if executor:
-        args.fp8_executor_in_use = executor  # what resolve_executor stores; no backend is activated here
+        args.fp8_executor_in_use = executor  # what pretrain records; no backend is activated here
     return args
 
 
@@ -127,16 +128,16 @@ def test_every_slot_has_the_expected_class(impl, backend, executor, family):
     e = expected(impl, backend, executor, family)
     kinds = {"llama3": ["dense"], "mixtral": ["moe"], "deepseek-v3": ["dense", "moe"]}[family]
     for kind in kinds:
-        check_layer(build_layer_spec(args, kind), e, family, moe=kind == "moe")
+        check_layer(build_layer_spec(layer_choice(args), kind), e, family, moe=kind == "moe")
     if e["te"]:  # by name, under megatron-core's TE extension module
-        core = build_layer_spec(args, kinds[-1]).submodules.self_attention.submodules.linear_proj
+        core = build_layer_spec(layer_choice(args), kinds[-1]).submodules.self_attention.submodules.linear_proj
         assert qualname(core) == f"{TE}.TERowParallelLinear"
     if executor in ("emulated", "scaled_mm"):
-        qkv_or_proj = build_layer_spec(args, kinds[0]).submodules.self_attention.submodules.linear_proj
+        qkv_or_proj = build_layer_spec(layer_choice(args), kinds[0]).submodules.self_attention.submodules.linear_proj
         assert qkv_or_proj.params["fp8_executor"] == executor
         assert qkv_or_proj.params["fp8_recipe"].name == "tensorwise"
     if family == "deepseek-v3":  # MTP: around the decoder's last layer kind (MoE in the tiny preset)
-        mtp = build_layer_spec(args, "mtp")
+        mtp = build_layer_spec(layer_choice(args), "mtp")
         assert name(mtp) == "MultiTokenPredictionLayer"
         assert name(mtp.submodules.enorm) == e["norm"] and name(mtp.submodules.layer_norm) == e["norm"]
         assert name(mtp.submodules.eh_proj) == ("TEColumnParallelLinear" if e["te"] else "ColumnParallelLinear")
@@ -146,12 +147,12 @@ def test_every_slot_has_the_expected_class(impl, backend, executor, family):
 def test_deepseek_with_te_fp8_keeps_mla_moe_and_mtp():
     """The case the old TE branch got wrong: it returned TE's stock (non-MLA, no-MTP) layer."""
     args = make_args("local", "auto", "transformer_engine", "deepseek-v3")
-    moe = build_layer_spec(args, "moe")
+    moe = build_layer_spec(layer_choice(args), "moe")
     assert name(moe.submodules.self_attention) == "MLASelfAttention"
     assert name(moe.submodules.mlp) == "MoELayer"
     assert name(moe.submodules.mlp.submodules.shared_experts) == "SharedExpertMLP"
-    assert name(build_layer_spec(args, "dense").submodules.mlp) == "MLP"
-    assert name(build_layer_spec(args, "mtp").submodules.transformer_layer.submodules.self_attention) == \
+    assert name(build_layer_spec(layer_choice(args), "dense").submodules.mlp) == "MLP"
+    assert name(build_layer_spec(layer_choice(args), "mtp").submodules.transformer_layer.submodules.self_attention) == \
         "MLASelfAttention"
 
 
@@ -160,10 +161,10 @@ def test_building_a_spec_never_changes_another():
                                            ("mtmegatron", "local", "emulated", "deepseek-v3"),
                                            ("mtmegatron", "auto", "transformer_engine", "mixtral"),
                                            ("local", "flash", "scaled_mm", "llama3")]]
-    first = [(build_layer_spec(a, "dense"), build_layer_spec(a, "mtp") if a.mtp_num_layers else None)
+    first = [(build_layer_spec(layer_choice(a), "dense"), build_layer_spec(layer_choice(a), "mtp") if a.mtp_num_layers else None)
              for a in cases]
     snapshot = copy.deepcopy(first)
-    second = [(build_layer_spec(a, "dense"), build_layer_spec(a, "mtp") if a.mtp_num_layers else None)
+    second = [(build_layer_spec(layer_choice(a), "dense"), build_layer_spec(layer_choice(a), "mtp") if a.mtp_num_layers else None)
               for a in reversed(cases)][::-1]
     assert first == snapshot  # nothing built later edited what was built before
     assert second == first  # building again gives the same spec
@@ -172,27 +173,27 @@ def test_building_a_spec_never_changes_another():
 
 def test_layer_kinds_and_mistakes():
     args = make_args(family="mixtral")
-    assert name(build_layer_spec(args, 4).submodules.mlp) == "MoELayer"
-    assert name(build_layer_spec(args, None).submodules.mlp) == "MLP"
+    assert name(build_layer_spec(layer_choice(args), 4).submodules.mlp) == "MoELayer"
+    assert name(build_layer_spec(layer_choice(args), None).submodules.mlp) == "MLP"
     with pytest.raises(ValueError, match="a MoE layer needs --num-experts"):
-        build_layer_spec(make_args(family="llama3"), "moe")
+        build_layer_spec(layer_choice(make_args(family="llama3")), "moe")
     with pytest.raises(ValueError, match="layer_kind 'sparse'"):
-        build_layer_spec(args, "sparse")
+        build_layer_spec(layer_choice(args), "sparse")
 
 
 def test_description_states_the_attention_and_why():
-    line = describe_layer_spec(make_args("mtmegatron", "auto"))
+    line = describe_layer_spec(layer_choice(make_args("mtmegatron", "auto")))
     assert "attention SDPADotProductAttention" in line and "faster than mtmegatron's fused softmax" in line
     assert "norm FusedRMSNorm" in line and "MLP FusedMLP" in line
-    line = describe_layer_spec(make_args("mtmegatron", "local"))
+    line = describe_layer_spec(layer_choice(make_args("mtmegatron", "local")))
     assert "attention FusedDotProductAttention (--attention-backend local with --transformer-impl mtmegatron)" in line
-    line = describe_layer_spec(make_args("local", "auto", "transformer_engine", "deepseek-v3"))
+    line = describe_layer_spec(layer_choice(make_args("local", "auto", "transformer_engine", "deepseek-v3")))
     assert "attention TEDotProductAttention" in line and "linears TEColumnParallelLinear/TERowParallelLinear" in line
     assert "FP8 executor transformer_engine" in line
 
 
 def test_te_bf16_description_names_te_layers():
-    line = describe_layer_spec(make_args("transformer_engine", "auto", None, "llama3"))
+    line = describe_layer_spec(layer_choice(make_args("transformer_engine", "auto", None, "llama3")))
     assert line.startswith("mtmegatron: layers: --transformer-impl transformer_engine | norm TENorm + "
                            "TELayerNormColumnParallelLinear | attention TEDotProductAttention")
     assert "with TransformerEngine layers" in line and "linears TEColumnParallelLinear/TERowParallelLinear" in line
@@ -238,8 +239,8 @@ def test_llava_language_layers_follow_the_impl_and_the_vision_encoder_stays_loca
     from mtmegatron.models.families.llava.model import vision_layer_spec
 
     args = make_args(impl, "auto", None, "llava")
-    check_layer(build_layer_spec(args, "dense"), expected(impl, "auto", None, "llama3"), "llama3", moe=False)
-    vision = vision_layer_spec(args)
+    check_layer(build_layer_spec(layer_choice(args), "dense"), expected(impl, "auto", None, "llama3"), "llama3", moe=False)
+    vision = vision_layer_spec(layer_choice(args))
     assert name(vision.submodules.self_attention.submodules.linear_qkv) == "ColumnParallelLinear"
     assert name(vision.submodules.input_layernorm) == "WrappedTorchNorm"
     assert name(vision.submodules.self_attention.submodules.core_attention) == "SDPADotProductAttention"

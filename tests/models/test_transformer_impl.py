@@ -109,6 +109,8 @@ def test_one_te_decision_read_by_every_consumer():
     executor read it. FP8 ``auto`` under ``--transformer-impl local`` on a backend whose first executor is TE's
     (faked CUDA with TE): TE layers, so grouped GEMM is TE's grouped linears, not refused as 'needs TE'."""
     from mtmegatron.fp8 import spec as fp8_spec
+    from mtmegatron.fp8.section import Fp8
+    from mtmegatron.models.gpt import layer_choice
     from mtmegatron.models.layer_spec import build_layer_spec
 
     cuda = backend("cuda")
@@ -117,9 +119,9 @@ def test_one_te_decision_read_by_every_consumer():
            "--disable-bias-linear"]
     with mock.patch.object(transformer_impl, "_backend", return_value=cuda):
         args = parse_args(moe, world_size=1)
-    assert args.transformer_engine_layers and fp8_spec.uses_transformer_engine(args)
-    args.fp8_executor_in_use = "transformer_engine"  # what resolve_executor stores; TE is never imported here
-    assert build_layer_spec(args, "moe").submodules.mlp.submodules.experts.module.__name__ == "TEGroupedMLP"
+    args.fp8_executor_in_use = "transformer_engine"  # what pretrain records; TE is never imported here
+    assert args.transformer_engine_layers and layer_choice(args).transformer_engine
+    assert build_layer_spec(layer_choice(args), "moe").submodules.mlp.submodules.experts.module.__name__ == "TEGroupedMLP"
     # MUSA with NVIDIA's TE installed: not TE's layers, and the executor choice then skips TE's executor too
     musa = backend("musa", te_missing="NVIDIA's build")
     with mock.patch.object(transformer_impl, "_backend", return_value=musa), \
@@ -136,4 +138,5 @@ def test_one_te_decision_read_by_every_consumer():
     with mock.patch("mtmegatron.backends.active._active", musa), \
             mock.patch("mtmegatron.fp8.probe.executor_missing", side_effect=missing), \
             mock.patch.object(fp8_spec, "executor_missing", side_effect=missing):
-        assert fp8_spec.resolve_executor(args, local_rank=0) == "emulated"  # before: TE's executor, local layers
+        executor, _ = fp8_spec.choose_executor(Fp8.of(args), args.transformer_engine_layers, local_rank=0)
+        assert executor == "emulated"  # before: TE's executor, local layers

@@ -11,7 +11,7 @@ A family module defines ``FAMILY = Family(...)``, the whole of what the rest of 
   family's (asked most specific family first, ``_BY_FINGERPRINT``) when a checkpoint names no ``--model``;
 - ``is_multimodal`` (images through a vision tower: the multimodal data, step and model builder) and
   ``chat_template`` (the conversation template its data uses by default; sft/templates.py, data/vision);
-- ``model_builder``: ``(args, TransformerConfig) -> [model chunks]`` for a family whose layers megatron-core's
+- ``model_builder``: ``(TransformerConfig, ModelBuild, LayerChoice, Fusions) -> [model chunks]`` (models/section.py) for a family whose layers megatron-core's
   GPTModel/TransformerLayer cannot express from flags (Gemma 3: models/families/gemma3/model.py); None: models/gpt.py
   builds the plain decoder;
 - ``vision_encoder``: ``"packed"`` for the native-resolution vision-language models (Qwen2-VL, Qwen2.5-VL: patches

@@ -40,4 +40,5 @@ class Family:
     chat_template: str | None = None
     task: str = "text"  # the kind of run it trains (mtmegatron/tasks/registry.py; --sft picks "sft" for a text family)
     build_context: Callable = lambda config, build: contextlib.nullcontext()  # its model chunks are built inside
-    model_builder: Callable | None = None  # (args, config) -> model chunks, for layers no flag expresses (gemma3/)
+    # (config, ModelBuild, LayerChoice, Fusions) -> model chunks, for layers no flag expresses (gemma3/)
+    model_builder: Callable | None = None

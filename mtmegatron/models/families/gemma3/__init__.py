@@ -45,10 +45,10 @@ PRESETS = {
 }
 
 
-def _build(args, config):
+def _build(config, build, choice, fusions):
     from mtmegatron.models.families.gemma3.model import build_gemma3_chunks
 
-    return build_gemma3_chunks(args, config)
+    return build_gemma3_chunks(config, build, choice, fusions)
 
 
 FAMILY = Family(name="gemma3", presets=PRESETS, hf_model_type="gemma3_text", hf_architecture="Gemma3ForCausalLM",

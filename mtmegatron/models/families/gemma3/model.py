@@ -13,6 +13,9 @@ What megatron-core's GPTModel / TransformerLayer lack, added here and nowhere el
 - embeddings x sqrt(hidden) in the embedding's dtype (HF's Gemma3TextScaledWordEmbedding), a hook on GPTModel's
   embedding; GeGLU with tanh GeLU and the softmax scale ``1/sqrt(--query-pre-attn-scalar)`` set on the
   TransformerConfig before any module is built.
+Built from the TransformerConfig and models/section.py's ``ModelBuild`` (vocabulary, RoPE, Gemma 3's local base and
+softmax scalar), ``LayerChoice`` (the layer spec) and ``Fusions`` (the fused loss), as models/gpt.py builds the plain
+decoder.
 May assume: models/gpt.py's build context (parallel state up, backend active, birth device chosen); validated
 flags (flags.py).
 """
@@ -34,7 +37,7 @@ from megatron.core.transformer.utils import (ensure_metadata_has_dp_cp_group, is
 from mtmegatron.fp8.spec import keep_layers_in_bf16
 from mtmegatron.models import fusions
 from mtmegatron.models.layer_spec import build_layer_spec, choose_modules
-from mtmegatron.models.section import Fusions
+from mtmegatron.models.section import Fusions, LayerChoice, ModelBuild
 from mtmegatron.models.vocab import install_vocab_padding
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 from mtmegatron.utils.errors import ConfigError
@@ -116,26 +119,26 @@ class Gemma3Model(GPTModel):
             self.embedding.register_forward_hook(_scale_embeddings)
 
 
-def gemma3_layer_spec(args):
+def gemma3_layer_spec(build: ModelBuild, choice: LayerChoice):
     """The layer spec of the run's modules (layer_spec.py) with Gemma 3's attention and MLP."""
-    if choose_modules(args).transformer_engine:
+    if choose_modules(choice).transformer_engine:
         raise ConfigError("--model gemma3: TransformerEngine layers fuse the norms Gemma 3 keeps apart; use "
                           "--transformer-impl local or mtmegatron")
-    spec = build_layer_spec(args, "dense")
+    spec = build_layer_spec(choice, "dense")
     sub = spec.submodules
     attention = dataclasses.replace(sub.self_attention, module=Gemma3SelfAttention, params={
-        **sub.self_attention.params, "local_rotary_base": args.rotary_base_local,
-        "position_scale": args.rotary_seq_len_interpolation_factor or 1})
+        **sub.self_attention.params, "local_rotary_base": build.rotary_base_local,
+        "position_scale": build.rotary_seq_len_interpolation_factor or 1})
     mlp = dataclasses.replace(sub.mlp, module=Gemma3MLP, params=dict(sub.mlp.params))
     return dataclasses.replace(spec, submodules=dataclasses.replace(sub, self_attention=attention, mlp=mlp))
 
 
-def configure(config, args) -> None:
+def configure(config, build: ModelBuild) -> None:
     """GeGLU with tanh GeLU and the softmax scale, on the config the modules are built from."""
     config.gated_linear_unit = True
     config.activation_func = gelu_tanh
     config.bias_activation_fusion = False
-    config.softmax_scale = (args.query_pre_attn_scalar or args.kv_channels) ** -0.5
+    config.softmax_scale = (build.query_pre_attn_scalar or config.kv_channels) ** -0.5
 
 
 def _block(spec, config, vp_stage) -> TransformerBlockSubmodules:
@@ -144,29 +147,29 @@ def _block(spec, config, vp_stage) -> TransformerBlockSubmodules:
                                       layer_norm=ZeroCenteredNorm)
 
 
-def build_gemma3_chunks(args, config) -> list[Gemma3Model]:
+def build_gemma3_chunks(config, build: ModelBuild, choice: LayerChoice, fusion_flags: Fusions) -> list[Gemma3Model]:
     """One Gemma3Model per virtual pipeline stage (models/gpt.py's loop for the plain decoder; its RoPE arguments
     as models/gpt.gpt_model_kwargs passes them, Llama-3 scaling refused by flags.py)."""
-    configure(config, args)
-    spec = gemma3_layer_spec(args)
-    fused = fusions.uses_our_cross_entropy(Fusions.of(args))
+    configure(config, build)
+    spec = gemma3_layer_spec(build, choice)
+    fused = fusions.uses_our_cross_entropy(fusion_flags)
     if fused:
         from mtmegatron.models.fused_spec import install_fused_loss
     chunks = []
-    for vp_stage in range(args.virtual_pipeline_model_parallel_size or 1):
-        vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
+    for vp_stage in range(config.virtual_pipeline_model_parallel_size or 1):
+        vp = vp_stage if config.virtual_pipeline_model_parallel_size else None
         chunk = Gemma3Model(
             config=config, transformer_layer_spec=_block(spec, config, vp),
-            vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
+            vocab_size=build.padded_vocab_size, max_sequence_length=build.max_position_embeddings,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
-            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-            position_embedding_type="rope", rotary_percent=args.rotary_percent, rotary_base=args.rotary_base,
-            seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
-            fp16_lm_cross_entropy=args.fp16_lm_cross_entropy, vp_stage=vp)
-        install_vocab_padding(chunk, args.vocab_size)
+            share_embeddings_and_output_weights=not build.untie_embeddings_and_output_weights,
+            position_embedding_type="rope", rotary_percent=build.rotary_percent, rotary_base=build.rotary_base,
+            seq_len_interpolation_factor=build.rotary_seq_len_interpolation_factor,
+            fp16_lm_cross_entropy=build.fp16_lm_cross_entropy, vp_stage=vp)
+        install_vocab_padding(chunk, build.vocab_size)
         if fused:
             install_fused_loss(chunk)
-        keep_layers_in_bf16(chunk, args)
+        keep_layers_in_bf16(chunk, choice.fp8, config.num_layers)
         chunks.append(chunk)
     return chunks

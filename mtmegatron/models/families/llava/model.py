@@ -13,7 +13,6 @@ May assume: validated flags (``models/families/llava/flags.py``), parallel state
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 
 import torch
@@ -28,6 +27,7 @@ from megatron.core.transformer.mlp import MLPSubmodules
 
 from mtmegatron.models.families.shared.vision_encoder import encoder_side, quick_gelu
 from mtmegatron.models.layer_spec import build_layer_spec
+from mtmegatron.models.section import LayerChoice
 from mtmegatron.models.vocab import install_vocab_padding
 
 IMAGE_TOKEN_INDEX = -200  # the placeholder id of one image in input_ids (megatron-core's and LLaVA's)
@@ -66,21 +66,22 @@ def projector_config(args: argparse.Namespace, config: TransformerConfig) -> Tra
                         activation_func=F.gelu, add_bias_linear=True, bias_activation_fusion=False)
 
 
-def vision_layer_spec(args: argparse.Namespace):
+def vision_layer_spec(choice: LayerChoice):
     """The encoder layer: our layer builder with the vision model's shape (LayerNorm, plain linears, the
     run's core attention) and no attention mask."""
-    vision = copy.copy(args)
-    vision.normalization, vision.qk_layernorm, vision.multi_latent_attention = "LayerNorm", False, False
-    vision.num_experts, vision.transformer_impl, vision.fp8_format = None, "local", None
-    vision.transformer_engine_layers = False  # the decision transformer_impl.py made is the language model's
+    layers = dataclasses.replace(choice.layers, normalization="LayerNorm", qk_layernorm=False,
+                                 multi_latent_attention=False, num_experts=None, transformer_impl="local")
+    vision = LayerChoice(layers=layers, fp8=dataclasses.replace(choice.fp8, fp8=None), fp8_executor=None,
+                         transformer_engine=False)  # the decision transformer_impl.py made is the language model's
     return build_layer_spec(vision, "dense", attn_mask_type=AttnMaskType.no_mask)
 
 
-def build_llava_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[LLaVAModel]:
+def build_llava_chunks(args: argparse.Namespace, config: TransformerConfig,
+                       choice: LayerChoice) -> list[LLaVAModel]:
     """One LLaVAModel per virtual pipeline stage held by this rank; the encoder only in the first chunk of the
     first stage."""
     lm_config = language_config(args, config)
-    lm_spec = build_layer_spec(args, "dense")
+    lm_spec = build_layer_spec(choice, "dense")
     projector_spec = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
     chunks = []
     for vp_stage in range(args.virtual_pipeline_model_parallel_size or 1):
@@ -93,7 +94,7 @@ def build_llava_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
             language_vocab_size=args.padded_vocab_size,
             language_max_sequence_length=args.decoder_seq_length,
             vision_transformer_config=vision_config(args, config),
-            vision_transformer_layer_spec=vision_layer_spec(args),
+            vision_transformer_layer_spec=vision_layer_spec(choice),
             drop_vision_class_token=args.disable_vision_class_token,
             vision_projection_config=projector_config(args, config),
             vision_projection_layer_spec=projector_spec,

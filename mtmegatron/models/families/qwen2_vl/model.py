@@ -27,7 +27,6 @@ initialised, backend bridge active.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 
 import torch
@@ -46,6 +45,7 @@ from megatron.core.transformer.module import MegatronModule
 from mtmegatron.models.families.qwen2_vl.vision_tower import PackedVisionEncoder
 from mtmegatron.models.families.shared.vision_encoder import encoder_side, quick_gelu
 from mtmegatron.models.layer_spec import build_layer_spec
+from mtmegatron.models.section import LayerChoice
 from mtmegatron.models.vocab import install_vocab_padding
 
 
@@ -69,20 +69,22 @@ def merger_config(args: argparse.Namespace, config: TransformerConfig) -> Transf
                         add_bias_linear=True, bias_activation_fusion=False)
 
 
-def vision_layer_spec(args: argparse.Namespace):
-    """The encoder layer: bidirectional, packed (THD) SDPA attention, the vision norm, plain local linears."""
-    vision = copy.copy(args)
-    vision.normalization, vision.qk_layernorm, vision.multi_latent_attention = args.vision_normalization, False, False
-    vision.num_experts, vision.transformer_impl, vision.fp8_format = None, "local", None
-    vision.transformer_engine_layers, vision.attention_backend = False, "auto"
-    vision.layernorm_zero_centered_gamma = False
+def vision_layer_spec(choice: LayerChoice, normalization: str):
+    """The encoder layer: bidirectional, packed (THD) SDPA attention, the vision norm (``--vision-normalization``),
+    plain local linears."""
+    layers = dataclasses.replace(choice.layers, normalization=normalization, qk_layernorm=False,
+                                 multi_latent_attention=False, num_experts=None, transformer_impl="local",
+                                 attention_backend="auto", layernorm_zero_centered_gamma=False)
+    vision = LayerChoice(layers=layers, fp8=dataclasses.replace(choice.fp8, fp8=None), fp8_executor=None,
+                         transformer_engine=False)
     return build_layer_spec(vision, "dense", attn_mask_type=AttnMaskType.no_mask)
 
 
-def build_vision_encoder(args: argparse.Namespace, config: TransformerConfig) -> PackedVisionEncoder:
+def build_vision_encoder(args: argparse.Namespace, config: TransformerConfig,
+                         choice: LayerChoice) -> PackedVisionEncoder:
     patch = args.patch_dim
     return PackedVisionEncoder(
-        vision_config(args, config), vision_layer_spec(args),
+        vision_config(args, config), vision_layer_spec(choice, args.vision_normalization),
         LocalSpecProvider().layer_norm(rms_norm=args.vision_normalization == "RMSNorm"),
         merger_config(args, config), MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
         patch_input_size=3 * args.vision_temporal_patch_size * patch * patch, merge=args.vision_spatial_merge_size,
@@ -191,12 +193,13 @@ def freeze(model: NativeResolutionVLM, args: argparse.Namespace) -> None:
         module.requires_grad_(False)
 
 
-def build_qwen_vl_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[NativeResolutionVLM]:
+def build_qwen_vl_chunks(args: argparse.Namespace, config: TransformerConfig,
+                         choice: LayerChoice) -> list[NativeResolutionVLM]:
     """One model per virtual pipeline stage held by this rank; the vision encoder only in the first chunk of the
     first stage (``--decoder-first/last-pipeline-num-layers`` give that stage fewer language layers: the flags'
     config carries the split)."""
     lm_config = dataclasses.replace(config, mrope_section=list(args.mrope_section))
-    lm_spec = build_layer_spec(args, "dense")
+    lm_spec = build_layer_spec(choice, "dense")
     chunks = []
     for vp_stage in range(args.virtual_pipeline_model_parallel_size or 1):
         vp = vp_stage if args.virtual_pipeline_model_parallel_size else None
@@ -207,7 +210,7 @@ def build_qwen_vl_chunks(args: argparse.Namespace, config: TransformerConfig) ->
                             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
                             scatter_embedding_sequence_parallel=False, **language_model_kwargs(args), vp_stage=vp)
         install_vocab_padding(language, args.vocab_size)
-        vision = build_vision_encoder(args, config) if first else None
+        vision = build_vision_encoder(args, config, choice) if first else None
         model = NativeResolutionVLM(lm_config, language, vision, args.image_token_id, args.video_token_id)
         model.model_type = ModelType.encoder_or_decoder  # the schedules read it
         freeze(model, args)
