@@ -25,6 +25,7 @@ from typing import Mapping
 
 from mtmegatron.config import arguments
 from mtmegatron.tasks.registry import task_name
+from mtmegatron.tasks.section import RunKind
 from mtmegatron.utils.section import S
 
 _NOT_FLAG_GROUPS = {"positional arguments", "options", "optional arguments"}
@@ -61,7 +62,7 @@ def parse(argv=None, world_size: int | None = None, for_training: bool = True) -
     args = arguments.parse_args(argv, world_size=world_size, for_training=for_training, parser=parser)
     return RunConfig(args=args.freeze(), sections=MappingProxyType(flag_groups(parser)),
                      sources=MappingProxyType(dict(args.value_sources)), family=args.model,
-                     task=task_name(args), world_size=args.world_size, preset=args.preset_name)
+                     task=task_name(RunKind.of(args)), world_size=args.world_size, preset=args.preset_name)
 
 
 def flag_groups(parser: argparse.ArgumentParser) -> dict[str, tuple[str, ...]]:

@@ -31,6 +31,7 @@ import dataclasses
 from functools import partial
 
 from mtmegatron.models import families
+from mtmegatron.tasks.section import RunKind
 from mtmegatron.utils.errors import ConfigError
 
 CONVERSATION_SUFFIXES = (".jsonl", ".json")
@@ -38,16 +39,16 @@ TOKEN_FIELDS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pa
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
 
 
-def _train_paths(args: argparse.Namespace) -> list:
+def _train_paths(kind: RunKind) -> list:
     """``--data-path``, else ``--train-data-path`` (then ``--valid-data-path`` is the held-out set)."""
-    paths = args.data_path or args.train_data_path
+    paths = kind.data_path or kind.train_data_path
     return paths if isinstance(paths, list) else [paths] if paths else []
 
 
-def reads_vision_data(args: argparse.Namespace) -> bool:
+def reads_vision_data(kind: RunKind) -> bool:
     """Whether this run trains on image/video conversations (module docstring)."""
-    paths = _train_paths(args)
-    return (families.of(args).task == "qwen_vl" and not args.mock_data and not args.sft and bool(paths)
+    paths = _train_paths(kind)
+    return (families.of(kind).task == "qwen_vl" and not kind.mock_data and not kind.sft and bool(paths)
             and all(str(p).endswith(CONVERSATION_SUFFIXES) for p in paths))
 
 
@@ -55,7 +56,7 @@ def check_balance(args: argparse.Namespace) -> None:
     """``--balance-micro-batches`` and ``--vision-packing`` need conversations to work on (one line otherwise)."""
     for flag, on in (("--balance-micro-batches balances", args.balance_micro_batches),
                      (f"--vision-packing {args.vision_packing} packs", args.vision_packing)):
-        if on and not reads_vision_data(args):
+        if on and not reads_vision_data(RunKind.of(args)):
             raise ConfigError(f"{flag} image/video conversations: give --data-path conversations.jsonl (not "
                               f"--mock-data, --sft or indexed text)")
 
@@ -109,7 +110,7 @@ def prepare(args: argparse.Namespace, progress: bool = True):
     from mtmegatron.data.tokenizer import TokenizerError
     from mtmegatron.tasks.llava.data import MultimodalData
 
-    paths = _train_paths(args)
+    paths = _train_paths(RunKind.of(args))
     valid_paths = args.valid_data_path or []
     valid_paths = [valid_paths] if isinstance(valid_paths, str) else list(valid_paths)
     image_folder = args.image_folder
