@@ -227,6 +227,8 @@ def test_data_sft_and_packing_sections_hold_the_flag_values_and_their_modules_re
     from mtmegatron.data.tokenizer_build import tokenizer_flags_text
     from mtmegatron.sft.section import Sft
     from mtmegatron.tasks.qwen_vl.section import Packing
+    from mtmegatron.tasks.registry import task_name
+    from mtmegatron.tasks.section import RunKind
 
     run = config.parse(["--model", "llama3", "--model-size", "tiny", "--sft", "--no-sft-packing", "--seq-length", "64",
                         "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
@@ -244,9 +246,10 @@ def test_data_sft_and_packing_sections_hold_the_flag_values_and_their_modules_re
     assert [(b.size, b.skipped, b.num_microbatches) for b in itertools.islice(plan, 6)] == [
         (4, False, 1), (4, False, 1), (4, True, 1), (4, False, 1), (8, False, 2), (8, False, 2)]
     assert tokenizer_flags_text(tokenizer, None) == "--tokenizer-type NullTokenizer --vocab-size 300"
+    assert run.task == task_name(RunKind.of(run.args)) == "sft"
     moved = ["data/dataset_fields.py", "data/position.py", "data/splits.py", "data/tokenizer_build.py",
              "sft/dataset.py", "sft/accuracy.py", "sft/report.py", "training/sft_step.py", "tasks/qwen_vl/thd.py",
-             "tasks/qwen_vl/step.py"]
+             "tasks/qwen_vl/step.py", "data/vision/build.py", "tasks/registry.py"]
     assert [m for m in moved if re.search(r"\bargs\.\w", (PACKAGE / m).read_text())] == []
 
 
