@@ -216,3 +216,7 @@ def test_optimizer_count_change_outside_the_fully_reshardable_format_is_refused_
         checkpointing._check_optimizer_count(common, one, "dp_reshardable", "ckpt/iter_0000003")
     checkpointing._check_optimizer_count(common, one, "fully_reshardable", "ckpt/iter_0000003")
     checkpointing._check_optimizer_count(common, SimpleNamespace(chained_optimizers=[1, 2]), "dp_reshardable", "d")
+    # an fp32 run's plain optimizer (torch's state + param_groups) is one optimizer too: EP1 -> EP2 refused
+    with pytest.raises(checkpoint_dirs.CheckpointError, match=r"holds 1 optimizers \(non-distributed"):
+        checkpointing._check_optimizer_count({"optimizer": {"state": {}, "param_groups": []}},
+                                             SimpleNamespace(chained_optimizers=[1, 2]), None, "d")
