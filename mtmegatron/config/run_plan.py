@@ -11,6 +11,7 @@ from mtmegatron.attention.spec import core_attention_choice
 from mtmegatron.backends.active import active_backend
 from mtmegatron.models import families, fusions, initialization
 from mtmegatron.models.families.qwen2_vl import stage_balance as vision_stage_balance
+from mtmegatron.models.section import Initialization
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,7 @@ def startup_lines(args) -> list[str]:
     split = vision_stage_balance.describe(args) if families.of(args).vision_encoder == "packed" else None
     if split:
         lines.append(f"mtmegatron: {split}")
-    return lines + [fusions.describe(args), initialization.describe(args)]
+    return lines + [fusions.describe(args), initialization.describe(Initialization.of(args))]
 
 
 def plan_run(args) -> RunPlan:
@@ -67,4 +68,5 @@ def plan_run(args) -> RunPlan:
                    attention_kernel=core_attention_choice(args.attention_backend, args.transformer_impl,
                                                           args.transformer_engine_layers)[0],
                    fusions=tuple(name for name, (on, _) in fusions.decide(args).items() if on),
-                   host_initialization=initialization.host_initialization(args), lines=tuple(lines))
+                   host_initialization=initialization.host_initialization(Initialization.of(args)),
+                   lines=tuple(lines))

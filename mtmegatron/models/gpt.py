@@ -5,7 +5,7 @@ repeated layer, or DeepSeek's per-stage dense/MoE block and the MTP block), one 
 pipeline stage. GPTModel's own arguments (vocabulary, position embedding, tied embeddings), the RoPE scaling and
 the family's build context come from one ``ModelBuild`` (models/section.py) filled here, the layer specs and FP8
 from one ``LayerChoice`` (``layer_choice``: the layer and FP8 flags with the TE-layers decision and the FP8
-executor); initialisation and the multimodal and Gemma 3 builders still read the flags.
+executor), where the weights are born from ``Initialization``; the multimodal builders still read the flags.
 May assume: megatron-core parallel state is initialised and the backend bridge is active.
 """
 
@@ -25,7 +25,7 @@ from mtmegatron.models import deepseek, fusions, initialization
 from mtmegatron.models import families
 from mtmegatron.models.config_from_flags import deepseek_fields, mla_fields, transformer_config_kwargs
 from mtmegatron.models.layer_spec import build_layer_spec
-from mtmegatron.models.section import Fusions, LayerChoice, Layers, ModelBuild
+from mtmegatron.models.section import Fusions, Initialization, LayerChoice, Layers, ModelBuild
 from mtmegatron.models.vocab import install_vocab_padding
 from mtmegatron.models.zero_centered_norm import ZeroCenteredNorm
 
@@ -34,7 +34,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     """Flags by field name (models/config_from_flags.py), then mtmegatron's decisions for this backend."""
     config_class = MLATransformerConfig if args.multi_latent_attention else TransformerConfig
     ours = dict(
-        **initialization.config_fields(args),  # born on the device unless --use-cpu-initialization; --load skips
+        **initialization.config_fields(Initialization.of(args)),  # born on the device unless --use-cpu-initialization; --load skips
         overlap_p2p_comm=p2p_overlap_runs(args),
         batch_p2p_comm=not p2p_overlap_runs(args) and not _two_stage_interleaved(args),
         **fusions.config_fields(Fusions.of(args)),
@@ -107,7 +107,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
     build = ModelBuild.of(args)
     family = families.get(build.model or "gpt")
     family_context = family.build_context(config, build)  # GPT-OSS: YaRN on a plain attention
-    with initialization.birth_device(args), llama3_scaling(build), family_context:
+    with initialization.birth_device(Initialization.of(args)), llama3_scaling(build), family_context:
         return _build_model_chunks(args, config, build, family)
 
 

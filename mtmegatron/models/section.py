@@ -9,6 +9,8 @@ stages, MLA) is read from the config. Filled once per build by models/gpt.py (``
 ``Fusions``: the fusion flags and the values that decide where each applies (models/fusions.py), read when the
 config is filled and by the start-up line.
 ``Layers``: the flags the layer spec reads (models/layer_spec.py, models/deepseek.py's per-stage blocks).
+``Initialization``: where the weights are born and whether a checkpoint fills them (models/initialization.py).
+``AuxLosses``: which auxiliary losses the run's model has (models/aux_losses.py).
 ``LayerChoice`` (not a section: two of its values are decided after parsing, so they are no flag dests): the
 ``Layers`` and ``Fp8`` sections with whether the layers are TransformerEngine's (models/transformer_impl.py, at
 parse time) and the FP8 executor in use (fp8/spec.choose_executor, at start-up); models/gpt.py's
@@ -97,3 +99,26 @@ class LayerChoice:
     fp8: Fp8
     transformer_engine: bool                            # the layers are TransformerEngine's
     fp8_executor: str | None                            # the FP8 executor in use; None without FP8
+
+
+@dataclass(frozen=True)
+class Initialization(Section):
+    """Where the weights are born and whether they are filled (models/initialization.py)."""
+
+    use_cpu_initialization: bool | None
+    init_model_with_meta_device: bool
+    load: str | None                                    # a checkpoint about to be loaded skips the fill
+    moe_use_upcycling: bool                             # ... except when upcycling a dense one (no router)
+
+
+@dataclass(frozen=True)
+class AuxLosses(Section):
+    """Which MTP and MoE auxiliary losses the model has, and its layer pattern (models/aux_losses.py)."""
+
+    mtp_num_layers: int | None
+    num_experts: int | None
+    moe_router_load_balancing_type: str | list
+    moe_aux_loss_coeff: float | list
+    moe_z_loss_coeff: float | None
+    num_layers: int
+    moe_layer_freq: int | list

@@ -30,6 +30,7 @@ from mtmegatron.training.observability.step_timers import timed
 from mtmegatron.training.data import micro_batches
 from mtmegatron.training import sft_step
 from mtmegatron.models.aux_losses import aux_loss_stats
+from mtmegatron.models.section import AuxLosses
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -126,7 +127,7 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
     --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's. ``step``: the run's
     (default ``lm_step``); ``resilience``: the run's section (training/loop.py builds it once; default: from
     ``args``, equal by value, so the same rerun machine); ``schedule``: the run's ``Schedule`` (likewise). ``args``
-    itself goes only to models/aux_losses.py. When the rerun machine stops the run, returns
+    itself goes only to models/aux_losses.py (its ``AuxLosses`` and micro-batch count). When the rerun machine stops the run, returns
     ``{"rerun_exit": (save_checkpoint, exit_code)}`` without a step."""
     schedule = schedule or Schedule.of(args)
     step = step or lm_step(schedule)
@@ -158,6 +159,6 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         **({"num_zeros_in_grad": None if num_zeros is None else int(num_zeros)} if schedule.log_num_zeros_in_grad else {}),
         # Megatron-LM's iteration line shows the loss scale after the step (1.0 without --fp16)
         "loss_scale": float(optimizer.get_loss_scale()),
-        **aux_loss_stats(args),  # mtp_loss / moe_aux_loss / moe_z_loss when the model has them
+        **aux_loss_stats(AuxLosses.of(args), args.num_microbatches),  # mtp_loss / moe_aux_loss / moe_z_loss when the model has them
         **(step.stats(data_iterators, iteration) if step.stats else {}),  # e.g. LLaVA's image_tokens
     }

@@ -10,6 +10,7 @@ import pytest
 
 from mtmegatron.backends.registry import BUILTIN
 from mtmegatron.models import initialization
+from mtmegatron.models.section import Initialization
 
 get_backend_description = BUILTIN.__getitem__
 
@@ -24,7 +25,7 @@ def _args(**kw):
                                                    ("musa", True, True), ("cpu", None, True), ("cpu", True, True)])
 def test_where_the_weights_are_born(monkeypatch, device_type, flag, host):
     monkeypatch.setattr(initialization, "active_backend", lambda: get_backend_description(device_type))
-    args = _args(use_cpu_initialization=flag)
+    args = Initialization.of(_args(use_cpu_initialization=flag))
     assert initialization.host_initialization(args) is host
     assert initialization.config_fields(args) == {"use_cpu_initialization": host, "perform_initialization": True}
     line = initialization.describe(args)
