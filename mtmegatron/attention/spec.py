@@ -31,7 +31,7 @@ MEASURED_FUSED_OVER_SDPA = "1.3-4.6x"
 
 def core_attention_choice(attention_backend: str, transformer_impl: str, transformer_engine: bool) -> tuple[str, str]:
     """``(kind, reason)`` for ``--attention-backend`` and ``--transformer-impl``; ``transformer_engine``: the layers
-    are TransformerEngine's (decided at parse time, models/transformer_impl.py)."""
+    are TransformerEngine's (decided at parse time, config/transformer_impl.py)."""
     backend = attention_backend
     fused_impl = transformer_impl == "mtmegatron"
     if backend in LOCAL_BACKENDS:

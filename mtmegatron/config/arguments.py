@@ -22,7 +22,7 @@ from mtmegatron.models.families.deepseek_v3.flags import check_deepseek_args, no
 from mtmegatron.models.families.llava.flags import add_llava_args, check_llava_args, fill_llava_fields
 from mtmegatron.config.pipeline_split import check_pipeline_split
 from mtmegatron.models.vocab import check_vocab_padding
-from mtmegatron.models.transformer_impl import resolve_transformer_impl
+from mtmegatron.config.transformer_impl import resolve_transformer_impl
 from mtmegatron.config.data_flags import add_data_args, check_data_args
 from mtmegatron.config.memory_flags import add_memory_args, check_memory_args
 from mtmegatron.config.fsdp_flags import add_fsdp_args, check_fsdp_args

@@ -33,7 +33,7 @@ BLOCK_SCALED = ("blockwise", "mxfp8")
 
 def choose_executor(fp8: Fp8, transformer_engine: bool, local_rank: int | None = None) -> tuple[str, str | None]:
     """(executor, the start-up note or None): see the module docstring. ``transformer_engine``: the layers are
-    TransformerEngine's (decided at parse time, models/transformer_impl.py); ``local_rank``: the device to probe."""
+    TransformerEngine's (decided at parse time, config/transformer_impl.py); ``local_rank``: the device to probe."""
     from mtmegatron.backends.active import active_backend
 
     backend = active_backend()

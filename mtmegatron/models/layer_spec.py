@@ -11,7 +11,7 @@
 | dense MLP | ``MLP`` | ``FusedMLP`` | ``MLP`` (``FusedMLP`` with mtmegatron) |
 
 TE layers: ``--transformer-impl transformer_engine`` where TransformerEngine (CUDA) or MT-TransformerEngine (MUSA)
-serves the backend (``models/transformer_impl.py`` decides, bf16/fp16 and FP8 alike), or FP8 with the
+serves the backend (``config/transformer_impl.py`` decides, bf16/fp16 and FP8 alike), or FP8 with the
 ``transformer_engine`` executor under any impl (``LayerChoice.transformer_engine``).
 | core attention | ``attention/spec.core_attention_choice``: SDPA, fused softmax, local or TE; MLA's head-dims variant of a local/fused one |||
 

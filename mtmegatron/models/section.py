@@ -12,7 +12,7 @@ config is filled and by the start-up line.
 ``Initialization``: where the weights are born and whether a checkpoint fills them (models/initialization.py).
 ``AuxLosses``: which auxiliary losses the run's model has (models/aux_losses.py).
 ``LayerChoice`` (not a section: two of its values are decided after parsing, so they are no flag dests): the
-``Layers`` and ``Fp8`` sections with whether the layers are TransformerEngine's (models/transformer_impl.py, at
+``Layers`` and ``Fp8`` sections with whether the layers are TransformerEngine's (config/transformer_impl.py, at
 parse time) and the FP8 executor in use (fp8/spec.choose_executor, at start-up); models/gpt.py's
 ``layer_choice(args)`` fills it once, and every layer-spec builder takes it.
 May assume: the flags were parsed and checked (config/, the families' flags.py).

@@ -1,4 +1,4 @@
-"""``models/transformer_impl``: where ``--transformer-impl transformer_engine`` gets TE layers, with TE faked.
+"""``config/transformer_impl``: where ``--transformer-impl transformer_engine`` gets TE layers, with TE faked.
 
 - which TransformerEngine serves which backend: NVIDIA's on CUDA, MT-TransformerEngine (the ``transformer_engine``
   package with a ``musa`` subpackage, found on disk) on MUSA, none on cpu -- the package spec faked, nothing imported;
@@ -19,7 +19,7 @@ import pytest
 from mtmegatron.backends.cpu import CPU, CpuBackend
 from mtmegatron.backends.cuda import CUDA
 from mtmegatron.backends.musa import MUSA
-from mtmegatron.models import transformer_impl
+from mtmegatron.config import transformer_impl
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
 

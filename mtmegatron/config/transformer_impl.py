@@ -8,7 +8,8 @@ The decision whether this run's layers are TransformerEngine's is made here once
 ``args.transformer_engine_layers``: without FP8, the resolved impl is ``transformer_engine``; with FP8, the executor
 is TransformerEngine's (``--fp8-executor transformer_engine``, or ``auto`` on a backend whose first FP8 executor is
 TE's and whose TE serves it: the choice ``fp8/spec.choose_executor`` then makes at start-up). Every consumer
-(layer spec, grouped experts, FP8 executor choice) reads that field.
+(the layer spec through models/gpt.layer_choice's ``LayerChoice``, the grouped-experts checks, the FP8 executor
+choice) reads that field. A parse-time step of config/arguments.py (it sets dests), so it lives in config/.
 May assume: flags parsed (``args.backend`` may be None: auto-detect); importing mtmegatron.backends is cheap.
 """
 
