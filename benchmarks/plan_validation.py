@@ -29,7 +29,7 @@ MIB = 2**20
 # backend's NVTE_* variables (config/), which a later run's own parse would then refuse
 RUN_ENV = {k: v for k, v in os.environ.items() if k not in ("MUSA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}
 
-COMMON = ["--lr", "3e-4", "--lr-decay-style", "constant", "--mock-data", "--hidden-dropout", "0",
+COMMON = ["--backend", "musa", "--lr", "3e-4", "--lr-decay-style", "constant", "--mock-data", "--hidden-dropout", "0",
           "--attention-dropout", "0", "--log-interval", "1", "--num-workers", "0", "--train-iters", "2",
           "--use-cpu-initialization", "--log-memory-interval", "1", "--bf16"]
 LLAMA = ["--model", "llama3", "--num-layers", "8", "--hidden-size", "512", "--num-attention-heads", "8",
@@ -54,7 +54,7 @@ CONFIGS: dict[str, list[str]] = {
     "dense TP2 (no SP), full recompute": [*LLAMA, "--tensor-model-parallel-size", "2", "--recompute-granularity",
                                           "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
     "dense DP2, dist-opt": [*LLAMA, *DIST],
-    "dense DP2, dist-opt, optimizer CPU offload 0.5": [*LLAMA, *DIST, "--optimizer-cpu-offload",
+    "dense DP2, dist-opt, optimizer CPU offload 0.5": [*LLAMA, *DIST, "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
                                                        "--optimizer-offload-fraction", "0.5"],
     "dense PP2": [*LLAMA, "--pipeline-model-parallel-size", "2"],
     "dense PP2 VPP2": [*LLAMA, "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"],
@@ -62,7 +62,8 @@ CONFIGS: dict[str, list[str]] = {
                                   "--recompute-method", "uniform", "--recompute-num-layers", "1"],
     "dense DP2, torch FSDP2": [*LLAMA, "--use-torch-fsdp2", "--ckpt-format", "torch_dist"],
     "Mixtral MoE EP2": [*MIXTRAL, "--expert-model-parallel-size", "2"],
-    "Mixtral MoE TP2+SP EP2, dist-opt": [*MIXTRAL, *TP2_SP, "--expert-model-parallel-size", "2", *DIST],
+    "Mixtral MoE TP2+SP EP2, dist-opt": [*MIXTRAL, *TP2_SP, "--expert-model-parallel-size", "2",
+                                         "--expert-tensor-parallel-size", "1", *DIST],
     "DeepSeek-V3 tiny MLA+MoE EP2": [*DEEPSEEK, "--expert-model-parallel-size", "2"],
 }
 
@@ -80,11 +81,12 @@ def measure(argv: list[str], log_dir: str, timeout: float) -> dict[int, float]:
     """Each printing rank's largest "max allocated" (bytes) over the run's iterations on the simulated device."""
     env = {"OMP_NUM_THREADS": "1", **RUN_ENV}
     cmd = ["bash", str(REPO / "scripts" / "musa_sim.sh"), sys.executable, "-m", "torch.distributed.run",
-           "--nproc_per_node=2", f"--master_port={_free_port()}", "-m", "mtmegatron.pretrain", "--backend", "musa",
+           "--nproc_per_node=2", f"--master_port={_free_port()}", "-m", "mtmegatron.pretrain",
            *argv, "--log-dir", log_dir]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"pretrain failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    if done.returncode != 0:  # the ranks' own errors, not only the launcher's summary
+        errors = [line for line in done.stderr.splitlines() if re.search(r"Error|error:", line)]
+        raise RuntimeError(f"pretrain failed ({done.returncode}):\n" + "\n".join(errors[:20]))
     peaks: dict[int, float] = {}
     for rank, mib in MEMORY_LINE.findall(done.stdout):
         peaks[int(rank)] = max(peaks.get(int(rank), 0.0), float(mib) * MIB)

@@ -78,7 +78,7 @@ def plan_layout(own, rest: list[str]) -> dict:
             "device": device, "device_memory_bytes": memory, "ranks": rows,
             "fits": None if memory is None else all(r["headroom_bytes"] >= 0 for r in rows),
             "megatron_lm_formula_bytes": {k: int(v) for k, v in megatron_lm_formula(args, layout).items()},
-            "not_modelled": ["Megatron-FSDP / torch FSDP2 sharding", "precision-aware optimizer dtypes",
+            "not_modelled": ["the FSDP layer gathered at a time", "precision-aware optimizer dtypes",
                              "FP8 extras", "activation offloading", "LoRA adapters' activations",
                              "allocator fragmentation"]}
 

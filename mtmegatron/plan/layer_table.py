@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mtmegatron.plan.params import Chunk, StageParams, meta_chunks
+from mtmegatron.plan.params import Chunk, StageParams, layer_kinds, meta_chunks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,7 @@ class LayerTable:
     mtp_layers: int
     tied: bool  # the output layer shares the embedding's weight
     word_embedding: int  # elements of the word embedding on this rank
+    kinds: tuple = ()  # plan/params.layer_kinds of the layers, as (name, value) pairs
 
     def stage(self, pp: int, vpp: int | None, p: int) -> StageParams:
         v = vpp or 1
@@ -60,7 +61,8 @@ class LayerTable:
                     total += Part(dense=copy, sharded=copy, frozen_dense=copy if self.embedding.frozen_dense else 0)
                     shared += copy
             chunks.append(Chunk(layers=n, moe_layers=sum(self.moe[first:first + n]),
-                                mtp_layers=self.mtp_layers if post else 0, pre_process=pre, post_process=post))
+                                mtp_layers=self.mtp_layers if post else 0, pre_process=pre, post_process=post,
+                                **dict(self.kinds)))
         return StageParams(stage=p, dense=total.dense, expert=total.expert, dense_tp_sharded=total.sharded - shared,
                            shared_embedding=shared, chunks=tuple(chunks), frozen_dense=total.frozen_dense,
                            frozen_expert=total.frozen_expert)
@@ -97,4 +99,5 @@ def layer_table(args) -> LayerTable:
                       moe=tuple(isinstance(getattr(layer, "mlp", None), MoELayer) for layer in layers),
                       embedding=_part(embedding), head=_part(head), mtp=_part(mtp),
                       mtp_layers=len(model.mtp.layers) if mtp else 0,
-                      tied=not args.untie_embeddings_and_output_weights, word_embedding=word)
+                      tied=not args.untie_embeddings_and_output_weights, word_embedding=word,
+                      kinds=tuple(sorted(layer_kinds(layers).items())))

@@ -9,15 +9,17 @@
   bf16/fp16; the distributed optimizer shards dense state over data-parallel x context-parallel (per optimizer
   instance) and expert state over the expert data-parallel group; ``--optimizer-cpu-offload`` moves
   ``--optimizer-offload-fraction`` of it to the host (reported, not on the device); frozen parameters have none;
+- fully sharded data parallelism (``fsdp_shards``): torch FSDP2 splits weights, gradients and optimizer state over
+  data-parallel x context-parallel; Megatron-FSDP what its ``--data-parallel-sharding-strategy`` names (not measured
+  on the simulated device: docs/memory.md); the layer whose parameters are gathered at a time is not counted;
 - activations: plan/activations.py, times the schedule's in-flight micro-batches;
 - buffers: the last stage's logits and vocab-parallel cross-entropy (the logits in the activation dtype and their
   fp32 copy, exponentiated in place and turned into the gradient in place: D + 4 bytes a logit), the pipeline's send/recv
   tensors, MoE dispatch (the permuted top-k token copies sent and received, balanced routing: approximate), the
   first stage's token and position ids.
 Peak = the sum: every term is live at the last micro-batch's backward of an iteration after the first (the
-optimizer state exists from the first step on). Not modelled in this slice (said in the table's notes): Megatron-FSDP
-and torch FSDP2 sharding, the precision-aware optimizer's dtypes, FP8 extras, activation offloading, allocator
-fragmentation.
+optimizer state exists from the first step on). Not modelled (said in the table's notes): FSDP's gathered layer,
+the precision-aware optimizer's dtypes, FP8 extras, activation offloading, allocator fragmentation.
 May assume: a validated pretrain configuration (config.parse) with its world size.
 """
 
@@ -86,13 +88,32 @@ def buffer_bytes(args, stage: StageParams) -> float:
     return total
 
 
+def fsdp_shards(args, layout: Layout) -> tuple[int, int, int]:
+    """How many ways (weights, gradients, optimizer state) are split over the data-parallel x context-parallel
+    group by fully sharded data parallelism: torch FSDP2 all three; Megatron-FSDP by
+    ``--data-parallel-sharding-strategy`` (optim / optim_grads / optim_grads_params; no_shard none); else 1
+    (the distributed optimizer's sharding is optimizer_bytes')."""
+    n = max(layout.dp * layout.cp, 1)
+    if args.use_torch_fsdp2:
+        return n, n, n
+    if args.use_megatron_fsdp:
+        strategy = args.data_parallel_sharding_strategy
+        return (n if strategy == "optim_grads_params" else 1, n if strategy.startswith("optim_grads") else 1,
+                n if strategy.startswith("optim") else 1)
+    return 1, 1, 1
+
+
 def rank_memory(args, stage: StageParams, layout: Layout) -> RankMemory:
     from mtmegatron.plan.activations import in_flight
 
     grad_bytes = 4 if (args.accumulate_allreduce_grads_in_fp32 or not (args.bf16 or args.fp16)) else 2
     optimizer, host = optimizer_bytes(args, stage, layout)
-    return RankMemory(stage=stage.stage, params=stage.local, weights=stage.local * _param_bytes(args),
-                      gradients=(stage.local - stage.frozen_dense - stage.frozen_expert) * grad_bytes, optimizer=optimizer, optimizer_host=host,
+    w_shards, g_shards, o_shards = fsdp_shards(args, layout)
+    if o_shards > 1 and not args.use_distributed_optimizer:  # FSDP shards the state itself
+        optimizer, host = optimizer // o_shards, host // o_shards
+    trainable = stage.local - stage.frozen_dense - stage.frozen_expert
+    return RankMemory(stage=stage.stage, params=stage.local, weights=stage.local * _param_bytes(args) // w_shards,
+                      gradients=trainable * grad_bytes // g_shards, optimizer=optimizer, optimizer_host=host,
                       activations=int(stage_activation_bytes(args, stage)), buffers=int(buffer_bytes(args, stage)),
                       in_flight=in_flight(args, stage.stage))
 

@@ -33,6 +33,8 @@ class Chunk:
     mtp_layers: int
     pre_process: bool
     post_process: bool
+    torch_rmsnorm: bool = False  # the layers' norms are torch.nn.RMSNorm (no apex/TE: megatron-core's fallback)
+    core_attention: str = "sdpa"  # "local" (megatron-core's unfused DotProductAttention), "sdpa" (ours), "other"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,25 @@ class StageParams:
         return self.dense_tp_sharded * layout.tp + replicated + self.expert * layout.ep * layout.etp
 
 
+def layer_kinds(layers) -> dict:
+    """Which implementations the layers run, as far as what they keep for backward depends on it: the norm class
+    and the core attention class of the first layer that has them (plan/activations.py)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from mtmegatron.attention.core import SDPADotProductAttention
+
+    kinds = {}
+    for layer in layers:
+        norm = getattr(layer, "input_layernorm", None)
+        if norm is not None and "torch_rmsnorm" not in kinds:
+            kinds["torch_rmsnorm"] = isinstance(norm, torch.nn.RMSNorm)
+        core = getattr(getattr(layer, "self_attention", None), "core_attention", None)
+        if core is not None and "core_attention" not in kinds:
+            kinds["core_attention"] = ("sdpa" if isinstance(core, SDPADotProductAttention) else
+                                       "local" if isinstance(core, DotProductAttention) else "other")
+    return kinds
+
+
 def _chunk(model) -> Chunk:
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
@@ -64,7 +85,7 @@ def _chunk(model) -> Chunk:
     mtp = getattr(model, "mtp", None)
     return Chunk(layers=len(layers), moe_layers=sum(isinstance(getattr(l, "mlp", None), MoELayer) for l in layers),
                  mtp_layers=len(mtp.layers) if mtp is not None else 0,
-                 pre_process=bool(model.pre_process), post_process=bool(model.post_process))
+                 pre_process=bool(model.pre_process), post_process=bool(model.post_process), **layer_kinds(layers))
 
 
 def meta_chunks(args, stage: int) -> list:
