@@ -5,7 +5,8 @@ repeated layer, or DeepSeek's per-stage dense/MoE block and the MTP block), one 
 pipeline stage. GPTModel's own arguments (vocabulary, position embedding, tied embeddings), the RoPE scaling and
 the family's build context come from one ``ModelBuild`` (models/section.py) filled here, the layer specs and FP8
 from one ``LayerChoice`` (``layer_choice``: the layer and FP8 flags with the TE-layers decision and the FP8
-executor), where the weights are born from ``Initialization``; the multimodal builders still read the flags.
+executor), where the weights are born from ``Initialization``; LLaVA's builder takes its ``LlavaBuild``
+(families/llava/section.py); Qwen-VL's still reads the flags.
 May assume: megatron-core parallel state is initialised and the backend bridge is active.
 """
 
@@ -131,8 +132,9 @@ def _build_model_chunks(args: argparse.Namespace, config: TransformerConfig, bui
         return build_qwen_vl_chunks(args, config, choice)
     if family.is_multimodal:
         from mtmegatron.models.families.llava.model import build_llava_chunks
+        from mtmegatron.models.families.llava.section import LlavaBuild
 
-        return build_llava_chunks(args, config, choice)
+        return build_llava_chunks(config, build, choice, LlavaBuild.of(args))
     if family.model_builder is not None:  # layers no flag expresses (models/families/gemma3/)
         return family.model_builder(config, build, choice, Fusions.of(args))
     spec = build_layer_spec(choice, "moe" if args.num_experts else "dense")
