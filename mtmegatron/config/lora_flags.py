@@ -58,15 +58,27 @@ def check_lora_args(args: argparse.Namespace, error: type[Exception]) -> None:
     if args.lora_load and not os.path.isdir(args.lora_load):
         raise error(f"--lora-load {args.lora_load}: no such directory")
     _check_targets(args, error)
-    for flag, value in (("--fp8-format", args.fp8_format), ("--use-megatron-fsdp", args.use_megatron_fsdp),
-                        ("--use-torch-fsdp2", args.use_torch_fsdp2)):
-        if value:
-            raise error(f"--lora-r with {flag}: not supported yet (docs/lora.md)")
+    if args.fp8_format:
+        raise error("--lora-r with --fp8-format: not supported yet (docs/lora.md)")
+    _check_fsdp(args, error)
     if args.transformer_impl == "transformer_engine":  # TE's fused norm-linears see the input before the norm
         raise error("--lora-r with TransformerEngine's layers: not supported yet; use --transformer-impl local or "
                     "mtmegatron (docs/lora.md)")
     if families.of(args).is_multimodal:
         raise error(f"--lora-r with --model {args.model}: not supported yet (docs/lora.md)")
+
+
+def _check_fsdp(args: argparse.Namespace, error: type[Exception]) -> None:
+    """torch FSDP2 holds the frozen base and the adapters in one fully_shard unit (FSDP2 allows parameters without
+    a gradient); megatron-core 0.16.1's Megatron-FSDP and its float16 optimizer under FSDP2 do not (docs/lora.md)."""
+    if args.use_megatron_fsdp:
+        raise error("--lora-r with --use-megatron-fsdp: megatron-core 0.16.1's Megatron-FSDP cannot hold a frozen "
+                    "base (it hooks every parameter of a unit for gradients: 'cannot register a hook on a tensor "
+                    "that doesn't require gradient'); use --use-torch-fsdp2, or DDP with --use-distributed-optimizer")
+    if args.use_torch_fsdp2 and args.lora_fp32_adapters:
+        raise error("--lora-fp32-adapters with --use-torch-fsdp2: megatron-core 0.16.1's float16 optimizer takes an "
+                    "fp32 parameter's gradient from its main_grad, which FSDP2's parameters do not have; drop "
+                    "--lora-fp32-adapters (adapters in the base's dtype with an fp32 main copy) or use DDP")
 
 
 def _check_targets(args: argparse.Namespace, error: type[Exception]) -> None:
