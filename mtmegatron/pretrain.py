@@ -67,8 +67,9 @@ def prepare(argv):
             raise ConfigError(str(e)) from None
     from mtmegatron.tasks.registry import TASKS
 
-    task = TASKS[cfg.task]()  # the kind of run, decided once by parse_run_config
-    data = task.prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
+    task_class = TASKS[cfg.task]  # the kind of run, decided once by parse_run_config
+    # parse-time resolution: the task completes this stage's args from its data (tasks/base.py)
+    data = task_class.prepare(args, progress=int(os.environ.get("RANK", "0")) == 0)
     from mtmegatron.config.run_plan import plan_run
 
     run_plan = plan_run(args)  # what this run will do, printed by run()
@@ -78,7 +79,9 @@ def prepare(argv):
         # one more start-up line, not a value of args: args is the checkpoint's common state, equal on every rank
         run_plan = dataclasses.replace(run_plan, lines=(*run_plan.lines, footprint_line(args)))
     args.run_plan = run_plan
-    return cfg.resolved(args), backend, task, data
+    cfg = cfg.resolved(args)
+    # the Task, built once from the completed values: the sections it reads, and the derived embedded_corpus
+    return cfg, backend, task_class.of(cfg.args, embedded_corpus=cfg.args.embedded_corpus), data
 
 
 def run(args, backend, task, data=None) -> int:
@@ -132,11 +135,11 @@ def run(args, backend, task, data=None) -> int:
     plan = SamplePlan(Batches.of(args), args.data_parallel_size, state.start, state.train_state["consumed_train_samples"])
     train_end = args.train_iters if args.train_samples is None else plan.last_iteration_within(args.train_samples)
     num_samples = plan.end_of(max(train_end, state.start)) + gbs
-    dataset, valid = task.datasets(args, rank, plan, num_samples, data)  # and their start-up lines
-    task.start(model, args, data)
-    step = task.step(args, data)  # what the schedule runs: forward step and loss, shape, reader
+    dataset, valid = task.datasets(rank, plan, num_samples, data)  # and their start-up lines
+    task.start(model, data)
+    step = task.step(data)  # what the schedule runs: forward step and loss, shape, reader
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [step.micro_batches(dataset, args, dp_rank, state.start, plan.consumed) for _ in model]
+    iterators = [step.micro_batches(dataset, dp_rank, state.start, plan.consumed) for _ in model]
 
     tensorboard_dir = args.tensorboard_dir or os.path.join(args.log_dir, "tensorboard")
     writer = MetricsWriter(args.log_dir, rank, train_end, args.log_interval, resume=state.start > 0,
@@ -146,7 +149,7 @@ def run(args, backend, task, data=None) -> int:
     state.last = min(train_end, args.exit_interval or train_end)
     train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state, step)
     if state.status == 0:  # after SIGTERM no slow outputs: the launcher's grace period is short
-        task.finish(model, args, data, state.terminated)
+        task.finish(model, data, state.terminated)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return state.status

@@ -1,5 +1,5 @@
 """``task_name(kind)``: the kind of run, decided once (config.parse puts it in the RunConfig) from the family's
-``task`` and the flags; ``TASKS[name]`` is its Task class (pretrain.prepare makes one).
+``task`` and the flags; ``TASKS[name]`` is its Task class (pretrain.prepare calls its ``prepare``, then ``of``).
 
 A family names its task (``Family.task``: "text", "llava", "qwen_vl"). ``--sft`` turns a text run into "sft". A
 packed-vision family ("qwen_vl") trains on image/video conversations only when its data is conversations

@@ -15,16 +15,17 @@ Test hook: ``MTMEGATRON_TEST_TRAINED_SAMPLES=DIR`` makes each rank append one JS
 it hands to the model, ``{"iteration": I, "samples": [...]}``, to ``DIR/rank<R>.jsonl`` (validation micro-batches
 to ``DIR/valid-rank<R>.jsonl``, or ``DIR/valid<i>-rank<R>.jsonl`` for set i of several).
 The dataset builders take data/section.py's ``GptData`` (and ``Splits``), built by the task; the reader
-``micro_batches`` keeps the readers' signature (the run's args, train_step.Step.micro_batches).
+``TextReader`` holds the batch sizes (``Batches``), the data-parallel size, the loader's ``Loader`` section and
+``Resilience`` (the workers' exit signal), and is called as every task's reader is (train_step.Step.micro_batches).
 May assume: megatron-core's dataset builder; mock data needs no files. Real data (``--data-path``, or the
 embedded corpus) has been checked and its tokenizer resolved by ``mtmegatron.data.resolve``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -39,6 +40,14 @@ from mtmegatron.data.section import Batches, GptData, Splits
 from mtmegatron.training.resilience.robustness import data_worker_init
 from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.data.dataset_fields import dataset_config_fields
+from mtmegatron.utils.section import Section
+
+
+@dataclass(frozen=True)
+class Loader(Section):
+    """What the text reader's DataLoader reads (training/data.py's ``TextReader``)."""
+    num_workers: int                                    # DataLoader worker processes (0: in the training process)
+    seed: int                                           # the loader's own generator (the workers' base seed)
 
 
 class MockTokenizer:
@@ -139,25 +148,39 @@ def describe_data(splits: Splits) -> str:
 TRAINED_SAMPLES_ENV = "MTMEGATRON_TEST_TRAINED_SAMPLES"
 
 
-def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int = 0,
-                  consumed: int | None = None, validation: bool = False,
-                  valid_set: int | None = None) -> Iterator[dict]:
-    """This DP rank's micro-batches of a GPT dataset for iterations ``start_iteration + 1, ...`` (SamplePlan: from
-    sample ``consumed``, default ``start_iteration`` x global batch); ``validation``: the validation order
-    (``valid_set``: which of several validation sets, for the test hook's file name). Other kinds of data are
-    read by their task's reader (train_step.Step.micro_batches, mtmegatron/tasks/)."""
-    plan = SamplePlan(Batches.of(args), args.data_parallel_size, start_iteration, consumed, validation)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=MicroBatchIndices(plan, dp_rank), collate_fn=_stack,
-        num_workers=args.num_workers, worker_init_fn=data_worker_init(Resilience.of(args)),  # outlives the exit signal
-        # its own generator: iter() draws the workers' base seed from it, not from torch's default generator,
-        # which on the cpu backend is also the device generator that dropout draws from
-        generator=torch.Generator().manual_seed(args.seed))
-    record = os.environ.get(TRAINED_SAMPLES_ENV)
-    if record:
-        name = f"valid{valid_set if valid_set is not None else ''}-" if validation else ""
-        return _recorded(loader, MicroBatchIndices(plan, dp_rank), record, name)
-    return iter(loader)
+@dataclass(frozen=True)
+class TextReader:
+    """The reader of GPT datasets (a task's ``Step.micro_batches``): called as ``reader(dataset, dp_rank,
+    start_iteration=0, consumed=None, validation=False, valid_set=None)``, as every task's reader is."""
+    batches: Batches
+    data_parallel_size: int                             # megatron-core's parallel state (= config/'s)
+    loader: Loader
+    resilience: Resilience
+
+    @classmethod
+    def of(cls, values, data_parallel_size: int) -> "TextReader":
+        """Its sections filled from the run's values (a RunArgs, a Namespace)."""
+        return cls(Batches.of(values), data_parallel_size, Loader.of(values), Resilience.of(values))
+
+    def __call__(self, dataset, dp_rank: int, start_iteration: int = 0, consumed: int | None = None,
+                 validation: bool = False, valid_set: int | None = None) -> Iterator[dict]:
+        """This DP rank's micro-batches of a GPT dataset for iterations ``start_iteration + 1, ...`` (SamplePlan:
+        from sample ``consumed``, default ``start_iteration`` x global batch); ``validation``: the validation
+        order (``valid_set``: which of several validation sets, for the test hook's file name). Other kinds of
+        data are read by their task's reader (train_step.Step.micro_batches, mtmegatron/tasks/)."""
+        plan = SamplePlan(self.batches, self.data_parallel_size, start_iteration, consumed, validation)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_sampler=MicroBatchIndices(plan, dp_rank), collate_fn=_stack,
+            num_workers=self.loader.num_workers,
+            worker_init_fn=data_worker_init(self.resilience),  # outlives the exit signal
+            # its own generator: iter() draws the workers' base seed from it, not from torch's default generator,
+            # which on the cpu backend is also the device generator that dropout draws from
+            generator=torch.Generator().manual_seed(self.loader.seed))
+        record = os.environ.get(TRAINED_SAMPLES_ENV)
+        if record:
+            name = f"valid{valid_set if valid_set is not None else ''}-" if validation else ""
+            return _recorded(loader, MicroBatchIndices(plan, dp_rank), record, name)
+        return iter(loader)
 
 
 class MicroBatchIndices:

@@ -9,8 +9,8 @@ global batch, are left out as a drop-last sampler does). ``--multiple-validation
 Megatron-LM 0.16.1): megatron-core's builder keeps each ``--valid-data-path`` prefix as its own set, and each
 set gets its own loss (Megatron-LM's ``validation-0``, ``validation-1``, ...).
 The run's ``Step`` (train_step.py; given by its task) reads the validation set and runs its forward step.
-The values read are the run's ``Schedule`` (training/section.py); ``args`` goes only to the Step's reader.
-May assume: the model chunks, args and the valid dataset(s) of the run's kind (GPTDatasets: data.build_gpt_datasets).
+The values read are the run's ``Schedule`` (training/section.py); the Step's reader holds its own.
+May assume: the model chunks and the valid dataset(s) of the run's kind (GPTDatasets: data.build_gpt_datasets).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from megatron.core import parallel_state
 
 from mtmegatron.training.section import Schedule
-from mtmegatron.training.train_step import Step, _global_mean_loss, lm_step, run_schedule
+from mtmegatron.training.train_step import Step, _global_mean_loss, run_schedule
 
 
 @dataclass(frozen=True)
@@ -51,16 +51,14 @@ def validation_sets(valid, schedule: Schedule) -> list[ValidationSet]:
     return [s for s in sets if s.eval_iters > 0]
 
 
-def validation_loss(valid_dataset, model, args, eval_iters: int | None = None, valid_set: int | None = None,
-                    step: Step | None = None, schedule: Schedule | None = None) -> float:
+def validation_loss(valid_dataset, model, schedule: Schedule, step: Step, eval_iters: int | None = None,
+                    valid_set: int | None = None) -> float:
     """Mean LM loss over ``eval_iters`` (default ``--eval-iters``) global batches, the same value on every
-    rank; ``valid_set`` names the set for the test hook of data.micro_batches; ``step``: the run's (default
-    ``lm_step``); ``schedule``: the run's (default: from ``args``, equal by value)."""
-    schedule = schedule or Schedule.of(args)
+    rank; ``step``: the run's (its reader reads ``valid_dataset``); ``valid_set`` names the set for the test
+    hook of training/data.py's reader."""
     eval_iters = schedule.eval_iters if eval_iters is None else eval_iters
-    step = step or lm_step(schedule)
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [step.micro_batches(valid_dataset, args, dp_rank, validation=True, valid_set=valid_set)
+    iterators = [step.micro_batches(valid_dataset, dp_rank, validation=True, valid_set=valid_set)
                  for _ in model]
     for chunk in model:
         chunk.eval()
@@ -73,13 +71,12 @@ def validation_loss(valid_dataset, model, args, eval_iters: int | None = None, v
     return total / max(eval_iters, 1)
 
 
-def validation_losses(sets: list[ValidationSet], model, args, step: Step | None = None,
-                      schedule: Schedule | None = None) -> dict[str, float]:
+def validation_losses(sets: list[ValidationSet], model, schedule: Schedule, step: Step) -> dict[str, float]:
     """Metrics keys -> loss: ``val_loss`` is the first set's (what Megatron-LM logs first), and with several
     sets ``val_loss_<i>`` is set i's."""
     row = {}
     for s in sets:
-        loss = validation_loss(s.dataset, model, args, s.eval_iters, s.index, step, schedule)
+        loss = validation_loss(s.dataset, model, schedule, step, s.eval_iters, s.index)
         if s.index is not None:
             row[f"val_loss_{s.index}"] = loss
         row.setdefault("val_loss", loss)

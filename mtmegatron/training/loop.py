@@ -11,8 +11,8 @@ What the schedule runs (forward step, loss, shape, the validation reader) is the
 (training/train_step.py), given by its task: the loop never asks which kind of run it is.
 ``train`` reads the validated flags as typed sections built once here (its own ``Schedule`` and ``Parallel``,
 training/section.py; ``Resilience``, ``Checkpoint``, ``Observability`` for those packages) and never changes them;
-the Namespace itself goes only where it is the subject (the checkpoint stores it, wandb logs it) or to the Step's
-reader; what a run derives as it goes (the iteration it
+the Namespace itself goes only where it is the subject (the checkpoint stores it, wandb logs it); what a run
+derives as it goes (the iteration it
 started at, skipped steps, where it stopped, whether it was asked to stop) lives in ``RunState``.
 May assume: process groups, model, optimizer, scheduler and data iterators are built (training/setup.py).
 """
@@ -46,7 +46,8 @@ from mtmegatron.training.observability.section import Observability, Shape
 from mtmegatron.training.overlap import ParamGather
 from mtmegatron.training.section import Parallel, Schedule
 from mtmegatron.training.observability.progress_log import ProgressLog
-from mtmegatron.training.train_step import train_step
+from mtmegatron.training.train_step import Step, StepValues, train_step
+from mtmegatron.models.section import AuxLosses
 
 
 @dataclass
@@ -65,7 +66,7 @@ class RunState:
                                 "consumed_valid_samples": 0}
 
 
-def _validate_only(args, schedule: Schedule, rank, model, sets, params, obs, state: RunState, step) -> None:
+def _validate_only(schedule: Schedule, rank, model, sets, params, obs, state: RunState, step) -> None:
     """``--skip-train`` (Megatron-LM): no training step and no save; the validation loss at the loaded
     iteration (one line per set with --multiple-validation-sets)."""
     state.last = state.start
@@ -73,7 +74,7 @@ def _validate_only(args, schedule: Schedule, rank, model, sets, params, obs, sta
         print_rank0(rank, "mtmegatron: --skip-train: nothing to do (no validation data or --eval-iters 0)")
         return
     with params.gathered(), obs.evaluation():
-        losses = validation_losses(sets, model, args, step, schedule)
+        losses = validation_losses(sets, model, schedule, step)
     for s in sets:
         loss = losses["val_loss" if s.index is None else f"val_loss_{s.index}"]
         print_rank0(rank, f"mtmegatron: --skip-train: validation{s.suffix} loss at iteration {state.start} on "
@@ -81,11 +82,12 @@ def _validate_only(args, schedule: Schedule, rank, model, sets, params, obs, sta
 
 
 def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, writer, state: RunState,
-          step=None) -> RunState:
+          step: Step) -> RunState:
     """Train iterations ``state.start + 1 .. state.last``; saves at --save-interval and at the end. ``step``: the
-    run's train_step.Step (default: the language model's)."""
+    run's train_step.Step (its task's: forward step, shape, the validation reader)."""
     resilience = Resilience.of(args)  # what training/resilience/ reads, typed and frozen
     schedule = Schedule.of(args)  # iterations, batches, intervals, exit conditions (training/section.py)
+    values = StepValues(schedule, resilience, AuxLosses.of(args))  # what one training step reads
     checkpoint = Checkpoint.of(args)  # what training/checkpoint/ reads (save/load build their own from args)
     termination = robustness.TerminationRequest(resilience)
     dp = parallel_state.get_data_parallel_world_size()
@@ -102,7 +104,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
     observability, shape = Observability.of(args), Shape.of(args)  # what training/observability/ reads
     obs = RunHooks(observability, shape, vars(args), backend, rank, model, optimizer, writer, state.start)  # --log-*
     rerun.start(resilience, state.start)  # --rerun-mode: result validation and re-runs (training/resilience/rerun.py)
-    for line in [rerun.describe(resilience, step is None or step.loss_validated)] + non_persistent.startup_lines(
+    for line in [rerun.describe(resilience, step.loss_validated)] + non_persistent.startup_lines(
             checkpoint):
         print_rank0(rank, line)
     history = MemoryHistory(observability, backend, rank)  # --record-memory-history
@@ -111,7 +113,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                            state.train_state.get("num_floating_point_operations_so_far", 0))
     if schedule.skip_train:
         try:
-            _validate_only(args, schedule, rank, model, sets, params, obs, state, step)
+            _validate_only(schedule, rank, model, sets, params, obs, state, step)
         finally:
             obs.close()
             writer.close()
@@ -147,8 +149,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
                 continue
             obs.step_begin(iteration)
             t0 = time.perf_counter()
-            stats = train_step(iterators, model, optimizer, scheduler, args, iteration, batch, step, resilience,
-                               schedule)
+            stats = train_step(iterators, model, optimizer, scheduler, values, iteration, batch, step)
             if "rerun_exit" in stats:  # the rerun machine stops the run before this step's update (rerun.py)
                 save, state.status = stats["rerun_exit"]
                 state.last, path = iteration - 1, None
@@ -176,7 +177,7 @@ def train(args, backend, rank, model, optimizer, scheduler, iterators, valid, wr
             if evaluate and (iteration % schedule.eval_interval == 0 or iteration == state.last):
                 release_unused_memory(schedule.empty_unused_memory_level, "eval")
                 with params.gathered(), obs.evaluation():
-                    row.update(validation_losses(sets, model, args, step, schedule))
+                    row.update(validation_losses(sets, model, schedule, step))
                 read = sum(s.eval_iters for s in sets) * schedule.global_batch_size
                 state.train_state["consumed_valid_samples"] += read
             obs.log(row)  # metrics.jsonl, tensorboard, wandb

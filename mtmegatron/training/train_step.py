@@ -6,7 +6,8 @@ averaged over the global batch on every rank. Megatron-LM's result validation (t
 forward/backward again when a loss or gradient is rejected, and may ask the loop to save and stop.
 What the schedule runs is the run's ``Step`` (given by its task, mtmegatron/tasks/): the forward step and loss,
 the activation shape and the micro-batch reader; the default is the language model's (``lm_step``). This module
-never asks which kind of run it is.
+never asks which kind of run it is. The values one step reads come as ``StepValues``: the run's ``Schedule``,
+``Resilience`` and the auxiliary losses' ``AuxLosses`` (models/section.py), built once by the loop.
 May assume: DDP-wrapped model chunks, megatron optimizer and scheduler, parallel state initialised.
 """
 
@@ -27,7 +28,6 @@ from mtmegatron.training.resilience.section import Resilience
 from mtmegatron.training.section import Schedule
 from mtmegatron.backends.device import compute_device, to_compute_device
 from mtmegatron.training.observability.step_timers import timed
-from mtmegatron.training.data import micro_batches
 from mtmegatron.training import sft_step
 from mtmegatron.models.aux_losses import aux_loss_stats
 from mtmegatron.models.section import AuxLosses
@@ -58,22 +58,38 @@ class Step:
     """How megatron-core's schedule runs one kind of run (its task builds it: mtmegatron/tasks/base.py).
 
     ``forward_step(data_iterator, model) -> (output, loss function)``; ``shape``: the schedule's (seq_length,
-    micro_batch_size), None for ``--seq-length`` x ``--micro-batch-size``; ``micro_batches(dataset, args, dp_rank,
+    micro_batch_size), None for ``--seq-length`` x ``--micro-batch-size``; ``micro_batches(dataset, dp_rank,
     start_iteration=0, consumed=None, validation=False, valid_set=None)``: a DP rank's micro-batches of a dataset
-    of this kind (training/data.py's signature); ``stats(data_iterators, iteration) -> dict``: entries the task
+    of this kind (training/data.py's ``TextReader``, holding what it reads; None: a step whose iterators are made
+    elsewhere, e.g. by a test); ``stats(data_iterators, iteration) -> dict``: entries the task
     adds to an iteration's metrics row; ``loss_validated``: False where the task's loss skips the rerun machine's
     checks (LLaVA, as Megatron-LM's pretrain_vlm), which the start-up line then says."""
     forward_step: Callable = forward_step
     shape: tuple[int, int] | None = None
-    micro_batches: Callable = micro_batches
+    micro_batches: Callable | None = None
     stats: Callable | None = None
     loss_validated: bool = True
 
 
-def lm_step(schedule: Schedule) -> Step:
-    """The language model's step on text batches (training/data.py): with ``--calculate-per-token-loss`` the
-    per-token loss of sft_step.py (megatron-core then sums over the global batch), else the micro-batch mean."""
-    return Step(sft_step.forward_step if schedule.calculate_per_token_loss else forward_step)
+def lm_step(schedule: Schedule, reader: Callable | None = None) -> Step:
+    """The language model's step on text batches (``reader``: training/data.py's ``TextReader``): with
+    ``--calculate-per-token-loss`` the per-token loss of sft_step.py (megatron-core then sums over the global
+    batch), else the micro-batch mean."""
+    return Step(sft_step.forward_step if schedule.calculate_per_token_loss else forward_step, micro_batches=reader)
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """What one training step reads: the run's ``Schedule``, ``Resilience`` (the rerun machine: the same one for
+    equal sections) and ``AuxLosses`` (the auxiliary losses' metrics)."""
+    schedule: Schedule
+    resilience: Resilience
+    aux: AuxLosses
+
+    @classmethod
+    def of(cls, values) -> "StepValues":
+        """The three sections filled from the run's values (a RunArgs, a Namespace)."""
+        return cls(Schedule.of(values), Resilience.of(values), AuxLosses.of(values))
 
 
 def micro_batches_per_step(schedule: Schedule) -> int:
@@ -119,19 +135,16 @@ def run_schedule(data_iterators, model, schedule: Schedule, forward_only: bool, 
     )
 
 
-def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int = 0, batch=None,
-               step: Step | None = None, resilience: Resilience | None = None,
-               schedule: Schedule | None = None) -> dict:
+def train_step(data_iterators, model, optimizer, scheduler, values: StepValues, iteration: int = 0, batch=None,
+               step: Step | None = None) -> dict:
     """One optimizer step over a global batch; ``iteration`` only names the step in inf/nan reports. ``batch``
     (training/data.py's GlobalBatch) gives its size and micro-batch count under --rampup-batch-size (default:
-    --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's. ``step``: the run's
-    (default ``lm_step``); ``resilience``: the run's section (training/loop.py builds it once; default: from
-    ``args``, equal by value, so the same rerun machine); ``schedule``: the run's ``Schedule`` (likewise). ``args``
-    itself goes only to models/aux_losses.py (its ``AuxLosses`` and micro-batch count). When the rerun machine stops the run, returns
-    ``{"rerun_exit": (save_checkpoint, exit_code)}`` without a step."""
-    schedule = schedule or Schedule.of(args)
+    --global-batch-size); the LR schedule advances by that many samples, as Megatron-LM's. ``values``: the run's
+    ``StepValues`` (training/loop.py builds them once); ``step``: the run's (default ``lm_step``). When the rerun
+    machine stops the run, returns ``{"rerun_exit": (save_checkpoint, exit_code)}`` without a step."""
+    schedule = values.schedule
     step = step or lm_step(schedule)
-    machine = rerun.machine(resilience or Resilience.of(args))
+    machine = rerun.machine(values.resilience)
     replayable = rerun.replayable(data_iterators)
     while machine.should_run_forward_backward(replayable):  # once, unless a result was rejected
         for chunk in model:
@@ -159,6 +172,7 @@ def train_step(data_iterators, model, optimizer, scheduler, args, iteration: int
         **({"num_zeros_in_grad": None if num_zeros is None else int(num_zeros)} if schedule.log_num_zeros_in_grad else {}),
         # Megatron-LM's iteration line shows the loss scale after the step (1.0 without --fp16)
         "loss_scale": float(optimizer.get_loss_scale()),
-        **aux_loss_stats(AuxLosses.of(args), args.num_microbatches),  # mtp_loss / moe_aux_loss / moe_z_loss when the model has them
+        # mtp_loss / moe_aux_loss / moe_z_loss when the model has them, averaged over --global-batch-size's micro-batches
+        **aux_loss_stats(values.aux, micro_batches_per_step(schedule)),
         **(step.stats(data_iterators, iteration) if step.stats else {}),  # e.g. LLaVA's image_tokens
     }

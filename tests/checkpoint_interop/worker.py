@@ -65,8 +65,8 @@ def megatron_lm_reader(checkpoint: str, ckpt_step: int) -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     from mtmegatron.data.section import GptData
-    from mtmegatron.training.data import build_mock_dataset, micro_batches
-    from mtmegatron.training.train_step import train_step
+    from mtmegatron.training.data import TextReader, build_mock_dataset
+    from mtmegatron.training.train_step import StepValues, train_step
 
     args, model, optimizer, scheduler = _setup([])
     # the tracker names the newest save; --ckpt-step picks another (Megatron-LM's _load_base_checkpoint)
@@ -107,8 +107,8 @@ def megatron_lm_reader(checkpoint: str, ckpt_step: int) -> dict:
     consumed = ckpt_args.consumed_train_samples  # Megatron-LM's sampler resumes at this sample
     assert consumed == ckpt_step * args.global_batch_size, consumed
     dataset = build_mock_dataset(GptData.of(args), (args.train_iters + 1) * args.global_batch_size)
-    iterators = [micro_batches(dataset, args, 0, consumed // args.global_batch_size)]
-    stats = train_step(iterators, model, optimizer, scheduler, args, ckpt_step + 1)
+    iterators = [TextReader.of(args, 1)(dataset, 0, consumed // args.global_batch_size)]
+    stats = train_step(iterators, model, optimizer, scheduler, StepValues.of(args), ckpt_step + 1)
     return {"tracked": tracked, "loss": stats["loss"], "ckpt_tp_pp": list(ckpt_tp_pp), "rng_loaded": load_rng,
             "rng_keys": rng_keys, "scheduler_steps": scheduler.num_steps, "world_size": ckpt_args.world_size}
 

@@ -27,7 +27,7 @@ from helpers.pretrain_runner import run_pretrain
 
 from mtmegatron.config.arguments import parse_args
 from mtmegatron.utils.errors import ConfigError
-from mtmegatron.training.data import MockTokenizer, build_gpt_datasets, micro_batches
+from mtmegatron.training.data import MockTokenizer, TextReader, build_gpt_datasets
 from mtmegatron.data.section import GptData, Splits
 from mtmegatron.data.splits import empty_splits
 
@@ -68,7 +68,7 @@ def _datasets(flags: list[str]):
 
 
 def _first_batches(dataset, args, count: int = 4) -> list[dict]:
-    iterator = micro_batches(dataset, args, 0, 0)
+    iterator = TextReader.of(args, args.data_parallel_size)(dataset, 0, 0)
     return [next(iterator) for _ in range(count)]
 
 

@@ -102,11 +102,16 @@ def test_equal_sections_are_equal_hashable_and_keep_the_rerun_machine(cfg):
 def test_the_task_step_says_whether_its_loss_is_validated(cfg):
     """The start-up line takes it from the run's Step (the loop never asks the family): LLaVA's loss, as
     Megatron-LM's pretrain_vlm, skips the rerun machine's checks."""
+    from mtmegatron.data.section import Batches
+    from mtmegatron.tasks.llava.data import VisionReader
     from mtmegatron.tasks.llava.step import llava_step
+    from mtmegatron.tasks.section import VisionReading
+    from mtmegatron.training.section import Schedule
     from mtmegatron.training.train_step import lm_step
 
     resilience = cfg.of(Resilience)
-    assert lm_step(cfg.args).loss_validated and not llava_step().loss_validated
+    reader = VisionReader(cfg.of(Batches), 1, cfg.of(VisionReading))
+    assert lm_step(cfg.of(Schedule)).loss_validated and not llava_step(reader).loss_validated
     assert "(LLaVA: gradients only, as Megatron-LM's pretrain_vlm)" in rerun.describe(resilience, False)
     assert "LLaVA" not in rerun.describe(resilience, True)
 
@@ -256,8 +261,8 @@ def test_data_sft_and_packing_sections_hold_the_flag_values_and_their_modules_re
 def test_training_sections_hold_the_flag_values_and_drive_the_schedule_and_layout():
     """training/section.py: Parallel, LrSchedule and Schedule hold the values the flags gave; the process-group
     order, the wrapper and the scheduler's step counts follow them; the training modules moved onto them read no
-    ``args.<name>`` (the five left fill megatron-core's configs by field name, hand ``init_distributed``'s callers
-    the section, or write the run's outputs: listed exactly)."""
+    ``args.<name>`` (the three left fill megatron-core's configs by field name or hand ``init_distributed``'s
+    callers the section: listed exactly)."""
     import re
 
     from mtmegatron.training.fsdp_engine import engine
@@ -282,5 +287,30 @@ def test_training_sections_hold_the_flag_values_and_drive_the_schedule_and_layou
     steps = scheduler_steps(lr)  # samples: iterations x global batch
     assert (steps["lr_warmup_steps"], steps["lr_decay_steps"], steps["wd_incr_steps"]) == (16, 160, 160)
     top = sorted(path.name for path in (PACKAGE / "training").glob("*.py")
-                 if path.name not in ("data.py", "sft_step.py") and re.search(r"\bargs\.\w", path.read_text()))
-    assert top == ["finish.py", "optimizer.py", "overlap.py", "sampling.py", "setup.py"]
+                 if re.search(r"\bargs\.\w", path.read_text()))
+    assert top == ["optimizer.py", "overlap.py", "setup.py"]
+
+
+def test_a_task_is_built_once_from_the_run_and_its_modules_read_no_args(tmp_path):
+    """``TASKS[name].of(values, embedded_corpus)`` keeps the sections the task reads, filled with the flags'
+    values (the text task's reader sections, its outputs and samples; a vision task's reading and outputs); the
+    readers hold what they read; tasks/ reads ``args.<name>`` only where the data completes the flags
+    (qwen_vl/data.py) and in ``generate``'s Namespace (generate_images.py)."""
+    import re
+
+    from mtmegatron.tasks.registry import TASKS
+    from mtmegatron.training.data import TextReader
+
+    run = config.parse(["--num-workers", "3", "--seed", "7", "--num-samples", "2", "--sample-prompt", "Hi",
+                        "--log-dir", str(tmp_path)], world_size=1)
+    text = TASKS["text"].of(run.args, embedded_corpus=True)
+    assert (text.loader.num_workers, text.loader.seed, text.samples.num_samples, text.samples.sample_prompt,
+            text.outputs.log_dir, text.embedded_corpus) == (3, 7, 2, ["Hi"], str(tmp_path), True)
+    for section in (text.kind, text.schedule, text.batches, text.loader, text.resilience, text.outputs, text.samples):
+        assert all(getattr(section, f.name) is getattr(run.args, f.name) for f in dataclasses.fields(section))
+    assert TextReader.of(run.args, 1) == TextReader(text.batches, 1, text.loader, text.resilience)
+    vision = TASKS["llava"].of(run.args, embedded_corpus=False)
+    assert (vision.reading.seed, vision.reading.balance_micro_batches, vision.vision_outputs.num_samples) == (7, False, 2)
+    readers = sorted(str(p.relative_to(PACKAGE / "tasks")) for p in (PACKAGE / "tasks").rglob("*.py")
+                     if re.search(r"\bargs\.\w", p.read_text()))
+    assert readers == ["qwen_vl/data.py", "qwen_vl/generate_images.py"]

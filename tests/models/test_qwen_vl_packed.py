@@ -166,6 +166,7 @@ def test_a_resumed_run_reads_the_same_bins():
     from mtmegatron.data.section import Batches
     from mtmegatron.config.arguments import parse_args
     from mtmegatron.tasks.llava.data import MicroBatches
+    from mtmegatron.tasks.section import VisionReading
 
     args = parse_args(["--backend", "cpu", "--model", "qwen2.5-vl", "--model-size", "tiny", "--mock-data",
                        "--global-batch-size", "4", "--micro-batch-size", "2"])
@@ -173,7 +174,7 @@ def test_a_resumed_run_reads_the_same_bins():
 
     def read(start: int, micro_batches: int) -> list:
         plan = SamplePlan(Batches.of(args), args.data_parallel_size, start)
-        reader = MicroBatches(bins, lambda batch: batch, args, 0, plan, shuffle=True)
+        reader = MicroBatches(bins, lambda batch: batch, VisionReading.of(args), 0, plan, shuffle=True)
         return [next(reader) for _ in range(micro_batches)]
 
     whole = read(0, 12)

@@ -15,6 +15,7 @@ from mtmegatron.data.vision.micro_batch_balance import balance, contiguous, peak
 from mtmegatron.data.position import SamplePlan
 from mtmegatron.data.section import Batches
 from mtmegatron.tasks.llava.data import MicroBatches, Split, balance_summary
+from mtmegatron.tasks.section import VisionReading
 
 
 @pytest.mark.parametrize("dp,mbs,micro", [(1, 2, 4), (2, 1, 4), (2, 2, 2), (4, 1, 8), (2, 4, 3)])
@@ -68,7 +69,7 @@ def test_the_ranks_read_each_global_batch_exactly_once():
     for balanced in (False, True):
         args = _args(balanced)
         plan = SamplePlan(Batches.of(args), args.data_parallel_size)
-        ranks = [MicroBatches(dataset, list, args, r, plan, shuffle=True) for r in (0, 1)]
+        ranks = [MicroBatches(dataset, list, VisionReading.of(args), r, plan, shuffle=True) for r in (0, 1)]
         for iteration in range(6):  # past an epoch: the next permutation
             read = [next(reader) + next(reader) for reader in ranks]  # 2 micro-batches of 2 per rank
             per_iteration.setdefault(iteration, []).append(sorted(read[0] + read[1]))
@@ -83,7 +84,7 @@ def test_the_start_up_line_reports_before_and_after():
     loads = [4000, 4000, 4000, 50, 50, 50, 50, 50] * 4
     args = _args(True)
     plan = SamplePlan(Batches.of(args), args.data_parallel_size)
-    line = balance_summary(Split(_Samples(loads), list, shuffle=False), args, plan, batches=3)
+    line = balance_summary(Split(_Samples(loads), list, shuffle=False), VisionReading.of(args), plan, batches=3)
     assert line.startswith("micro-batches balanced by load (text tokens + vision patches), mean over the first 3 ")
     per_micro = line.split("per micro-batch ")[1].split(",")[0]
     before, after = (float(x) for x in per_micro.split(" -> "))

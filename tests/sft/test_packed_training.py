@@ -61,14 +61,14 @@ def _train_worker(rank, world_size, backend_name, runs: dict, cache: str):
     from mtmegatron.config.arguments import parse_args
     from mtmegatron.tasks.sft import SFTTask
     from mtmegatron.training.setup import build, init_distributed, seed_everything
-    from mtmegatron.training.train_step import train_step
+    from mtmegatron.training.train_step import StepValues, train_step
 
     backend = mtmegatron.activate(backend_name)
     results, layout = {}, None
     for (name, mode), argv in runs.items():
         args = parse_args(argv, world_size=world_size)
-        task = SFTTask()
-        inputs = task.prepare(args, progress=False)
+        inputs = SFTTask.prepare(args, progress=False)  # completes args from the data, as pretrain.prepare
+        task = SFTTask.of(args, embedded_corpus=False)
         if name != layout:
             if parallel_state.model_parallel_is_initialized():
                 parallel_state.destroy_model_parallel()
@@ -76,9 +76,10 @@ def _train_worker(rank, world_size, backend_name, runs: dict, cache: str):
             layout = name
         seed_everything(args.seed)
         model, optimizer, scheduler, _ = build(args)
-        step = task.step(args, inputs)  # as pretrain.run gets it
-        iterators = [step.micro_batches(inputs, args, parallel_state.get_data_parallel_rank(), 0) for _ in model]
-        rows = [train_step(iterators, model, optimizer, scheduler, args, i, step=step) for i in range(1, ITERS + 1)]
+        step = task.step(inputs)  # as pretrain.run gets it
+        iterators = [step.micro_batches(inputs, parallel_state.get_data_parallel_rank(), 0) for _ in model]
+        values = StepValues.of(args)
+        rows = [train_step(iterators, model, optimizer, scheduler, values, i, step=step) for i in range(1, ITERS + 1)]
         results[f"{name}/{mode}"] = np.array([(r["loss"], r["grad_norm"]) for r in rows])
     return results
 

@@ -11,18 +11,23 @@ epoch, seeded by ``--seed``; the held-out split is read in file order); data-par
 ``d``-th contiguous slice, cut into micro-batches and collated (``llava_collate.py``'s batch contract). Every pipeline
 stage reads the whole micro-batch: the first needs images and tokens, the last tokens, labels, loss mask and tile
 counts to expand labels to the combined sequence. The number of image embeddings of a step is known from the
-index without loading an image (``image_tokens``), identically on every rank.
+index without loading an image (``image_tokens``), identically on every rank. ``VisionReader`` is the vision
+tasks' reader (a Step's ``micro_batches``): the batch sizes, the data-parallel size and tasks/section.py's
+``VisionReading``.
 May assume: flags validated (``--model llava``); ``img_seq_len`` from ``models/llava_args.image_embeddings_per_tile``.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from mtmegatron.data.position import SamplePlan
+from mtmegatron.data.section import Batches
+from mtmegatron.data.vision.section import LlavaData
+from mtmegatron.tasks.section import VisionReading
 from mtmegatron.utils.errors import ConfigError
 
 
@@ -38,17 +43,16 @@ class MultimodalData:
         return self.info["collate_fn"]
 
 
-def prepare(args: argparse.Namespace, progress: bool = True) -> MultimodalData:
+def prepare(llava: LlavaData, embeddings_per_tile: int, mock_data: bool, progress: bool = True) -> MultimodalData:
+    """The train and held-out datasets of data/vision/section.py's ``LlavaData`` (``embeddings_per_tile``: the
+    image embeddings of one tile, models/families/llava/flags.py)."""
     from mtmegatron.data.vision.build import build_multimodal_datasets
-    from mtmegatron.data.vision.section import LlavaData
-    from mtmegatron.models.families.llava.flags import image_embeddings_per_tile
 
-    if args.mock_data:
+    if mock_data:
         raise ConfigError("--mock-data with --model llava: megatron-core's mock data has all-zero images, which "
                           "cannot show that the vision path learns anything; without --data-path the run uses the "
                           "embedded shapes dataset (generated images with questions about them, no network)")
-    train, valid, tokenizer, info = build_multimodal_datasets(LlavaData.of(args), image_embeddings_per_tile(args),
-                                                              progress=progress)
+    train, valid, tokenizer, info = build_multimodal_datasets(llava, embeddings_per_tile, progress=progress)
     if len(train) == 0:
         raise ConfigError("the multimodal training split is empty")
     return MultimodalData(train, valid, tokenizer, info)
@@ -68,13 +72,13 @@ def sample_load(dataset, index: int) -> int:
     return dataset.loads[index]
 
 
-def balance_summary(dataset, args: argparse.Namespace, plan, batches: int = 50) -> str:
+def balance_summary(dataset, reading: VisionReading, plan: SamplePlan, batches: int = 50) -> str:
     """The start-up line of ``--balance-micro-batches``: max/mean load per micro-batch and per DP rank over the
     first ``batches`` global batches of ``plan``, contiguous slices vs balanced."""
     from mtmegatron.data.vision.micro_batch_balance import balance, contiguous, peak_to_mean
 
-    reader = MicroBatches(dataset.dataset, dataset.collate, args, 0, plan, shuffle=dataset.shuffle)
-    dp, mbs, before, after, seen = args.data_parallel_size, args.micro_batch_size, [], [], 0
+    reader = MicroBatches(dataset.dataset, dataset.collate, reading, 0, plan, shuffle=dataset.shuffle)
+    dp, mbs, before, after, seen = plan.data_parallel_size, plan.batches.micro_batch_size, [], [], 0
     for batch in plan:
         if seen == batches:
             break
@@ -100,10 +104,10 @@ class MicroBatches:
     every image replaced by a blank one (all zeros after normalization: the encoder's mean colour) — the
     text-only baseline of the held-out loss."""
 
-    def __init__(self, dataset, collate, args: argparse.Namespace, dp_rank: int, plan, shuffle: bool,
+    def __init__(self, dataset, collate, reading: VisionReading, dp_rank: int, plan: SamplePlan, shuffle: bool,
                  blank_images: bool = False):
         self.dataset, self.collate, self.shuffle, self.blank_images = dataset, collate, shuffle, blank_images
-        self.args, self.plan, self.seed, self.dp_rank = args, plan, args.seed, dp_rank
+        self.reading, self.plan, self.seed, self.dp_rank = reading, plan, reading.seed, dp_rank
         self._orders: dict[int, np.ndarray] = {}
         self._extents = iter(plan)  # the global batches in order, for image_tokens
         self._batches = self._generate()
@@ -131,7 +135,7 @@ class MicroBatches:
         from mtmegatron.data.vision.micro_batch_balance import balance
         from mtmegatron.data.position import rank_micro_batches
 
-        if not self.args.balance_micro_batches:
+        if not self.reading.balance_micro_batches:
             yield from (positions for _, positions in rank_micro_batches(self.plan, self.dp_rank))
             return
         for batch in self.plan:
@@ -139,7 +143,8 @@ class MicroBatches:
                 continue
             positions = list(range(batch.first, batch.first + batch.size))
             loads = [sample_load(self.dataset, self.sample_index(p)) for p in positions]
-            for micro in balance(loads, self.args.data_parallel_size, self.args.micro_batch_size)[self.dp_rank]:
+            dp, mbs = self.plan.data_parallel_size, self.plan.batches.micro_batch_size
+            for micro in balance(loads, dp, mbs)[self.dp_rank]:
                 yield [positions[i] for i in micro]
 
     def _generate(self):
@@ -157,22 +162,26 @@ class MicroBatches:
         return next(self._batches)
 
 
-def micro_batches(dataset, args: argparse.Namespace, dp_rank: int, plan, blank_images: bool = False) -> MicroBatches:
-    """``training/data.micro_batches`` for ``--model llava``: ``dataset`` is a ``Split`` (train or valid);
-    ``plan`` its global batches (training/data.py's SamplePlan)."""
-    return MicroBatches(dataset.dataset, dataset.collate, args, dp_rank, plan,
+def micro_batches(dataset, reading: VisionReading, dp_rank: int, plan: SamplePlan,
+                  blank_images: bool = False) -> MicroBatches:
+    """A vision task's micro-batches: ``dataset`` is a ``Split`` (train or valid); ``plan`` its global batches
+    (data/position.py's SamplePlan)."""
+    return MicroBatches(dataset.dataset, dataset.collate, reading, dp_rank, plan,
                         shuffle=dataset.shuffle, blank_images=blank_images or dataset.blank_images)
 
 
-def read_split(dataset, args: argparse.Namespace, dp_rank: int, start_iteration: int = 0,
-               consumed: int | None = None, validation: bool = False, valid_set: int | None = None) -> MicroBatches:
-    """The micro-batch reader of the vision tasks (training/data.py's signature): ``dataset`` a ``Split``, read
-    from the global batches of data/position.py's SamplePlan."""
-    from mtmegatron.data.position import SamplePlan
-    from mtmegatron.data.section import Batches
+@dataclass(frozen=True)
+class VisionReader:
+    """The micro-batch reader of the vision tasks (a Step's ``micro_batches``, called as training/data.py's
+    ``TextReader``): ``dataset`` a ``Split``, read from the global batches of data/position.py's SamplePlan."""
+    batches: Batches
+    data_parallel_size: int                             # megatron-core's parallel state (= config/'s)
+    reading: VisionReading
 
-    plan = SamplePlan(Batches.of(args), args.data_parallel_size, start_iteration, consumed, validation)
-    return micro_batches(dataset, args, dp_rank, plan)
+    def __call__(self, dataset, dp_rank: int, start_iteration: int = 0, consumed: int | None = None,
+                 validation: bool = False, valid_set: int | None = None) -> MicroBatches:
+        plan = SamplePlan(self.batches, self.data_parallel_size, start_iteration, consumed, validation)
+        return micro_batches(dataset, self.reading, dp_rank, plan)
 
 
 @dataclass

@@ -10,7 +10,8 @@ text-coordinate mask. On stages without the output layer the model returns hidde
 
 Loss: mean over the micro-batch's answer tokens, as ``train_step.loss_func`` for text (megatron-core divides by
 the number of micro-batches). Context parallelism is refused for LLaVA (``models/families/llava/flags.py``).
-``llava_step()``: this forward step with the reader of ``tasks/llava/data.py`` and the ``image_tokens`` metric.
+``llava_step(reader)``: this forward step with the reader of ``tasks/llava/data.py`` (``VisionReader``) and the
+``image_tokens`` metric.
 May assume: DDP-wrapped ``LLaVAModel`` chunks (models/families/llava/model.py); batches from ``tasks/llava/data.py``.
 """
 
@@ -22,7 +23,7 @@ import torch
 from megatron.core.utils import get_attr_wrapped_model
 
 from mtmegatron.backends.device import to_compute_device
-from mtmegatron.tasks.llava.data import read_split
+from mtmegatron.tasks.llava.data import VisionReader
 from mtmegatron.training.train_step import Step
 
 
@@ -52,6 +53,6 @@ def image_tokens(data_iterators, iteration: int) -> dict:
     return {"image_tokens": data_iterators[0].image_tokens(iteration)}
 
 
-def llava_step() -> Step:
-    """What the schedule runs for ``--model llava`` (training/train_step.py's Step)."""
-    return Step(forward_step, micro_batches=read_split, stats=image_tokens, loss_validated=False)
+def llava_step(reader: VisionReader) -> Step:
+    """What the schedule runs for ``--model llava`` (training/train_step.py's Step), reading with ``reader``."""
+    return Step(forward_step, micro_batches=reader, stats=image_tokens, loss_validated=False)

@@ -7,6 +7,8 @@ It reads the whole held-out set, ``len // --global-batch-size`` global batches i
 left out, as ``--full-validation`` does), through megatron-core's forward-only schedule with the forward step of
 ``tasks/qwen_vl/step.py`` minus the labels (the model returns logits, gathered over TP), so it works at every
 TP/PP/DP layout; the last pipeline stage counts, the count is summed over data-parallel ranks.
+The values read are the run's ``Schedule`` (training/section.py; the micro-batch count as train_step.py derives
+it) and tasks/section.py's ``VisionOutputs``; the held-out set is read by the task's ``VisionReader``.
 May assume: called on every rank after the last iteration (the schedule is collective); rank 0 writes.
 """
 
@@ -22,8 +24,11 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_attr_wrapped_model
 
 from mtmegatron.backends.device import compute_device, to_compute_device
-from mtmegatron.tasks.llava.data import Split, read_split
+from mtmegatron.tasks.llava.data import Split, VisionReader
 from mtmegatron.tasks.qwen_vl.step import VISION
+from mtmegatron.tasks.section import VisionOutputs
+from mtmegatron.training.section import Schedule
+from mtmegatron.training.train_step import micro_batches_per_step
 from mtmegatron.utils.metrics import print_rank0
 
 
@@ -49,11 +54,11 @@ def _forward_step(data_iterator, model):
     return logits, partial(_count_correct, batch["labels"], batch["loss_mask"])
 
 
-def answer_accuracy(model, valid, args) -> dict:
+def answer_accuracy(model, valid, schedule: Schedule, reader: VisionReader) -> dict:
     """``{"answer_accuracy", "held_out_samples"}`` over the held-out ``multimodal_data.Split`` ``valid``."""
-    num_batches = len(valid) // args.global_batch_size
+    num_batches = len(valid) // schedule.global_batch_size
     dp_rank = parallel_state.get_data_parallel_rank()
-    iterators = [read_split(valid, args, dp_rank, validation=True) for _ in model]
+    iterators = [reader(valid, dp_rank, validation=True) for _ in model]
     counts = torch.zeros(2, dtype=torch.float64, device=compute_device())
     is_reporter = (parallel_state.is_pipeline_last_stage(ignore_virtual=True)
                    and parallel_state.get_tensor_model_parallel_rank() == 0)
@@ -63,9 +68,9 @@ def answer_accuracy(model, valid, args) -> dict:
         for _ in range(num_batches):
             reports = get_forward_backward_func()(
                 forward_step_func=_forward_step, data_iterator=iterators if len(model) > 1 else iterators[0],
-                model=model if len(model) > 1 else model[0], num_microbatches=args.num_microbatches,
-                seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
-                decoder_seq_length=args.seq_length, forward_only=True)
+                model=model if len(model) > 1 else model[0], num_microbatches=micro_batches_per_step(schedule),
+                seq_length=schedule.seq_length, micro_batch_size=schedule.micro_batch_size,
+                decoder_seq_length=schedule.seq_length, forward_only=True)
             if is_reporter:
                 for report in reports:
                     counts += torch.stack([report["correct"], report["samples"]]).to(counts)
@@ -76,20 +81,21 @@ def answer_accuracy(model, valid, args) -> dict:
     return {"answer_accuracy": correct / samples if samples else None, "held_out_samples": int(samples)}
 
 
-def write_answer_eval(model, data, args) -> None:
+def write_answer_eval(model, data, outputs: VisionOutputs, schedule: Schedule, reader: VisionReader) -> None:
     """``<log-dir>/answer_eval.json`` and one console line (nothing without a held-out set or with
     ``--eval-iters 0``, or under context parallelism: this scoring runs whole padded rows)."""
-    if data.valid is None or args.eval_iters == 0 or len(data.valid) < args.global_batch_size:
+    if data.valid is None or schedule.eval_iters == 0 or len(data.valid) < schedule.global_batch_size:
         return
-    if args.context_parallel_size > 1:
+    if outputs.context_parallel_size > 1:
         print_rank0(torch.distributed.get_rank(), "mtmegatron: held-out answer accuracy not scored under "
                     "--context-parallel-size > 1 (the held-out loss is)")
         return
     padded = data.info.get("padded_collate_fn", data.collate)  # packed training batches: score padded rows
-    result = answer_accuracy(model, Split(data.info.get("samples_valid", data.valid), padded, shuffle=False), args)
+    held_out = Split(data.info.get("samples_valid", data.valid), padded, shuffle=False)
+    result = answer_accuracy(model, held_out, schedule, reader)
     rank = torch.distributed.get_rank()
     if rank == 0:
-        with open(os.path.join(args.log_dir, "answer_eval.json"), "w") as f:
+        with open(os.path.join(outputs.log_dir, "answer_eval.json"), "w") as f:
             json.dump(result, f, indent=1)
     print_rank0(rank, f"mtmegatron: held-out answer accuracy {result['answer_accuracy']:.1%} of "
                 f"{result['held_out_samples']} samples (every answer token the greedy choice)")

@@ -15,7 +15,8 @@ the whole sequence and keeps this rank's positions (``cp_positions``: load-balan
 conversation's chunks of a THD row); labels and loss mask are cut the same way here, and so are the 3-D positions
 of a padded row (a THD row's stay whole: megatron-core's THD RoPE picks each sequence's chunks by offset). The loss
 is then ``cp_loss``: this rank's answer-token loss sum over the micro-batch's answer-token count.
-``vision_step(packing, padded_rows)``: this forward step, that shape and the reader of ``tasks/llava/data.py`` (training's Step).
+``vision_step(packing, padded_rows, reader)``: this forward step, that shape and the reader of ``tasks/llava/data.py``
+(``VisionReader``; training's Step).
 May assume: DDP-wrapped ``NativeResolutionVLM`` chunks; sequence parallelism and pipeline stages are the model's.
 """
 
@@ -28,7 +29,7 @@ from megatron.core.utils import get_attr_wrapped_model
 
 from mtmegatron.attention.cp_batch import cp_loss
 from mtmegatron.backends.device import to_compute_device
-from mtmegatron.tasks.llava.data import read_split
+from mtmegatron.tasks.llava.data import VisionReader
 from mtmegatron.tasks.llava.step import loss_func
 from mtmegatron.tasks.qwen_vl.section import Packing
 from mtmegatron.tasks.qwen_vl.thd import cp_positions
@@ -77,6 +78,7 @@ def forward_step(data_iterator, model):
     return output, partial(loss, loss_mask)
 
 
-def vision_step(packing: Packing, padded_rows: int | None) -> Step:
-    """What the schedule runs for the packed-vision task (training/train_step.py's Step)."""
-    return Step(forward_step, shape=schedule_shape(packing, padded_rows), micro_batches=read_split)
+def vision_step(packing: Packing, padded_rows: int | None, reader: VisionReader) -> Step:
+    """What the schedule runs for the packed-vision task (training/train_step.py's Step), reading with
+    ``reader``."""
+    return Step(forward_step, shape=schedule_shape(packing, padded_rows), micro_batches=reader)

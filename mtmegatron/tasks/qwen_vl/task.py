@@ -1,6 +1,7 @@
 """The packed-vision task (``Family.task == "qwen_vl"``: Qwen2-VL, Qwen2.5-VL on image/video conversations):
 native-resolution data (data.py, packed bins: thd.py), NativeResolutionVLM's forward step and the schedule's shape
-(step.py), and at the end the held-out answer accuracy (answer_eval.py).
+(step.py), and at the end the held-out answer accuracy (answer_eval.py). It reads what the LLaVA task reads
+(tasks/llava/task.py's ``VisionTask``) and ``Packing`` (section.py).
 May assume: the family reads conversations (registry.py chose this task by ``data.reads_vision_data``); see
 tasks/base.py.
 """
@@ -8,32 +9,38 @@ tasks/base.py.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from mtmegatron.tasks.base import Task
-from mtmegatron.tasks.llava.task import vision_splits
+from mtmegatron.tasks.llava.task import VisionTask
 from mtmegatron.tasks.qwen_vl.data import prepare
+from mtmegatron.tasks.qwen_vl.section import Packing
 
 
-class QwenVLTask(Task):
+@dataclass(frozen=True)
+class QwenVLTask(VisionTask):
+    packing: Packing                # the bins and the schedule's shape
+
     name = "qwen_vl"
 
-    def prepare(self, args: argparse.Namespace, progress: bool):
+    @staticmethod
+    def prepare(args: argparse.Namespace, progress: bool):
+        """Completes the run's flags from the conversations (tasks/qwen_vl/data.py: parse-time resolution)."""
         return prepare(args, progress=progress)
 
-    def datasets(self, args: argparse.Namespace, rank: int, plan, num_samples: int, data) -> tuple:
-        return vision_splits(args, rank, plan, data)
+    @classmethod
+    def sections(cls, values) -> dict:
+        return {**super().sections(values), "packing": Packing.of(values)}
 
-    def step(self, args: argparse.Namespace, data):
-        from mtmegatron.tasks.qwen_vl.section import Packing
+    def step(self, data):
         from mtmegatron.tasks.qwen_vl.step import vision_step
 
-        return vision_step(Packing.of(args), data.info.get("padded_rows"))
+        return vision_step(self.packing, data.info.get("padded_rows"), self.reader())
 
-    def finish(self, model, args: argparse.Namespace, data, terminated: bool) -> None:
+    def finish(self, model, data, terminated: bool) -> None:
         """The loss plot and (not after a stop) the held-out answer accuracy."""
         from mtmegatron.tasks.qwen_vl.answer_eval import write_answer_eval
         from mtmegatron.training.finish import write_outputs
 
-        write_outputs(model, None, args)
+        write_outputs(model, self.outputs)  # the loss plot
         if not terminated:
-            write_answer_eval(model, data, args)
+            write_answer_eval(model, data, self.vision_outputs, self.schedule, self.reader())
