@@ -1,7 +1,7 @@
 """Grouped-GEMM MoE expert flags (``--moe-grouped-gemm``, ``--moe-use-legacy-grouped-gemm``) and their checks; which
 experts module they give a layer is models/grouped_experts.py's.
 May assume: ``check_grouped_experts_args`` runs after ``args.transformer_engine_layers`` is decided
-(models/transformer_impl.py, config/arguments.py CHECKS) and every dest it reads is declared by the parser.
+(config/transformer_impl.py, config/arguments.py CHECKS) and every dest it reads is declared by the parser.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def add_grouped_experts_args(parser: argparse.ArgumentParser) -> None:
 def check_grouped_experts_args(args: argparse.Namespace, error: type[Exception]) -> None:
     if not args.moe_grouped_gemm or not args.num_experts:
         return
-    te = args.transformer_engine_layers  # decided once at parse time (models/transformer_impl.py)
+    te = args.transformer_engine_layers  # decided once at parse time (config/transformer_impl.py)
     if args.fp8_format and not te:
         raise error("--moe-grouped-gemm with --fp8-format needs TransformerEngine's grouped linears; mtmegatron's "
                     "FP8 executors cover the sequential experts: drop --moe-grouped-gemm")
