@@ -61,6 +61,13 @@ CONFIGS: dict[str, list[str]] = {
     "dense CP2, full recompute": [*LLAMA, "--context-parallel-size", "2", "--recompute-granularity", "full",
                                   "--recompute-method", "uniform", "--recompute-num-layers", "1"],
     "dense DP2, torch FSDP2": [*LLAMA, "--use-torch-fsdp2", "--ckpt-format", "torch_dist"],
+    "dense DP2, Megatron-FSDP optim_grads_params": [*LLAMA, *DIST, "--use-megatron-fsdp",
+                                                    "--data-parallel-sharding-strategy", "optim_grads_params"],
+    "dense DP2, Megatron-FSDP optim": [*LLAMA, *DIST, "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                                       "optim"],
+    "dense DP2, dist-opt, precision-aware bf16 moments and grads": [
+        *LLAMA, *DIST, "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+        "--main-grads-dtype", "bf16"],
     "Mixtral MoE EP2": [*MIXTRAL, "--expert-model-parallel-size", "2"],
     "Mixtral MoE TP2+SP EP2, dist-opt": [*MIXTRAL, *TP2_SP, "--expert-model-parallel-size", "2",
                                          "--expert-tensor-parallel-size", "1", *DIST],

@@ -16,7 +16,9 @@ dim, f = FFN hidden, D = bytes of the activation dtype, t = TP) and from which i
   (``glu``: silu(x) * (x_lin + offset)) also keeps the silu output and the offset sum (5 f in all); an MoE layer's
   experts see top-k copies of the tokens (permuted input h, unpermute input h and the MLP's terms per copy) plus the
   router's fp32 logits: approximate (balanced routing assumed);
-- dropout masks (1 byte an element) where the hidden dropout probability is > 0.
+- dropout masks (1 byte an element) where the hidden dropout probability is > 0;
+- LoRA adapters (plan/params._lora_elements): A's output (r per part) per target, a column adapter's gathered input
+  under SP, the dropped input copy with --lora-dropout; an expert's adapters once per routed token copy (top-k).
 With sequence parallelism everything is divided by t; without it the norms' terms are whole on every TP rank.
 ``--recompute-granularity full`` keeps only each recomputed layer's input (h, / t with SP) plus one layer's
 activations recomputed at a time. One layer's backward adds the gradients of its s^2 probabilities and scores
@@ -144,6 +146,9 @@ def layer_bytes(args, moe: bool, chunk=None) -> float:
         if "mlp" in recomputed:
             mlp = 0
     per_token = norm_side / (t if sp else 1) + attention + mlp * D / t
+    lora_d = 4 if getattr(args, "lora_fp32_adapters", False) else D  # LoRA adapters (plan/params._lora_elements)
+    per_token += (getattr(chunk, "lora_dense", 0.0)
+                  + (args.moe_router_topk * getattr(chunk, "lora_expert", 0.0) if moe else 0.0)) * lora_d
     total = s * b * per_token
     if moe:  # the router's fp32 logits and probabilities, every token of the (SP-split) sequence
         total += s * b * args.num_experts * 4 * 2 / (t if sp else 1)

@@ -49,7 +49,7 @@ def plan_layout(own, rest: list[str]) -> dict:
     from mtmegatron.config import megatron_core_checks
     from mtmegatron.config import parse as parse_run_config
     from mtmegatron.plan.devices import device_memory
-    from mtmegatron.plan.memory import megatron_lm_formula, rank_memory
+    from mtmegatron.plan.memory import megatron_lm_formula, not_modelled, rank_memory
     from mtmegatron.plan.params import all_stages, cpu_backend_unless_active
     from mtmegatron.plan.rank_state import Layout
 
@@ -78,9 +78,7 @@ def plan_layout(own, rest: list[str]) -> dict:
             "device": device, "device_memory_bytes": memory, "ranks": rows,
             "fits": None if memory is None else all(r["headroom_bytes"] >= 0 for r in rows),
             "megatron_lm_formula_bytes": {k: int(v) for k, v in megatron_lm_formula(args, layout).items()},
-            "not_modelled": ["the FSDP layer gathered at a time", "precision-aware optimizer dtypes",
-                             "FP8 extras", "activation offloading", "LoRA adapters' activations",
-                             "allocator fragmentation"]}
+            "not_modelled": not_modelled(args)}
 
 
 def _gib(n: int | None) -> str:

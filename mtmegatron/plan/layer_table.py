@@ -46,7 +46,7 @@ class LayerTable:
     def stage(self, pp: int, vpp: int | None, p: int) -> StageParams:
         v = vpp or 1
         n = len(self.layers) // (pp * v)
-        chunks, total, shared = [], Part(), 0
+        chunks, total, shared, outside = [], Part(), 0, {"embedding": 0, "head": 0}
         for c in range(v):
             first = (c * pp + p) * n
             pre, post = p == 0 and c == 0, p == pp - 1 and c == v - 1
@@ -54,18 +54,22 @@ class LayerTable:
                 total += self.layers[i]
             if pre:
                 total += self.embedding
+                outside["embedding"] += self.embedding.dense + self.embedding.expert
             if post:
                 total += self.head + self.mtp
+                outside["head"] += self.head.dense + self.head.expert + self.mtp.dense + self.mtp.expert
                 copy = (self.word_embedding if self.tied else 0) + (self.embedding.dense if self.mtp_layers else 0)
                 if pp > 1 and copy:  # the last stage's copy of the first stage's embedding: memory, not model
                     total += Part(dense=copy, sharded=copy, frozen_dense=copy if self.embedding.frozen_dense else 0)
                     shared += copy
+                    outside["head"] += copy
             chunks.append(Chunk(layers=n, moe_layers=sum(self.moe[first:first + n]),
                                 mtp_layers=self.mtp_layers if post else 0, pre_process=pre, post_process=post,
                                 **dict(self.kinds)))
         return StageParams(stage=p, dense=total.dense, expert=total.expert, dense_tp_sharded=total.sharded - shared,
                            shared_embedding=shared, chunks=tuple(chunks), frozen_dense=total.frozen_dense,
-                           frozen_expert=total.frozen_expert)
+                           frozen_expert=total.frozen_expert, **outside,
+                           largest_layer=max(l.dense + l.expert for l in self.layers) if self.layers else 0)
 
 
 def _part(params) -> Part:

@@ -6,20 +6,23 @@
   ``--grad-reduce-in-bf16``), else the parameter dtype; parameters that need no gradient (a LoRA run's frozen base)
   have none;
 - optimizer: Adam's two fp32 moments (SGD: one momentum buffer when momentum > 0) plus fp32 main parameters under
-  bf16/fp16; the distributed optimizer shards dense state over data-parallel x context-parallel (per optimizer
+  bf16/fp16 (the precision-aware optimizer: in --exp-avg-dtype, --exp-avg-sq-dtype, --main-params-dtype; its
+  --main-grads-dtype bf16 keeps the grad buffer in bf16, the gradients' rule above); the distributed optimizer shards dense state over data-parallel x context-parallel (per optimizer
   instance) and expert state over the expert data-parallel group; ``--optimizer-cpu-offload`` moves
   ``--optimizer-offload-fraction`` of it to the host (reported, not on the device); frozen parameters have none;
-- fully sharded data parallelism (``fsdp_shards``): torch FSDP2 splits weights, gradients and optimizer state over
-  data-parallel x context-parallel; Megatron-FSDP what its ``--data-parallel-sharding-strategy`` names (not measured
-  on the simulated device: docs/memory.md); the layer whose parameters are gathered at a time is not counted;
+- fully sharded data parallelism (``fsdp_shards``): torch FSDP2 splits weights, gradients (in the parameter dtype)
+  and optimizer state over data-parallel x context-parallel; Megatron-FSDP what its
+  ``--data-parallel-sharding-strategy`` names; what they hold gathered at the peak (``fsdp_gathered_bytes``) counts
+  with the buffers; ``--torch-fsdp2-cpu-offload`` puts the shards and the optimizer state on the host;
 - activations: plan/activations.py, times the schedule's in-flight micro-batches;
 - buffers: the last stage's logits and vocab-parallel cross-entropy (the logits in the activation dtype and their
   fp32 copy, exponentiated in place and turned into the gradient in place: D + 4 bytes a logit), the pipeline's send/recv
   tensors, MoE dispatch (the permuted top-k token copies sent and received, balanced routing: approximate), the
   first stage's token and position ids.
 Peak = the sum: every term is live at the last micro-batch's backward of an iteration after the first (the
-optimizer state exists from the first step on). Not modelled (said in the table's notes): FSDP's gathered layer,
-the precision-aware optimizer's dtypes, FP8 extras, activation offloading, allocator fragmentation.
+optimizer state exists from the first step on); under torch FSDP2 the gradients never coexist with the forward's
+activations (the larger of the two counts). Not modelled (``not_modelled``: said in the plan's output for the
+command lines it concerns): FP8 extras, activation offloading, allocator fragmentation.
 May assume: a validated pretrain configuration (config.parse) with its world size.
 """
 
@@ -43,19 +46,33 @@ class RankMemory:
     activations: int
     buffers: int
     in_flight: int
+    gradients_apart: bool = False  # the gradients never coexist with the forward's activations (torch FSDP2)
 
     @property
     def peak(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+        held = self.weights + self.optimizer + self.buffers
+        if self.gradients_apart:  # backward frees activations as the gradients appear: the larger of the two
+            return held + max(self.gradients, self.activations)
+        return held + self.gradients + self.activations
 
 
 def _param_bytes(args) -> int:
     return 2 if (args.bf16 or args.fp16) else 4
 
 
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
 def _optimizer_bytes_per_param(args) -> int:
-    moments = 8 if args.optimizer == "adam" else (4 if args.sgd_momentum else 0)
-    main = 4 if (args.bf16 or args.fp16) else 0
+    """Adam's two moments (SGD: momentum) and the main parameters under bf16/fp16; with the precision-aware
+    optimizer in ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` / ``--main-params-dtype`` (fp32 by default)."""
+    aware = args.use_precision_aware_optimizer
+    dtype = (lambda name: _DTYPE_BYTES[str(getattr(args, name))]) if aware else (lambda name: 4)
+    if args.optimizer == "adam":
+        moments = dtype("exp_avg_dtype") + dtype("exp_avg_sq_dtype")
+    else:
+        moments = 4 if args.sgd_momentum else 0
+    main = dtype("main_params_dtype") if (args.bf16 or args.fp16) else 0
     return moments + main
 
 
@@ -103,19 +120,58 @@ def fsdp_shards(args, layout: Layout) -> tuple[int, int, int]:
     return 1, 1, 1
 
 
+def fsdp_gathered_bytes(args, stage: StageParams, layout: Layout) -> int:
+    """Parameters fully sharded data parallelism holds gathered (whole, in the parameter dtype) at the peak, on top
+    of the rank's shards. torch FSDP2 (megatron-core's wrapper: a ``fully_shard`` unit per transformer layer and
+    per embedding, the root unit for the rest): the root unit (output layer, final norm) is not resharded after
+    forward, so it stays whole from the first forward to the end of backward, plus the layer unit running.
+    Megatron-FSDP with optim_grads_params (units: the transformer layers): the parameters outside any unit
+    (embedding, output layer, final norm) are gathered in every forward and released only at the end of
+    backward, plus the layer unit running. Other strategies hold parameters whole (no gather)."""
+    if max(layout.dp * layout.cp, 1) == 1:
+        return 0
+    if args.use_torch_fsdp2:
+        whole = stage.head + stage.largest_layer
+    elif args.use_megatron_fsdp and args.data_parallel_sharding_strategy == "optim_grads_params":
+        whole = stage.embedding + stage.head + stage.largest_layer
+    else:
+        return 0
+    return whole * _param_bytes(args)
+
+
 def rank_memory(args, stage: StageParams, layout: Layout) -> RankMemory:
     from mtmegatron.plan.activations import in_flight
 
     grad_bytes = 4 if (args.accumulate_allreduce_grads_in_fp32 or not (args.bf16 or args.fp16)) else 2
+    if args.use_torch_fsdp2:  # megatron-core's FSDP2 wrapper sets no mixed-precision policy: .grad in the
+        grad_bytes = _param_bytes(args)  # parameter dtype, reduce-scattered as it is (no main_grad buffer), and
+        # megatron-core's optimizers' zero_grad sets it to None before each step's forward (gradients_apart)
     optimizer, host = optimizer_bytes(args, stage, layout)
     w_shards, g_shards, o_shards = fsdp_shards(args, layout)
     if o_shards > 1 and not args.use_distributed_optimizer:  # FSDP shards the state itself
         optimizer, host = optimizer // o_shards, host // o_shards
     trainable = stage.local - stage.frozen_dense - stage.frozen_expert
-    return RankMemory(stage=stage.stage, params=stage.local, weights=stage.local * _param_bytes(args) // w_shards,
-                      gradients=trainable * grad_bytes // g_shards, optimizer=optimizer, optimizer_host=host,
-                      activations=int(stage_activation_bytes(args, stage)), buffers=int(buffer_bytes(args, stage)),
-                      in_flight=in_flight(args, stage.stage))
+    weights, gradients = stage.local * _param_bytes(args) // w_shards, trainable * grad_bytes // g_shards
+    if getattr(args, "torch_fsdp2_cpu_offload", False) and args.use_torch_fsdp2:
+        # torch's CPUOffloadPolicy: parameter shards, gradients and the optimizer state (built from the host
+        # parameters) live on the host; the device holds the gathered units (not measured: docs/memory.md)
+        host, optimizer, weights, gradients = host + optimizer, 0, 0, 0
+    return RankMemory(stage=stage.stage, params=stage.local, weights=weights, gradients=gradients,
+                      optimizer=optimizer, optimizer_host=host, activations=int(stage_activation_bytes(args, stage)),
+                      buffers=int(buffer_bytes(args, stage) + fsdp_gathered_bytes(args, stage, layout)),
+                      in_flight=in_flight(args, stage.stage), gradients_apart=bool(args.use_torch_fsdp2))
+
+
+def not_modelled(args) -> list[str]:
+    """What the rows leave out for this command line, said in the plan's output rather than silently wrong."""
+    out = []
+    if args.fp8:
+        out.append("FP8 extras (the FP8 copies of each linear's input and weight kept for backward, scales and amax "
+                   "history): activations are counted in the parameter dtype")
+    if args.fine_grained_activation_offloading or args.cpu_offloading_num_layers:
+        out.append("activation offloading: the offloaded activations are counted as kept on the device (an upper "
+                   "bound)")
+    return out + ["allocator fragmentation"]
 
 
 def megatron_lm_formula(args, layout: Layout, params_total: int | None = None) -> dict[str, float]:

@@ -35,6 +35,8 @@ class Chunk:
     post_process: bool
     torch_rmsnorm: bool = False  # the layers' norms are torch.nn.RMSNorm (no apex/TE: megatron-core's fallback)
     core_attention: str = "sdpa"  # "local" (megatron-core's unfused DotProductAttention), "sdpa" (ours), "other"
+    lora_dense: float = 0.0  # elements a layer's non-expert LoRA adapters keep per token (_lora_elements)
+    lora_expert: float = 0.0  # ... one expert's adapters per token copy routed to it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,12 @@ class StageParams:
     chunks: tuple[Chunk, ...]
     frozen_dense: int = 0  # of ``dense``: needing no gradient (a LoRA run's base): no grad buffer, no optimizer state
     frozen_expert: int = 0  # of ``expert``: likewise
+    # what fully sharded data parallelism gathers whole (plan/memory.fsdp_gathered_bytes): the embedding module's
+    # parameters (first stage), the rest outside the layers and embedding (output layer, final norm, MTP; last
+    # stage) and the largest transformer layer, elements on this rank
+    embedding: int = 0
+    head: int = 0
+    largest_layer: int = 0
 
     @property
     def local(self) -> int:
@@ -75,7 +83,39 @@ def layer_kinds(layers) -> dict:
         if core is not None and "core_attention" not in kinds:
             kinds["core_attention"] = ("sdpa" if isinstance(core, SDPADotProductAttention) else
                                        "local" if isinstance(core, DotProductAttention) else "other")
+        if "lora_dense" not in kinds:
+            dense, expert = _lora_elements(layer)
+            if dense or expert:
+                kinds["lora_dense"], kinds["lora_expert"] = dense, expert
     return kinds
+
+
+def _lora_elements(layer) -> tuple[float, float]:
+    """(non-expert adapters' elements per token, one expert's adapters' elements per routed token copy) that a
+    layer's LoRA adapters (lora/adapter.py, lora/grouped.py) keep for backward, beyond the base linear's input
+    (which A's matmul shares): A's output (parts x r: B's input), the sequence-parallel gather of a column
+    adapter's input (a full-sequence copy), and with --lora-dropout the dropped input copy. Per token of the whole
+    sequence (A's output is all-reduced / gathered before B)."""
+    from mtmegatron.lora.adapter import LoRA
+    from mtmegatron.lora.grouped import GroupedLoRA
+
+    dense = expert = 0.0
+    experts: set[str] = set()
+    for name, module in layer.named_modules():
+        if isinstance(module, LoRA):
+            n = module.lora_a.shape[0] + (module.lora_a.shape[1] if isinstance(module.dropout, torch.nn.Dropout) else 0)
+            if module.kind == "column" and module.sequence_parallel:
+                n += module.lora_a.shape[1]
+            if "local_experts." in name:
+                experts.add(name.split("local_experts.")[1].split(".")[0])
+                expert += n
+            else:
+                dense += n
+        elif isinstance(module, GroupedLoRA):
+            for pair in module.children():
+                if hasattr(pair, "lora_a"):
+                    expert += pair.lora_a.shape[-2]
+    return dense, expert / max(len(experts), 1)
 
 
 def _chunk(model) -> Chunk:
@@ -110,8 +150,12 @@ def meta_chunks(args, stage: int) -> list:
 def stage_params(args, stage: int) -> StageParams:
     """Build stage ``stage``'s chunks on the meta device and count what the rank holds."""
     chunks = meta_chunks(args, stage)
-    dense = expert = sharded = shared = frozen_dense = frozen_expert = 0
+    dense = expert = sharded = shared = frozen_dense = frozen_expert = embedding = largest = 0
     for chunk in chunks:
+        layers = list(chunk.decoder.layers) if getattr(chunk, "decoder", None) is not None else []
+        largest = max([largest, *(sum(p.numel() for p in layer.parameters()) for layer in layers)])
+        if getattr(chunk, "embedding", None) is not None and chunk.pre_process:  # (MTP's copy: the head's)
+            embedding += sum(p.numel() for p in chunk.embedding.parameters())
         for p in chunk.parameters():
             n = p.numel()
             if not getattr(p, "allreduce", True):
@@ -126,7 +170,15 @@ def stage_params(args, stage: int) -> StageParams:
                 sharded += n
     return StageParams(stage=stage, dense=dense, expert=expert, dense_tp_sharded=sharded, shared_embedding=shared,
                        chunks=tuple(_chunk(c) for c in chunks), frozen_dense=frozen_dense,
-                       frozen_expert=frozen_expert)
+                       frozen_expert=frozen_expert, embedding=embedding,
+                       head=_outside_layers(chunks) - embedding, largest_layer=largest)
+
+
+def _outside_layers(chunks) -> int:
+    """Parameters of the chunks outside their transformer layers (the embedding included; each counted once)."""
+    inside = {id(p) for chunk in chunks if getattr(chunk, "decoder", None) is not None
+              for layer in chunk.decoder.layers for p in layer.parameters()}
+    return sum(p.numel() for chunk in chunks for p in chunk.parameters() if id(p) not in inside)
 
 
 @contextlib.contextmanager
