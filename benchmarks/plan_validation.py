@@ -1,7 +1,8 @@
 """The planner against the simulated MUSA device: ``python benchmarks/plan_validation.py [--only NAME ...] [--markdown]``.
 
 For each configuration (a ~58M-parameter Llama in bf16, sequence 512, or a tiny Mixtral / DeepSeek-V3 at tens of
-millions of parameters; 2 ranks, 2 iterations, ``--log-memory-interval 1``) it runs ``pretrain`` once under
+millions of parameters; FSDP2 / Megatron-FSDP, the precision-aware optimizer, activation offloading and FP8 on our
+emulated executor among them; 2 ranks, 2 iterations, ``--log-memory-interval 1``) it runs ``pretrain`` once under
 ``torchrun`` on the simulated MUSA device (scripts/musa_sim.sh: every device byte is counted by the simulator's
 allocator), reads each printing rank's largest "max allocated" (Megatron-LM's memory line, printed by every rank
 of data-parallel rank 0 after each iteration), runs ``mtmegatron plan`` in this process on the same command line,
@@ -68,6 +69,10 @@ CONFIGS: dict[str, list[str]] = {
     "dense DP2, dist-opt, precision-aware bf16 moments and grads": [
         *LLAMA, *DIST, "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
         "--main-grads-dtype", "bf16"],
+    "dense DP2, dist-opt, activation offload core_attn": [*LLAMA, *DIST, "--fine-grained-activation-offloading",
+                                                          "--offload-modules", "core_attn"],
+    "dense TP2+SP, dist-opt, FP8 tensorwise (emulated)": [*LLAMA, *TP2_SP, *DIST, "--fp8-format", "e4m3",
+                                                          "--fp8-recipe", "tensorwise"],
     "Mixtral MoE EP2": [*MIXTRAL, "--expert-model-parallel-size", "2"],
     "Mixtral MoE TP2+SP EP2, dist-opt": [*MIXTRAL, *TP2_SP, "--expert-model-parallel-size", "2",
                                          "--expert-tensor-parallel-size", "1", *DIST],

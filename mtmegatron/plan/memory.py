@@ -14,7 +14,9 @@
   and optimizer state over data-parallel x context-parallel; Megatron-FSDP what its
   ``--data-parallel-sharding-strategy`` names; what they hold gathered at the peak (``fsdp_gathered_bytes``) counts
   with the buffers; ``--torch-fsdp2-cpu-offload`` puts the shards and the optimizer state on the host;
-- activations: plan/activations.py, times the schedule's in-flight micro-batches;
+- activations: plan/activations.py, times the schedule's in-flight micro-batches, less what fine-grained activation
+  offloading keeps on the host (plan/activation_offload.py), with FP8's input and weight copies
+  (plan/fp8_activations.py);
 - buffers: the last stage's logits and vocab-parallel cross-entropy (the logits in the activation dtype and their
   fp32 copy, exponentiated in place and turned into the gradient in place: D + 4 bytes a logit), the pipeline's send/recv
   tensors, MoE dispatch (the permuted top-k token copies sent and received, balanced routing: approximate), the
@@ -22,7 +24,8 @@
 Peak = the sum: every term is live at the last micro-batch's backward of an iteration after the first (the
 optimizer state exists from the first step on); under torch FSDP2 the gradients never coexist with the forward's
 activations (the larger of the two counts). Not modelled (``not_modelled``: said in the plan's output for the
-command lines it concerns): FP8 extras, activation offloading, allocator fragmentation.
+command lines it concerns): FP8 in TE's layers, TE's per-layer activation offloading and the experts' offload groups,
+allocator fragmentation.
 May assume: a validated pretrain configuration (config.parse) with its world size.
 """
 
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from mtmegatron.plan import fp8_activations
+from mtmegatron.plan.activation_offload import NOT_COUNTED, offloaded_bytes
 from mtmegatron.plan.activations import activation_dtype_bytes, stage_activation_bytes
 from mtmegatron.plan.params import StageParams
 from mtmegatron.plan.rank_state import Layout
@@ -157,7 +162,9 @@ def rank_memory(args, stage: StageParams, layout: Layout) -> RankMemory:
         # parameters) live on the host; the device holds the gathered units (not measured: docs/memory.md)
         host, optimizer, weights, gradients = host + optimizer, 0, 0, 0
     return RankMemory(stage=stage.stage, params=stage.local, weights=weights, gradients=gradients,
-                      optimizer=optimizer, optimizer_host=host, activations=int(stage_activation_bytes(args, stage)),
+                      optimizer=optimizer, optimizer_host=host,
+                      activations=int(stage_activation_bytes(args, stage) - offloaded_bytes(args, stage)
+                                      + fp8_activations.stage_delta_bytes(args, stage)),
                       buffers=int(buffer_bytes(args, stage) + fsdp_gathered_bytes(args, stage, layout)),
                       in_flight=in_flight(args, stage.stage), gradients_apart=bool(args.use_torch_fsdp2))
 
@@ -165,12 +172,17 @@ def rank_memory(args, stage: StageParams, layout: Layout) -> RankMemory:
 def not_modelled(args) -> list[str]:
     """What the rows leave out for this command line, said in the plan's output rather than silently wrong."""
     out = []
-    if args.fp8:
-        out.append("FP8 extras (the FP8 copies of each linear's input and weight kept for backward, scales and amax "
-                   "history): activations are counted in the parameter dtype")
-    if args.fine_grained_activation_offloading or args.cpu_offloading_num_layers:
-        out.append("activation offloading: the offloaded activations are counted as kept on the device (an upper "
-                   "bound)")
+    if args.fp8 and not fp8_activations.ours(args):
+        out.append("FP8 in TransformerEngine's layers (their FP8 input/weight copies and transpose caches): "
+                   "activations are counted in the parameter dtype")
+    elif args.fp8:
+        out.append("FP8's scales and amax history, --first-last-layers-bf16 (every layer counts as FP8)")
+    if args.cpu_offloading_num_layers:
+        out.append("--cpu-offloading-num-layers (TransformerEngine's offload): the offloaded activations are counted "
+                   "as kept on the device (an upper bound)")
+    if args.fine_grained_activation_offloading and set(args.offload_modules) & set(NOT_COUNTED):
+        out.append(f"activation offloading of {', '.join(sorted(set(args.offload_modules) & set(NOT_COUNTED)))}: "
+                   "counted as kept on the device (an upper bound)")
     return out + ["allocator fragmentation"]
 
 
