@@ -1,7 +1,7 @@
 """Bad LoRA input is one line and exit status 2, before any process group (``pretrain.main`` in this process):
 ``--lora-r 0``, an unknown target module, a LoRA flag without ``--lora-r``, ``--lora-load`` without ``--load``
 or naming no directory, LoRA on a model it does not serve yet, an MLA target on a model without MLA, LoRA under
-Megatron-FSDP, fp32 adapters under FSDP2. And, in lora/checkpoint.py's check, adapters made
+Megatron-FSDP in half precision, fp32 adapters under FSDP2. And, in lora/checkpoint.py's check, adapters made
 for another base (shapes differ) or with another rank, a base directory holding adapters, an adapter directory
 holding none: each one CheckpointError line (pretrain.main reports those as the others, exit status 2)."""
 
@@ -25,10 +25,10 @@ CASES = {
                                     "has no --multi-latent-attention"),
     "fp32 adapters in an fp32 run": (["--lora-r", "8", "--lora-fp32-adapters"],
                                      "--lora-fp32-adapters needs --bf16 or --fp16"),
-    "megatron-fsdp": (["--lora-r", "8", "--use-megatron-fsdp", "--use-distributed-optimizer",
-                       "--no-gradient-accumulation-fusion"],
-                      "--lora-r with --use-megatron-fsdp: megatron-core 0.16.1's Megatron-FSDP cannot hold a frozen "
-                      "base"),
+    "half-precision megatron-fsdp": (["--lora-r", "8", "--bf16", "--use-megatron-fsdp", "--use-distributed-optimizer",
+                                      "--no-gradient-accumulation-fusion"],
+                                     "--lora-r with --use-megatron-fsdp and --bf16/--fp16: the frozen base has no fp32 "
+                                     "main weights"),
     "fp32 adapters under fsdp2": (["--lora-r", "8", "--bf16", "--lora-fp32-adapters", "--use-torch-fsdp2",
                                    "--no-gradient-accumulation-fusion"],
                                   "--lora-fp32-adapters with --use-torch-fsdp2: megatron-core 0.16.1's float16 "

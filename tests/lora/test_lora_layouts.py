@@ -6,10 +6,11 @@ checkpoint's bytes (measured: 494 KB vs 4.5 MB at 6 iterations); the iteration-8
 9-16 within 1e-5; both runs' start-up line counts the same trainable parameters, exactly the adapters' (per-part
 A blocks for the fused q/k/v and gate/up). Two more spawns, neither layout shared with TP2 + SP: torch FSDP2 at DP2
 (frozen base and adapters in the same fully_shard units) gives the TP2 + SP run's iterations 1-4 within 1e-5 and
-saves adapters only (their Adam moments beside them); its iteration-2 adapters resumed at TP1 x DP2 x CP2 (4
-ranks: data and context parallelism at once) with the distributed optimizer offloaded to the host
-(``--optimizer-cpu-offload``, fraction 0.5) give the TP2 + SP run's iterations 3-6 within 1e-5 (each measured by
-hand against one rank: DP2 1.2e-7, TP2 + SP 2.4e-7, CP2 3.6e-7; offload vs the same DP2 run without it: equal)."""
+saves adapters only (their Adam moments beside them); its iteration-2 adapters resumed under Megatron-FSDP at one
+rank (``optim``: patches/megatron_fsdp_frozen_params.py) give iterations 3-4, and those adapters resumed at TP1 x DP2
+x CP2 (4 ranks: data and context parallelism at once) with the distributed optimizer offloaded to the host
+(``--optimizer-cpu-offload``, fraction 0.5) give 5-8, each within 1e-5 of the TP2 + SP run (each measured by hand
+against one rank: DP2 1.2e-7, TP2 + SP 2.4e-7, CP2 3.6e-7; offload vs the same DP2 run without it: equal)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 
 from helpers.pretrain_runner import TINY, run_pretrain
 
-ITERS, RESUME_AT, FSDP2_ITERS, FSDP2_SAVE, DP_CP_ITERS = 16, 8, 4, 2, 4
+ITERS, RESUME_AT, FSDP2_ITERS, FSDP2_SAVE, MFSDP_SAVE, DP_CP_ITERS = 16, 8, 4, 2, 4, 4
 OFFLOAD = ["--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload",
            "--optimizer-offload-fraction", "0.5"]
 
@@ -37,7 +38,7 @@ def _bytes(directory) -> int:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora")
-    base, adapters, fsdp2 = tmp / "base", tmp / "adapters", tmp / "fsdp2"
+    base, adapters, fsdp2, mfsdp = tmp / "base", tmp / "adapters", tmp / "fsdp2", tmp / "mfsdp"
     run_pretrain(1, _argv("--train-iters", "1", "--save", str(base)), tmp / "log_base")
     lora = ["--load", str(base), "--lora-r", "8", "--lora-alpha", "16", "--train-iters", str(ITERS), "--lr", "5e-3"]
     tp2, rows = run_pretrain(2, _argv(*lora, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--save",
@@ -52,15 +53,21 @@ def runs(tmp_path_factory):
                                     str(fsdp2), "--save-interval", str(FSDP2_SAVE)), tmp / "log_fsdp2")
     fsdp2_losses = [r["loss"] for r in rows if "loss" in r]
     (fsdp2 / "latest_checkpointed_iteration.txt").write_text(str(FSDP2_SAVE))
-    lora[lora.index("--train-iters") + 1] = str(FSDP2_SAVE + DP_CP_ITERS)  # the schedule's length differs: constant
-    offload, rows = run_pretrain(4, _argv(*lora, "--lora-load", str(fsdp2), "--override-opt_param-scheduler",
+    lora[lora.index("--train-iters") + 1] = str(MFSDP_SAVE)
+    _, rows = run_pretrain(1, _argv(*lora, "--lora-load", str(fsdp2), "--override-opt_param-scheduler",
+                                    "--use-megatron-fsdp", "--use-distributed-optimizer", "--data-parallel-sharding-"
+                                    "strategy", "optim", "--no-gradient-accumulation-fusion", "--save", str(mfsdp)),
+                           tmp / "log_mfsdp")
+    mfsdp_losses = [r["loss"] for r in rows if "loss" in r]
+    lora[lora.index("--train-iters") + 1] = str(MFSDP_SAVE + DP_CP_ITERS)  # the schedule's length differs: constant
+    offload, rows = run_pretrain(4, _argv(*lora, "--lora-load", str(mfsdp), "--override-opt_param-scheduler",
                                           "--context-parallel-size", "2", *OFFLOAD), tmp / "log_dp2cp2")
     dp_cp = [r["loss"] for r in rows if "loss" in r]
     startup = [[ln for ln in proc.stdout.splitlines() if ln.startswith("mtmegatron: LoRA r")] for proc in (tp2, pp2)]
     fsdp2_keys = sorted(dcp.FileSystemReader(str(fsdp2 / f"iter_{FSDP2_SAVE:07d}")).read_metadata().state_dict_metadata)
     return {"whole": whole, "resumed": resumed, "base_bytes": _bytes(base / "iter_0000001"),
             "adapter_bytes": _bytes(adapters / f"iter_{RESUME_AT:07d}"), "startup": startup, "dp_cp": dp_cp,
-            "fsdp2": fsdp2_losses, "fsdp2_keys": fsdp2_keys, "offload_stdout": offload.stdout}
+            "fsdp2": fsdp2_losses, "mfsdp": mfsdp_losses, "fsdp2_keys": fsdp2_keys, "offload_stdout": offload.stdout}
 
 
 def test_the_loss_falls(runs):
@@ -104,10 +111,17 @@ def test_fsdp2_saves_adapters_only(runs):
     assert "optimizer.state.exp_avg.decoder.layers.self_attention.linear_qkv.lora.lora_a" in keys, keys
 
 
-def test_data_and_context_parallel_with_optimizer_offload_resume_fsdp2(runs):
+def test_megatron_fsdp_resumes_fsdp2(runs):
+    whole, mfsdp = runs["whole"], runs["mfsdp"]
+    assert len(mfsdp) == MFSDP_SAVE - FSDP2_SAVE
+    expected = whole[FSDP2_SAVE:MFSDP_SAVE]
+    assert max(abs(a - b) for a, b in zip(mfsdp, expected)) < 1e-5, (expected, mfsdp)
+
+
+def test_data_and_context_parallel_with_optimizer_offload_resume_megatron_fsdp(runs):
     whole, dp_cp = runs["whole"], runs["dp_cp"]
     assert len(dp_cp) == DP_CP_ITERS
-    expected = whole[FSDP2_SAVE:FSDP2_SAVE + DP_CP_ITERS]
+    expected = whole[MFSDP_SAVE:MFSDP_SAVE + DP_CP_ITERS]
     assert max(abs(a - b) for a, b in zip(dp_cp, expected)) < 1e-5, (expected, dp_cp)
     offloaded = [ln for ln in runs["offload_stdout"].splitlines() if "optimizer offload: " in ln]
     assert len(offloaded) == 1 and "fraction 0.5" in offloaded[0], offloaded  # rank 0's line: the offload ran
