@@ -120,22 +120,26 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
     import mtmegatron
     from mtmegatron.backends import select_backend
     from mtmegatron.config.arguments import parse_args
-    from mtmegatron.training.data import build_mock_dataset, micro_batches
+    from mtmegatron.data.section import GptData
+    from mtmegatron.training.data import TextReader, build_mock_dataset
     from mtmegatron.training.observability.offload_stats import inner_optimizers, offload_stats
     from mtmegatron.training.overlap import ParamGather
+    from mtmegatron.training.section import Parallel
     from mtmegatron.training.setup import build, init_distributed
     from megatron.core import parallel_state
-    from mtmegatron.training.train_step import train_step
+    from mtmegatron.training.train_step import StepValues, train_step
 
     args = parse_args(pretrain_args + ["--train-iters", str(iters)])
     backend = select_backend(args.backend)
     mtmegatron.activate(backend)
     init_distributed(args, backend)
     model, optimizer, scheduler, _ = build(args)
-    dataset = build_mock_dataset(args, (iters + 1) * args.global_batch_size)
-    iterators = [micro_batches(dataset, args, parallel_state.get_data_parallel_rank(), 0) for _ in model]
+    dataset = build_mock_dataset(GptData.of(args), (iters + 1) * args.global_batch_size)
+    reader = TextReader.of(args, parallel_state.get_data_parallel_world_size())
+    iterators = [reader(dataset, parallel_state.get_data_parallel_rank(), 0) for _ in model]
     device_module = None if backend.device_type == "cpu" else backend.device_module()
-    params = ParamGather(model, args)
+    params = ParamGather(model, Parallel.of(args))
+    values = StepValues.of(args)
     params.start()
     saved = SavedActivations()
     # what the rank holds when its optimizer steps (gradients reduced, before the update; FSDP2 frees its
@@ -157,7 +161,7 @@ def worker(pretrain_args: list[str], iters: int, warmup: int, out: str) -> None:
         torch.distributed.barrier()
         t0 = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-            stats = train_step(iterators, model, optimizer, scheduler, args, iteration)
+            stats = train_step(iterators, model, optimizer, scheduler, values, iteration)
         if device_module is not None:
             device_module.synchronize()
         elapsed = time.perf_counter() - t0
