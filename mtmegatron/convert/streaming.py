@@ -436,8 +436,7 @@ def convert(hf_dir: str, out: str, family: str, flags: list[str], rope_interleav
                  for i, (d, p) in enumerate(zip(part_dirs, parts))]
         setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
         workers_started.extend(procs)
-        for p in procs:
-            p.start()
+        start_forked(procs)
         hwm = _follow(progress, procs, total, quiet)
         _merge_metadata(part_dirs, directory)
         with open(os.path.join(staging, TRACKER), "w") as f:
@@ -558,6 +557,22 @@ def _remove_stale_staging(root: str) -> None:
         pid = name[len(base):]
         if name.startswith(base) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def start_forked(procs) -> None:
+    """Start the forked workers with this process's garbage collected here and the rest frozen: otherwise a
+    worker's first collection may finalize the caller's leftovers (a destroyed process group, a model of an
+    earlier in-process run), whose native state did not survive the fork (a segfault, seen when a converter is
+    called in a process that trained and generated before)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        gc.unfreeze()
 
 
 def _follow(progress, procs, total: int, quiet: bool) -> list[tuple[int, int]]:

@@ -37,7 +37,7 @@ import torch
 
 from mtmegatron.models.families import ConversionError
 from mtmegatron.convert.streaming import (MARKER, _VOCAB_ROWS, BytesReporter, _follow, _reset_peak, _vm_hwm_bytes,
-                                          exit_with_parent, staged, worker_failed)
+                                          exit_with_parent, staged, start_forked, worker_failed)
 
 # what torch.load / zipfile / mmap raise on bytes that are not a saved tensor (a damaged .distcp file)
 _DAMAGED = (EOFError, RuntimeError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile, struct.error)
@@ -372,8 +372,7 @@ def export(load: str, out: str, family: str, flags: list[str], config: dict, rop
                  for i, mine in enumerate(parts)]
         setup_seconds = time.time() - start  # flags, meta model, checks, layout: before any tensor is read
         workers_started.extend(procs)
-        for p in procs:
-            p.start()
+        start_forked(procs)
         hwm = _follow(progress, procs, total, quiet)
         if len(files) > 1:
             with open(os.path.join(staging, INDEX), "w") as f:
