@@ -102,7 +102,7 @@ class LoRA(KeepsFp32):
         expert = getattr(base, "is_expert", False)  # the dispatcher moves an expert's tokens (expert TP 1: config)
         self.sequence_parallel, self.tp_group = base.sequence_parallel and not expert, base.tp_group
         self.dropout = torch.nn.Dropout(dropout) if dropout else torch.nn.Identity()
-        tp, rank = torch.distributed.get_world_size(base.tp_group), torch.distributed.get_rank(base.tp_group)
+        tp, rank = base.tp_group.size(), base.tp_group.rank()  # (the planner builds over stand-in groups)
         weight = base.weight
         parts = torch.zeros(weight.shape[0], dtype=torch.long) if parts is None or kind == "row" else parts
         self.n_parts, self.r = int(parts.max()) + 1, r
