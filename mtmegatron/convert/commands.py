@@ -105,7 +105,7 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
     when ``load`` has them (convert/llava.py). ``lora_load``: LoRA adapters merged into the weights (lora_merge.py);
     with ``peft_out`` written there as an HF PEFT adapter (lora_peft.py), the merged weights only when ``out`` is
     given too."""
-    from mtmegatron.convert.model import checkpoint_common, parse_flags
+    from mtmegatron.convert.model import checkpoint_common, hf_inputs, parse_flags
 
     common = checkpoint_common(load)
     if rope_interleave is None:
@@ -132,15 +132,16 @@ def mcore_to_hf(load: str, out: str, flags: list[str] | None = None, rope_interl
         peft_config = export_peft(load, lora_load, peft_out, args.model, args, rope_interleave)
         if not out:
             return peft_config
+    inputs = hf_inputs(args)  # what the family's hf_config reads (TransformerConfig, ModelBuild, its section)
     if family.is_multimodal:
         from mtmegatron.convert import llava
 
-        config, hf_layout = llava.export_layout(args, common.get("hf_layout", {}).get(family.name, {}), load,
+        config, hf_layout = llava.export_layout(inputs, common.get("hf_layout", {}).get(family.name, {}), load,
                                                 image_token_id)
     elif family.vision_encoder == "packed":  # the token ids recorded at conversion (none: HF's defaults)
-        config, hf_layout = family.hf_config(args, record=common.get("hf_layout", {}).get(family.name)), None
+        config, hf_layout = family.hf_config(**inputs, record=common.get("hf_layout", {}).get(family.name)), None
     else:
-        config, hf_layout = family.hf_config(args, rope_interleave=rope_interleave), None
+        config, hf_layout = family.hf_config(**inputs, rope_interleave=rope_interleave), None
     export(load, out, args.model, list(flags), config, rope_interleave, workers=workers, dtype=dtype,
            max_shard_bytes=max_shard_bytes, hf_layout=hf_layout, lora_load=lora_load)
     return config

@@ -14,7 +14,7 @@ Tokens: our data puts one ``-200`` per image in ``input_ids`` and LLaVAModel exp
 HF's ``image_token_index`` stays an ordinary row of our vocabulary, recorded so the way back writes it again (a
 checkpoint without it needs ``--image-token-id``). Nothing here holds the model; carried tensors stream one at a
 time.
-May assume: config.json as a plain dict; args from config/arguments.py.
+May assume: config.json as a plain dict; the values convert/model.hf_inputs filled from the parsed flags.
 """
 
 from __future__ import annotations
@@ -149,9 +149,10 @@ def read_carried_layout(path: str, used: int) -> tuple[list[str], int, int] | No
     return names, num_layers, feature_layer
 
 
-def export_layout(args, record: dict, load: str, image_token_id: int | None) -> tuple[dict, dict]:
-    """(config.json, the ``hf_layout`` for mapping.hf_groups) of the LLaVA checkpoint under ``load``; ``record`` is
+def export_layout(inputs: dict, record: dict, load: str, image_token_id: int | None) -> tuple[dict, dict]:
+    """``inputs``: convert/model.hf_inputs of the checkpoint's flags. (config.json, the ``hf_layout`` for mapping.hf_groups) of the LLaVA checkpoint under ``load``; ``record`` is
     what hf-to-mcore stored ({} for a checkpoint trained from scratch). Reads no tensor."""
+    build, llava = inputs["build"], inputs["section"]
     record = dict(record)
     if image_token_id is not None:
         record["image_token_index"] = image_token_id
@@ -159,16 +160,16 @@ def export_layout(args, record: dict, load: str, image_token_id: int | None) -> 
         fail(f"{load} does not record an HF image token id (it was not converted from HF): pass "
               f"--image-token-id ID, a vocabulary id the tokenizer never produces for text (HF LLaVA replaces "
               f"that id's positions with image features; our data uses -200 placeholders instead)")
-    if not 0 <= record["image_token_index"] < args.vocab_size:
-        fail(f"image token id {record['image_token_index']} is outside the vocabulary (0..{args.vocab_size - 1})")
+    if not 0 <= record["image_token_index"] < build.vocab_size:
+        fail(f"image token id {record['image_token_index']} is outside the vocabulary (0..{build.vocab_size - 1})")
     path = os.path.join(load, CARRIED_FILE)
-    carried = read_carried_layout(path, args.vision_num_layers)
+    carried = read_carried_layout(path, llava.vision_num_layers)
     if carried is None:
-        names, num_hf_layers, feature_layer = None, args.vision_num_layers, -1
+        names, num_hf_layers, feature_layer = None, llava.vision_num_layers, -1
     else:
         names, num_hf_layers, feature_layer = carried
     layout = {"prefixes": record.get("prefixes", DEFAULT_PREFIXES), "carried": None if names is None else (path, names)}
-    return family.hf_config(args, record, num_hf_layers, feature_layer), {family.FAMILY.name: layout}
+    return family.hf_config(**inputs, record=record, num_hf_layers=num_hf_layers, feature_layer=feature_layer), {family.FAMILY.name: layout}
 
 
 def dumps_record(plan: LlavaPlan) -> dict:

@@ -72,7 +72,7 @@ def write_peft(out: str, tensors: dict, run, base: str) -> dict:
 def export_peft(load: str, lora_load: str, out: str, family: str, args, rope_interleave: bool) -> dict:
     """The PEFT adapter of ``lora_load`` (adapters over the base under ``load``) in ``out``; returns its config."""
     from mtmegatron.convert.lora_merge import adapter_reader
-    from mtmegatron.convert.model import init_single_rank
+    from mtmegatron.convert.model import hf_inputs, init_single_rank
     from mtmegatron.convert.streaming_export import _Reader
     from mtmegatron.models import families
 
@@ -81,7 +81,7 @@ def export_peft(load: str, lora_load: str, out: str, family: str, args, rope_int
     init_single_rank(args)
     try:
         adapters, run, _ = adapter_reader(_Reader, args, lora_load)
-        entries = {e.mcore: e for e in families.get(family).hf_map(args, rope_interleave=rope_interleave,
+        entries = {e.mcore: e for e in families.get(family).hf_map(**hf_inputs(args), rope_interleave=rope_interleave,
                                                                   layout=None)}
         tensors = peft_tensors(adapters, run, entries)
     finally:  # the merged export, when asked for too, sets up its own one-rank parallel state
@@ -118,7 +118,7 @@ def import_peft(hf_dir: str, peft_dir: str, out: str, family: str, flags: list[s
     from megatron.core import dist_checkpointing, parallel_state
     from safetensors.torch import load_file
 
-    from mtmegatron.convert.model import MODEL_ONLY_KEY, init_single_rank, parse_flags
+    from mtmegatron.convert.model import MODEL_ONLY_KEY, hf_inputs, init_single_rank, parse_flags
     from mtmegatron.convert.streaming import _meta_model
     from mtmegatron.lora import checkpoint as lora_checkpoint
     from mtmegatron.lora.section import Lora
@@ -139,7 +139,7 @@ def import_peft(hf_dir: str, peft_dir: str, out: str, family: str, flags: list[s
     try:
         lora_section = Lora.of(args)  # what lora/ reads (lora/section.py)
         (model,) = wrap([_meta_model(args)], lora_section, args.seed)
-        entries = {e.mcore: e for e in families.get(family).hf_map(args, rope_interleave=rope_interleave,
+        entries = {e.mcore: e for e in families.get(family).hf_map(**hf_inputs(args), rope_interleave=rope_interleave,
                                                                   layout=None)}
         for name, _, lora in adapters_of([model]):
             entry = entries["decoder." + name + ".weight"]

@@ -17,7 +17,10 @@ from mtmegatron.models import families
 
 
 def _entries(family: str, args, rope_interleave: bool, hf_layout: dict | None) -> list:
-    return families.get(family).hf_map(args, rope_interleave=rope_interleave, layout=(hf_layout or {}).get(family))
+    from mtmegatron.convert.model import hf_inputs
+
+    return families.get(family).hf_map(**hf_inputs(args), rope_interleave=rope_interleave,
+                                       layout=(hf_layout or {}).get(family))
 
 
 def mcore_sources(family: str, args, rope_interleave: bool = True, hf_layout: dict | None = None) -> dict:

@@ -33,6 +33,19 @@ def parse_flags(flags: list[str], world_size: int = 1):
     return args
 
 
+def hf_inputs(args) -> dict:
+    """What a family's ``hf_config``/``hf_map`` read, filled once from the parsed flags, as their keyword arguments:
+    ``config`` (megatron-core's TransformerConfig, models/gpt.transformer_config), ``build`` (models/section.py's
+    ModelBuild) and ``section`` (the family's own, ``Family.hf_section``; None without one):
+    ``family.hf_map(**hf_inputs(args), rope_interleave=..., layout=...)``."""
+    from mtmegatron.models.gpt import transformer_config
+    from mtmegatron.models.section import ModelBuild
+
+    hf_section = families.of(args).hf_section
+    return {"config": transformer_config(args), "build": ModelBuild.of(args),
+            "section": hf_section.of(args) if hf_section else None}
+
+
 def init_single_rank(args) -> None:
     """Activate the CPU backend and a one-rank process group with the parallel state of ``args``."""
     import mtmegatron

@@ -91,13 +91,13 @@ def save_family(root: str, family_name: str, architecture: str, pixels, max_new_
     from transformers import PreTrainedTokenizerFast
 
     from mtmegatron.convert.commands import hf_to_mcore
-    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.convert.model import hf_inputs, parse_flags
     from mtmegatron.models import families
 
     family = families.get(family_name)
     args = parse_flags(["--model", family_name, "--model-size", "tiny", "--micro-batch-size", "1",
                         "--global-batch-size", "1"])
-    config = transformers.AutoConfig.for_model(**family.hf_config(args))
+    config = transformers.AutoConfig.for_model(**family.hf_config(**hf_inputs(args)))
     torch.manual_seed(0)
     hf = getattr(transformers, architecture)(config).eval()
     with torch.no_grad():
@@ -128,12 +128,12 @@ def save_text_model(root: str) -> None:
     from megatron.core import parallel_state
 
     from mtmegatron.convert.commands import hf_to_mcore
-    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.convert.model import hf_inputs, parse_flags
     from mtmegatron.models import families
 
     args = parse_flags(["--model", "llama3", "--model-size", "tiny", "--micro-batch-size", "1",
                         "--global-batch-size", "1"])
-    config = transformers.AutoConfig.for_model(**families.get("llama3").hf_config(args))
+    config = transformers.AutoConfig.for_model(**families.get("llama3").hf_config(**hf_inputs(args)))
     transformers.LlamaForCausalLM(config).save_pretrained(f"{root}/text_hf")
     parallel_state.destroy_model_parallel()
     hf_to_mcore(f"{root}/text_hf", f"{root}/text_mcore", "llama3")

@@ -106,7 +106,7 @@ def _worker(family_name: str, architecture: str, root: str):
     import transformers
     from safetensors.torch import load_file
 
-    from mtmegatron.convert.model import build_model, init_single_rank, parse_flags
+    from mtmegatron.convert.model import build_model, init_single_rank, hf_inputs, parse_flags
     from mtmegatron.models import families
 
     args = parse_flags(["--model", family_name, "--model-size", "tiny", *TOWERS[family_name], *FLAGS])
@@ -118,7 +118,7 @@ def _worker(family_name: str, architecture: str, root: str):
         frozen = build_model(parse_flags(["--model", family_name, "--model-size", "tiny", *FLAGS, *freeze]))
         trainable[" ".join(freeze)] = sorted({n.split(".")[1] for n, p in frozen.named_parameters() if p.requires_grad})
 
-    config = transformers.AutoConfig.for_model(**family.hf_config(args, record=CARRIED))
+    config = transformers.AutoConfig.for_model(**family.hf_config(**hf_inputs(args), record=CARRIED))
     torch.manual_seed(0)
     hf = getattr(transformers, architecture)(config).eval()
     with torch.no_grad():
@@ -130,7 +130,7 @@ def _worker(family_name: str, architecture: str, root: str):
     ours = model.state_dict()
     written, read = set(), set()
     with torch.no_grad():
-        for entry in family.hf_map(args):
+        for entry in family.hf_map(**hf_inputs(args)):
             if entry.to_mcore is None:
                 continue
             ours[entry.mcore].copy_(entry.to_mcore(*(hf_state[n] for n in entry.hf)))
@@ -196,6 +196,8 @@ def _memory_name(disk_name: str) -> str:
 def _gradient_diffs(model, hf, family, args, batch) -> dict:
     """The gradient of one random projection of the logits in both models, every HF tensor's mapped to ours:
     mcore name -> (max |diff|, max |grad|)."""
+    from mtmegatron.convert.model import hf_inputs
+
     input_ids, position_ids, pixels, token_type = batch
     weights = torch.randn(*input_ids.shape, args.vocab_size, generator=torch.Generator().manual_seed(2))
     (model(input_ids, position_ids, None, **pixels)[..., : args.vocab_size] * weights).sum().backward()
@@ -204,7 +206,7 @@ def _gradient_diffs(model, hf, family, args, batch) -> dict:
     hf_grads = {name: p.grad for name, p in hf.named_parameters()}
     ours = dict(model.named_parameters())
     diffs = {}
-    for entry in family.hf_map(args):
+    for entry in family.hf_map(**hf_inputs(args)):
         if entry.to_mcore is not None:
             expected = entry.to_mcore(*(hf_grads[_memory_name(n)] for n in entry.hf))
             got = ours[entry.mcore].main_grad if ours[entry.mcore].grad is None else ours[entry.mcore].grad
@@ -571,7 +573,7 @@ QWEN2_VL_CONFIG = {"model_type": "qwen2_vl", "vocab_size": 1024, "hidden_size": 
 
 def test_a_tower_no_preset_has_converts_with_its_own_flags():
     """Every vision field becomes a flag (transformers' defaults where absent): no preset is looked for."""
-    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.convert.model import hf_inputs, parse_flags
     from mtmegatron.models.families import get
 
     flags = get("qwen2-vl").flags_from_hf(QWEN2_VL_CONFIG)
@@ -587,7 +589,7 @@ def test_a_tower_no_preset_has_converts_with_its_own_flags():
             args.vision_num_attention_heads, args.vision_window_size, args.vision_full_attention_layers,
             args.patch_dim, args.vision_temporal_patch_size, args.vision_spatial_merge_size,
             args.vision_tokens_per_second) == (3, 64, 80, 2, 56, [], 7, 1, 4, 4)  # tokens_per_second: HF's default
-    back = get("qwen2.5-vl").hf_config(args)["vision_config"]
+    back = get("qwen2.5-vl").hf_config(**hf_inputs(args))["vision_config"]
     assert {k: back[k] for k in config["vision_config"]} == config["vision_config"]
 
 
@@ -636,13 +638,13 @@ PRESETS = [("qwen2-vl", s) for s in ("tiny", "2b", "7b")] + [("qwen2.5-vl", s) f
 @pytest.mark.parametrize("family_name, size", PRESETS, ids=[f"{f}-{s}" for f, s in PRESETS])
 def test_every_preset_survives_its_hf_config(family_name, size):
     """preset -> hf_config -> flags_from_hf -> the same model flags (and the same preset named)."""
-    from mtmegatron.convert.model import parse_flags
+    from mtmegatron.convert.model import hf_inputs, parse_flags
     from mtmegatron.models.families import get
     from mtmegatron.models.fingerprint import fingerprint
 
     family = get(family_name)
     args = parse_flags(["--model", family_name, "--model-size", size, *FLAGS])
-    flags = family.flags_from_hf(family.hf_config(args))
+    flags = family.flags_from_hf(family.hf_config(**hf_inputs(args)))
     back = parse_flags(flags + FLAGS)
     assert "--model-size" not in flags  # every value explicit: the tiny preset underneath gives nothing
     assert fingerprint(back) == fingerprint(args)

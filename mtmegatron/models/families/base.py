@@ -34,6 +34,9 @@ class Family:
     flags_from_hf: Callable | None = None
     hf_config: Callable | None = None
     hf_map: Callable | None = None
+    # the section (utils/section.py) of what hf_config/hf_map read beyond TransformerConfig and ModelBuild; convert/
+    # fills it from the flags and passes it as ``section=`` (None: the family reads nothing else)
+    hf_section: type | None = None
     matches: Callable = lambda saved: False
     is_multimodal: bool = False
     vision_encoder: str | None = None  # "packed": native-resolution patches in one sequence (models/families/qwen2_vl/model.py)

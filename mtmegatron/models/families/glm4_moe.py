@@ -105,10 +105,10 @@ def flags_from_hf(config: dict, with_mtp: bool = True, names=None, source: str |
     return flags + ["--mtp-num-layers", str(config.get("num_nextn_predict_layers") or 0 if with_mtp else 0)]
 
 
-def _first_dense(args) -> int:
+def _first_dense(config) -> int:
     """How many leading dense layers (HF's first_k_dense_replace); other layer patterns have no HF spelling."""
-    freq = args.moe_layer_freq
-    pattern = freq if isinstance(freq, list) else [1 if i % freq == 0 else 0 for i in range(args.num_layers)]
+    freq = config.moe_layer_freq
+    pattern = freq if isinstance(freq, list) else [1 if i % freq == 0 else 0 for i in range(config.num_layers)]
     first = pattern.index(1) if 1 in pattern else len(pattern)
     if pattern != [0] * first + [1] * (len(pattern) - first):
         raise ConversionError(f"--moe-layer-freq {freq!r}: GLM-4.5's config.json has only first_k_dense_replace "
@@ -116,32 +116,32 @@ def _first_dense(args) -> int:
     return first
 
 
-def hf_config(args, **_) -> dict:
-    config = gpt.hf_config_base(FAMILY, args)
-    shared = args.moe_shared_expert_intermediate_size or 0
-    if shared % args.moe_ffn_hidden_size:
+def hf_config(config, build, **_) -> dict:
+    out = gpt.hf_config_base(FAMILY, config, build)
+    shared = config.moe_shared_expert_intermediate_size or 0
+    if shared % config.moe_ffn_hidden_size:
         raise ConversionError(f"--moe-shared-expert-intermediate-size {shared} is not a multiple of "
-                              f"--moe-ffn-hidden-size {args.moe_ffn_hidden_size} (HF: n_shared_experts)")
-    config.update(
-        attention_bias=bool(args.add_qkv_bias), use_qk_norm=bool(args.qk_layernorm),
-        partial_rotary_factor=args.rotary_percent,
-        rope_parameters={"rope_type": "default", "rope_theta": float(args.rotary_base),
-                         "partial_rotary_factor": args.rotary_percent},
-        first_k_dense_replace=_first_dense(args), n_routed_experts=args.num_experts,
-        num_experts_per_tok=args.moe_router_topk, moe_intermediate_size=args.moe_ffn_hidden_size,
-        n_shared_experts=shared // args.moe_ffn_hidden_size, n_group=args.moe_router_num_groups or 1,
-        topk_group=args.moe_router_group_topk or 1,
-        routed_scaling_factor=args.moe_router_topk_scaling_factor or 1.0, norm_topk_prob=True,
-        num_nextn_predict_layers=args.mtp_num_layers or 0,
+                              f"--moe-ffn-hidden-size {config.moe_ffn_hidden_size} (HF: n_shared_experts)")
+    out.update(
+        attention_bias=bool(config.add_qkv_bias), use_qk_norm=bool(config.qk_layernorm),
+        partial_rotary_factor=build.rotary_percent,
+        rope_parameters={"rope_type": "default", "rope_theta": float(build.rotary_base),
+                         "partial_rotary_factor": build.rotary_percent},
+        first_k_dense_replace=_first_dense(config), n_routed_experts=config.num_moe_experts,
+        num_experts_per_tok=config.moe_router_topk, moe_intermediate_size=config.moe_ffn_hidden_size,
+        n_shared_experts=shared // config.moe_ffn_hidden_size, n_group=config.moe_router_num_groups or 1,
+        topk_group=config.moe_router_group_topk or 1,
+        routed_scaling_factor=config.moe_router_topk_scaling_factor or 1.0, norm_topk_prob=True,
+        num_nextn_predict_layers=config.mtp_num_layers or 0,
     )
-    return config
+    return out
 
 
-def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
+def hf_map(config, build, rope_interleave: bool = True, layout=None, **_) -> list[Entry]:
     """gpt.decoder_map (GQA with q/k/v biases, q/k norms, shared expert, router + expert bias) and the MTP extras
     (families/shared/mtp.py, DeepSeek-V3's layout)."""
-    return gpt.decoder_map(args) + mtp_map(args.num_layers, args.mtp_num_layers,
-                                           args.untie_embeddings_and_output_weights)
+    return gpt.decoder_map(config, build) + mtp_map(config.num_layers, config.mtp_num_layers,
+                                                    build.untie_embeddings_and_output_weights)
 
 
 FAMILY = Family(name="glm4.5", presets=PRESETS, hf_model_type="glm4_moe", hf_architecture="Glm4MoeForCausalLM",

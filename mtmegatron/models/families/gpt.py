@@ -9,7 +9,8 @@ a config field that changes the math and has no equivalent is refused (``check_r
 Map facts: ``linear_qkv`` rows are grouped per query group: that group's query heads, then its key, then its value
 (its bias, Qwen2's, likewise); Qwen3's ``q_norm``/``k_norm`` -> ``q_layernorm``/``k_layernorm``; ``linear_fc1`` is
 ``cat([gate, up])``; experts are ``mlp.experts.local_experts.<e>`` (sequential experts), the router ``mlp.router``.
-May assume: args from config/arguments.py for the same network; plain dicts for config.json.
+May assume: megatron-core's TransformerConfig and models/section.py's ModelBuild of the same network, filled by
+convert/ from its parsed flags; plain dicts for config.json.
 """
 
 from __future__ import annotations
@@ -131,28 +132,29 @@ def moe_flags(config: dict, experts: int, ffn: int) -> list[str]:
 
 
 # ---- flags -> HF config.json ----------------------------------------------------------------------------------
-def hf_config_base(family: Family, args) -> dict:
-    """The config.json fields every decoder family writes (its own are added by the family)."""
-    config = {
+def hf_config_base(family: Family, config, build) -> dict:
+    """The config.json fields every decoder family writes (its own are added by the family), from megatron-core's
+    TransformerConfig (the shape) and models/section.py's ModelBuild (vocabulary, tied embeddings, RoPE)."""
+    out = {
         "architectures": [family.hf_architecture], "model_type": family.hf_model_type, "hidden_act": "silu",
-        "num_hidden_layers": args.num_layers, "hidden_size": args.hidden_size,
-        "intermediate_size": args.ffn_hidden_size, "num_attention_heads": args.num_attention_heads,
-        "num_key_value_heads": args.num_query_groups, "vocab_size": args.vocab_size,
-        "max_position_embeddings": args.max_position_embeddings, "rms_norm_eps": args.norm_epsilon,
-        "tie_word_embeddings": not args.untie_embeddings_and_output_weights, "torch_dtype": "float32",
-        "rope_theta": float(args.rotary_base), "attention_bias": False,
+        "num_hidden_layers": config.num_layers, "hidden_size": config.hidden_size,
+        "intermediate_size": config.ffn_hidden_size, "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_query_groups, "vocab_size": build.vocab_size,
+        "max_position_embeddings": build.max_position_embeddings, "rms_norm_eps": config.layernorm_epsilon,
+        "tie_word_embeddings": not build.untie_embeddings_and_output_weights, "torch_dtype": "float32",
+        "rope_theta": float(build.rotary_base), "attention_bias": False,
     }
-    if not args.multi_latent_attention:  # DeepSeek's head_dim is its RoPE dim (set from the MLA fields)
-        config["head_dim"] = args.kv_channels or args.hidden_size // args.num_attention_heads
-    if args.use_rope_scaling:
-        config["rope_scaling"] = {"rope_type": "llama3", "factor": args.rope_scaling_factor,
-                                  **{field: getattr(args, dest) for field, dest in LLAMA3_ROPE_FLAGS.items()}}
-    return config
+    if not config.multi_latent_attention:  # DeepSeek's head_dim is its RoPE dim (set from the MLA fields)
+        out["head_dim"] = config.kv_channels or config.hidden_size // config.num_attention_heads
+    if build.use_rope_scaling:
+        out["rope_scaling"] = {"rope_type": "llama3", "factor": build.rope_scaling_factor,
+                               **{field: getattr(build, dest) for field, dest in LLAMA3_ROPE_FLAGS.items()}}
+    return out
 
 
-def llama_hf_config(args) -> dict:
+def llama_hf_config(config, build) -> dict:
     """Llama's config.json: ``--model llama3``'s, and LLaVA's ``text_config``."""
-    return hf_config_base(Family(name="llama", presets={}, **LLAMA_HF), args)
+    return hf_config_base(Family(name="llama", presets={}, **LLAMA_HF), config, build)
 
 
 # ---- the HF map ------------------------------------------------------------------------------------------------
@@ -193,47 +195,47 @@ def qkv(mcore: str, hf_prefix: str, part: str, heads: int, groups: int) -> Entry
                  lambda q, k, v: qkv_to_mcore(q, k, v, heads, groups), lambda t: qkv_to_hf(t, heads, groups))
 
 
-def gqa_attention(args, mc: str, hp: str) -> list[Entry]:
+def gqa_attention(config, mc: str, hp: str) -> list[Entry]:
     """Plain attention: fused q/k/v (+ Qwen2's biases), the output projection, Qwen3's q/k norms."""
-    parts = ["weight", "bias"] if args.add_qkv_bias else ["weight"]
-    out = [qkv(f"{mc}self_attention.linear_qkv.{p}", f"{hp}self_attn.", p, args.num_attention_heads,
-               args.num_query_groups) for p in parts]
+    parts = ["weight", "bias"] if config.add_qkv_bias else ["weight"]
+    out = [qkv(f"{mc}self_attention.linear_qkv.{p}", f"{hp}self_attn.", p, config.num_attention_heads,
+               config.num_query_groups) for p in parts]
     out.append(same(mc + "self_attention.linear_proj.weight", hp + "self_attn.o_proj.weight"))
-    if args.qk_layernorm:
+    if config.qk_layernorm:
         out += [same(mc + "self_attention.q_layernorm.weight", hp + "self_attn.q_norm.weight"),
                 same(mc + "self_attention.k_layernorm.weight", hp + "self_attn.k_norm.weight")]
     return out
 
 
-def decoder_map(args, attention=gqa_attention, moe_prefix: str = "mlp",
+def decoder_map(config, build, attention=gqa_attention, moe_prefix: str = "mlp",
                 mlp_names: tuple = ("gate_proj", "up_proj", "down_proj"), **_) -> list[Entry]:
     """The HF ``*ForCausalLM`` decoder: embedding, decoder (then MTP transformer) layers, final norm, head.
-    ``attention(args, mcore layer prefix, hf layer prefix)`` gives a layer's attention entries; MoE layers name
+    ``attention(config, mcore layer prefix, hf layer prefix)`` gives a layer's attention entries; MoE layers name
     their experts and router under ``moe_prefix`` (Mixtral: ``block_sparse_moe``)."""
     out = [same("embedding.word_embeddings.weight", "model.embed_tokens.weight"),
            same("decoder.final_layernorm.weight", "model.norm.weight")]
-    if args.untie_embeddings_and_output_weights:
+    if build.untie_embeddings_and_output_weights:
         out.append(same("output_layer.weight", "lm_head.weight"))
-    pattern = moe_layer_pattern(args.num_layers, args.num_experts, args.moe_layer_freq)
+    pattern = moe_layer_pattern(config.num_layers, config.num_moe_experts, config.moe_layer_freq)
     layers = [(f"decoder.layers.{i}.", f"model.layers.{i}.", bool(kind)) for i, kind in enumerate(pattern)]
-    layers += [(f"mtp.layers.{k}.transformer_layer.", f"model.layers.{args.num_layers + k}.", bool(pattern[-1]))
-               for k in range(args.mtp_num_layers or 0)]
+    layers += [(f"mtp.layers.{k}.transformer_layer.", f"model.layers.{config.num_layers + k}.", bool(pattern[-1]))
+               for k in range(config.mtp_num_layers or 0)]
     gate, up, down = mlp_names
     for mc, hp, is_moe in layers:
         out += [same(mc + "input_layernorm.weight", hp + "input_layernorm.weight"),
                 same(mc + "pre_mlp_layernorm.weight", hp + "post_attention_layernorm.weight")]
-        out += attention(args, mc, hp)
+        out += attention(config, mc, hp)
         mlps = [("mlp.", "mlp.")]
         if is_moe:
-            mlps = [(f"mlp.experts.local_experts.{e}.", f"{moe_prefix}.experts.{e}.") for e in range(args.num_experts)]
-            if args.moe_shared_expert_intermediate_size:
+            mlps = [(f"mlp.experts.local_experts.{e}.", f"{moe_prefix}.experts.{e}.") for e in range(config.num_moe_experts)]
+            if config.moe_shared_expert_intermediate_size:
                 mlps.append(("mlp.shared_experts.", "mlp.shared_experts."))
         for m, h in mlps:
             out += [gate_up(f"{mc}{m}linear_fc1.weight", f"{hp}{h}{gate}.weight", f"{hp}{h}{up}.weight"),
                     same(f"{mc}{m}linear_fc2.weight", f"{hp}{h}{down}.weight")]
         if is_moe:
             out.append(same(mc + "mlp.router.weight", f"{hp}{moe_prefix}.gate.weight"))
-            if args.moe_router_enable_expert_bias:
+            if config.moe_router_enable_expert_bias:
                 out.append(same(mc + "mlp.router.expert_bias", f"{hp}{moe_prefix}.gate.e_score_correction_bias"))
     return out
 

@@ -35,5 +35,5 @@ PRESETS = {
 
 FAMILY = Family(name="llama3", presets=PRESETS, **gpt.LLAMA_HF,
                 flags_from_hf=lambda config, **_: ["--model", FAMILY.name] + gpt.llama_like_flags(config),
-                hf_config=lambda args, **_: gpt.llama_hf_config(args), hf_map=gpt.decoder_map,
+                hf_config=lambda config, build, **_: gpt.llama_hf_config(config, build), hf_map=gpt.decoder_map,
                 matches=lambda saved: True)

@@ -19,5 +19,5 @@ PRESETS = {
 
 FAMILY = Family(name="mistral", presets=PRESETS, hf_model_type="mistral", hf_architecture="MistralForCausalLM",
                 flags_from_hf=lambda config, **_: ["--model", FAMILY.name] + gpt.llama_like_flags(config),
-                hf_config=lambda args, **_: {**gpt.hf_config_base(FAMILY, args), "sliding_window": None},
+                hf_config=lambda config, build, **_: {**gpt.hf_config_base(FAMILY, config, build), "sliding_window": None},
                 hf_map=gpt.decoder_map)

@@ -27,9 +27,9 @@ def flags_from_hf(config: dict, **_) -> list[str]:
         "--moe-aux-loss-coeff", repr(float(config.get("router_aux_loss_coef", 0.0)))]
 
 
-def hf_config(args, **_) -> dict:
-    return {**gpt.hf_config_base(FAMILY, args), "num_local_experts": args.num_experts,
-            "num_experts_per_tok": args.moe_router_topk, "router_aux_loss_coef": args.moe_aux_loss_coeff}
+def hf_config(config, build, **_) -> dict:
+    return {**gpt.hf_config_base(FAMILY, config, build), "num_local_experts": config.num_moe_experts,
+            "num_experts_per_tok": config.moe_router_topk, "router_aux_loss_coef": config.moe_aux_loss_coeff}
 
 
 FAMILY = Family(name="mixtral", presets=PRESETS, hf_model_type="mixtral", hf_architecture="MixtralForCausalLM",

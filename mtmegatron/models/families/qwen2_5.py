@@ -26,5 +26,5 @@ PRESETS = {
 FAMILY = Family(name="qwen2.5", presets=PRESETS, hf_model_type="qwen2", hf_architecture="Qwen2ForCausalLM",
                 flags_from_hf=lambda config, **_: ["--model", FAMILY.name, *gpt.llama_like_flags(config),
                                                    "--add-qkv-bias"],
-                hf_config=lambda args, **_: qwen_config(FAMILY, args), hf_map=gpt.decoder_map,
+                hf_config=lambda config, build, **_: qwen_config(FAMILY, config, build), hf_map=gpt.decoder_map,
                 matches=lambda saved: bool(saved.get("add_qkv_bias")))

@@ -23,5 +23,5 @@ PRESETS = {
 FAMILY = Family(name="qwen3", presets=PRESETS, hf_model_type="qwen3", hf_architecture="Qwen3ForCausalLM",
                 flags_from_hf=lambda config, **_: ["--model", FAMILY.name, *gpt.llama_like_flags(config),
                                                    "--qk-layernorm"],
-                hf_config=lambda args, **_: qwen3_config(FAMILY, args), hf_map=gpt.decoder_map,
+                hf_config=lambda config, build, **_: qwen3_config(FAMILY, config, build), hf_map=gpt.decoder_map,
                 matches=lambda saved: bool(saved.get("qk_layernorm")))

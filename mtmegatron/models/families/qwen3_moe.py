@@ -34,11 +34,11 @@ def flags_from_hf(config: dict, **_) -> list[str]:
         "--moe-aux-loss-coeff", repr(float(config.get("router_aux_loss_coef", 0.0)))]
 
 
-def hf_config(args, **_) -> dict:
-    return {**qwen3_config(FAMILY, args), "num_experts": args.num_experts, "num_local_experts": args.num_experts,
-            "num_experts_per_tok": args.moe_router_topk, "moe_intermediate_size": args.moe_ffn_hidden_size,
-            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "router_aux_loss_coef": args.moe_aux_loss_coeff}
+def hf_config(config, build, **_) -> dict:
+    return {**qwen3_config(FAMILY, config, build), "num_experts": config.num_moe_experts,
+            "num_local_experts": config.num_moe_experts, "num_experts_per_tok": config.moe_router_topk,
+            "moe_intermediate_size": config.moe_ffn_hidden_size, "norm_topk_prob": True, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "router_aux_loss_coef": config.moe_aux_loss_coeff}
 
 
 FAMILY = Family(name="qwen3-moe", presets=PRESETS, hf_model_type="qwen3_moe", hf_architecture="Qwen3MoeForCausalLM",

@@ -97,29 +97,29 @@ def flags_from_hf(config: dict, with_mtp: bool = True, names=None, source: str |
     return flags + ["--mtp-num-layers", str(config.get("num_nextn_predict_layers") or 0 if with_mtp else 0)]
 
 
-def hf_config(args, rope_interleave: bool = True, **_) -> dict:
-    config = gpt.hf_config_base(FAMILY, args)
-    pattern = args.moe_layer_freq if isinstance(args.moe_layer_freq, list) else None
-    config.update(
-        num_key_value_heads=args.num_attention_heads, q_lora_rank=args.q_lora_rank,
-        kv_lora_rank=args.kv_lora_rank, qk_nope_head_dim=args.qk_head_dim,
-        qk_rope_head_dim=args.qk_pos_emb_head_dim, v_head_dim=args.v_head_dim,
-        first_k_dense_replace=pattern.index(1) if pattern else 0, n_routed_experts=args.num_experts,
-        num_experts_per_tok=args.moe_router_topk, moe_intermediate_size=args.moe_ffn_hidden_size,
-        n_shared_experts=(args.moe_shared_expert_intermediate_size or 0) // args.moe_ffn_hidden_size,
-        n_group=args.moe_router_num_groups or 1, topk_group=args.moe_router_group_topk or 1,
-        routed_scaling_factor=args.moe_router_topk_scaling_factor or 1.0, norm_topk_prob=True,
-        scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=args.mtp_num_layers or 0,
+def hf_config(config, build, rope_interleave: bool = True, **_) -> dict:
+    out = gpt.hf_config_base(FAMILY, config, build)
+    pattern = config.moe_layer_freq if isinstance(config.moe_layer_freq, list) else None
+    out.update(
+        num_key_value_heads=config.num_attention_heads, q_lora_rank=config.q_lora_rank,
+        kv_lora_rank=config.kv_lora_rank, qk_nope_head_dim=config.qk_head_dim,
+        qk_rope_head_dim=config.qk_pos_emb_head_dim, v_head_dim=config.v_head_dim,
+        first_k_dense_replace=pattern.index(1) if pattern else 0, n_routed_experts=config.num_moe_experts,
+        num_experts_per_tok=config.moe_router_topk, moe_intermediate_size=config.moe_ffn_hidden_size,
+        n_shared_experts=(config.moe_shared_expert_intermediate_size or 0) // config.moe_ffn_hidden_size,
+        n_group=config.moe_router_num_groups or 1, topk_group=config.moe_router_group_topk or 1,
+        routed_scaling_factor=config.moe_router_topk_scaling_factor or 1.0, norm_topk_prob=True,
+        scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=config.mtp_num_layers or 0,
         rope_interleave=rope_interleave,
     )
-    if args.rope_type == "yarn":
-        config["rope_scaling"] = {
-            "type": "yarn", "rope_type": "yarn", "factor": args.rotary_scaling_factor,
-            "original_max_position_embeddings": args.original_max_position_embeddings,
-            "beta_fast": args.beta_fast, "beta_slow": args.beta_slow, "mscale": args.mscale,
-            "mscale_all_dim": args.mscale_all_dim,
+    if build.rope_type == "yarn":
+        out["rope_scaling"] = {
+            "type": "yarn", "rope_type": "yarn", "factor": build.rotary_scaling_factor,
+            "original_max_position_embeddings": build.original_max_position_embeddings,
+            "beta_fast": build.beta_fast, "beta_slow": build.beta_slow, "mscale": build.mscale,
+            "mscale_all_dim": build.mscale_all_dim,
         }
-    return config
+    return out
 
 
 def _permute_rope_rows(weight, head_dim: int, rope_dim: int, inverse: bool) -> torch.Tensor:
@@ -134,13 +134,13 @@ def _permute_rope_rows(weight, head_dim: int, rope_dim: int, inverse: bool) -> t
 
 
 def _mla(rope_interleave: bool):
-    def attention(args, mc: str, hp: str) -> list[Entry]:
-        rope = args.qk_pos_emb_head_dim
-        q = ("linear_q_up_proj", "q_b_proj") if args.q_lora_rank else ("linear_q_proj", "q_proj")
-        rows = {} if rope_interleave else {q[0]: args.qk_head_dim + rope, "linear_kv_down_proj": args.kv_lora_rank + rope}
+    def attention(config, mc: str, hp: str) -> list[Entry]:
+        rope = config.qk_pos_emb_head_dim
+        q = ("linear_q_up_proj", "q_b_proj") if config.q_lora_rank else ("linear_q_proj", "q_proj")
+        rows = {} if rope_interleave else {q[0]: config.qk_head_dim + rope, "linear_kv_down_proj": config.kv_lora_rank + rope}
         pairs = [("linear_kv_down_proj", "kv_a_proj_with_mqa"), ("kv_layernorm", "kv_a_layernorm"),
                  ("linear_kv_up_proj", "kv_b_proj"), ("linear_proj", "o_proj")]
-        pairs += [("linear_q_down_proj", "q_a_proj"), ("q_layernorm", "q_a_layernorm"), q] if args.q_lora_rank else [q]
+        pairs += [("linear_q_down_proj", "q_a_proj"), ("q_layernorm", "q_a_layernorm"), q] if config.q_lora_rank else [q]
         out = []
         for m, h in pairs:
             m, h = f"{mc}self_attention.{m}.weight", f"{hp}self_attn.{h}.weight"
@@ -152,9 +152,9 @@ def _mla(rope_interleave: bool):
     return attention
 
 
-def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
-    return (gpt.decoder_map(args, attention=_mla(rope_interleave))
-            + mtp_map(args.num_layers, args.mtp_num_layers, args.untie_embeddings_and_output_weights))
+def hf_map(config, build, rope_interleave: bool = True, layout=None, **_) -> list[Entry]:
+    return (gpt.decoder_map(config, build, attention=_mla(rope_interleave))
+            + mtp_map(config.num_layers, config.mtp_num_layers, build.untie_embeddings_and_output_weights))
 
 
 FAMILY = Family(name="deepseek-v3", presets=PRESETS, hf_model_type="deepseek_v3",

@@ -53,5 +53,5 @@ def _build(config, build, choice, fusions):
 
 FAMILY = Family(name="gemma3", presets=PRESETS, hf_model_type="gemma3_text", hf_architecture="Gemma3ForCausalLM",
                 flags_from_hf=lambda config, **_: ["--model", FAMILY.name, *hf.flags_from_hf(config)],
-                hf_config=lambda args, **_: hf.hf_config(FAMILY, args), hf_map=hf.hf_map,
+                hf_config=lambda config, build, **_: hf.hf_config(FAMILY, config, build), hf_map=hf.hf_map,
                 matches=lambda saved: saved.get("query_pre_attn_scalar") is not None, model_builder=_build)

@@ -12,7 +12,8 @@ Map facts: HF's ``(1 + w)`` norms store ``w`` as our ``--apply-layernorm-1p`` no
 ``post_attention_layernorm`` -> ``self_attention.post_layernorm``, ``pre_feedforward_layernorm`` ->
 ``pre_mlp_layernorm``, ``post_feedforward_layernorm`` -> ``mlp.post_layernorm`` (model.py), the rest is the plain
 decoder's (gpt.py: fused q/k/v per query group, q/k norms, fused gate/up).
-May assume: plain dicts for config.json; args from config/arguments.py for the same network.
+May assume: plain dicts for config.json; megatron-core's TransformerConfig and models/section.py's ModelBuild of the
+same network.
 """
 
 from __future__ import annotations
@@ -115,47 +116,47 @@ def flags_from_hf(config: dict) -> list[str]:
     return flags
 
 
-def _layer_types(args) -> list[str]:
+def _layer_types(config) -> list[str]:
     """megatron-core's is_layer_window_attention for each layer, as HF's layer_types."""
-    freq = args.window_attn_skip_freq
+    freq = config.window_attn_skip_freq
 
     def slides(number: int) -> bool:
-        if not args.window_size:
+        if not config.window_size:
             return False
         if freq is None:
             return True
         return bool(freq[number - 1]) if isinstance(freq, list) else number % freq != 0
 
-    return ["sliding_attention" if slides(i + 1) else "full_attention" for i in range(args.num_layers)]
+    return ["sliding_attention" if slides(i + 1) else "full_attention" for i in range(config.num_layers)]
 
 
-def hf_config(family: Family, args) -> dict:
-    full = {"rope_type": "default", "rope_theta": float(args.rotary_base)}
-    if args.rotary_seq_len_interpolation_factor:
-        full = {"rope_type": "linear", "factor": float(args.rotary_seq_len_interpolation_factor),
-                "rope_theta": float(args.rotary_base)}
-    window = args.window_size[0] + 1 if args.window_size else None
+def hf_config(family: Family, config, build) -> dict:
+    full = {"rope_type": "default", "rope_theta": float(build.rotary_base)}
+    if build.rotary_seq_len_interpolation_factor:
+        full = {"rope_type": "linear", "factor": float(build.rotary_seq_len_interpolation_factor),
+                "rope_theta": float(build.rotary_base)}
+    window = config.window_size[0] + 1 if config.window_size else None
     return {
         "architectures": [family.hf_architecture], "model_type": family.hf_model_type,
-        "hidden_activation": _ACTIVATION, "num_hidden_layers": args.num_layers, "hidden_size": args.hidden_size,
-        "intermediate_size": args.ffn_hidden_size, "num_attention_heads": args.num_attention_heads,
-        "num_key_value_heads": args.num_query_groups, "head_dim": args.kv_channels, "vocab_size": args.vocab_size,
-        "max_position_embeddings": args.max_position_embeddings, "rms_norm_eps": args.norm_epsilon,
-        "tie_word_embeddings": not args.untie_embeddings_and_output_weights, "torch_dtype": "float32",
-        "attention_bias": False, "query_pre_attn_scalar": _number(args.query_pre_attn_scalar or args.kv_channels),
-        "sliding_window": window, "layer_types": _layer_types(args),
+        "hidden_activation": _ACTIVATION, "num_hidden_layers": config.num_layers, "hidden_size": config.hidden_size,
+        "intermediate_size": config.ffn_hidden_size, "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_query_groups, "head_dim": config.kv_channels, "vocab_size": build.vocab_size,
+        "max_position_embeddings": build.max_position_embeddings, "rms_norm_eps": config.layernorm_epsilon,
+        "tie_word_embeddings": not build.untie_embeddings_and_output_weights, "torch_dtype": "float32",
+        "attention_bias": False, "query_pre_attn_scalar": _number(build.query_pre_attn_scalar or config.kv_channels),
+        "sliding_window": window, "layer_types": _layer_types(config),
         "rope_parameters": {"sliding_attention": {"rope_type": "default",
-                                                  "rope_theta": float(args.rotary_base_local or 10_000.0)},
+                                                  "rope_theta": float(build.rotary_base_local or 10_000.0)},
                             "full_attention": full},
         "final_logit_softcapping": None, "attn_logit_softcapping": None, "use_bidirectional_attention": False,
     }
 
 
-def hf_map(args, **_) -> list:
+def hf_map(config, build, **_) -> list:
     """The plain decoder's map (gpt.decoder_map) with Gemma 3's two extra norms per layer and its pre-MLP norm's
     name."""
     out = []
-    for entry in gpt.decoder_map(args):
+    for entry in gpt.decoder_map(config, build):
         if entry.mcore.endswith("pre_mlp_layernorm.weight"):
             layer = entry.mcore[: -len("pre_mlp_layernorm.weight")]
             hf_layer = entry.hf[0][: -len("post_attention_layernorm.weight")]

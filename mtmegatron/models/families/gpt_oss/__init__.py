@@ -152,36 +152,40 @@ def flags_from_hf(config: dict, **_) -> list[str]:
         "--moe-aux-loss-coeff", repr(float(config.get("router_aux_loss_coef", 0.0)))]
 
 
-def hf_config(args, **_) -> dict:
-    config = gpt.hf_config_base(FAMILY, args)
-    del config["rope_theta"]
-    layers, window = args.num_layers, args.window_size
+def hf_config(config, build, **_) -> dict:
+    out = gpt.hf_config_base(FAMILY, config, build)
+    del out["rope_theta"]
+    layers, window = config.num_layers, config.window_size
     from megatron.core.transformer.utils import is_layer_window_attention
 
-    sliding = [bool(window) and is_layer_window_attention(window, args.window_attn_skip_freq, i + 1)
+    sliding = [bool(window) and is_layer_window_attention(window, config.window_attn_skip_freq, i + 1)
                for i in range(layers)]
-    rope = {"rope_type": "default", "rope_theta": float(args.rotary_base)}
-    if args.rope_type == "yarn":
-        rope.update(rope_type="yarn", factor=args.rotary_scaling_factor, beta_fast=args.beta_fast,
-                    beta_slow=args.beta_slow, truncate=False,
-                    original_max_position_embeddings=args.original_max_position_embeddings)
-        if args.mscale_all_dim:
-            rope.update(mscale=args.mscale, mscale_all_dim=args.mscale_all_dim)
-    config.update(
-        intermediate_size=args.moe_ffn_hidden_size, num_local_experts=args.num_experts,
-        num_experts_per_tok=args.moe_router_topk, router_aux_loss_coef=args.moe_aux_loss_coeff,
-        attention_bias=True, swiglu_limit=args.activation_func_clamp_value, swiglu_alpha=QUICK_GELU_ALPHA,
+    rope = {"rope_type": "default", "rope_theta": float(build.rotary_base)}
+    if build.rope_type == "yarn":
+        rope.update(rope_type="yarn", factor=build.rotary_scaling_factor, beta_fast=build.beta_fast,
+                    beta_slow=build.beta_slow, truncate=False,
+                    original_max_position_embeddings=build.original_max_position_embeddings)
+        if build.mscale_all_dim:
+            rope.update(mscale=build.mscale, mscale_all_dim=build.mscale_all_dim)
+    out.update(
+        intermediate_size=config.moe_ffn_hidden_size, num_local_experts=config.num_moe_experts,
+        num_experts_per_tok=config.moe_router_topk, router_aux_loss_coef=config.moe_aux_loss_coeff,
+        attention_bias=True, swiglu_limit=config.activation_func_clamp_value, swiglu_alpha=QUICK_GELU_ALPHA,
         sliding_window=window[0] + 1 if window else None,
         layer_types=["sliding_attention" if s else "full_attention" for s in sliding], rope_parameters=rope,
     )
-    return config
+    return out
 
 
-def check_args(args) -> None:
-    """What the map and the model need of flags converted back to HF (a ConversionError otherwise)."""
-    for ok, what in ((args.num_experts, "--num-experts"), (args.add_bias_linear, "biases (add_bias_linear)"),
-                     (args.quick_geglu and args.glu_linear_offset == 1.0, "--quick-geglu --glu-linear-offset 1"),
-                     (args.softmax_type == "learnable", "--softmax-type learnable")):
+def check_config(config) -> None:
+    """What the map and the model need of a model converted back to HF (a ConversionError otherwise); megatron-core's
+    config carries ``--quick-geglu`` as a gated quick-GeLU (models/config_from_flags.py)."""
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+    quick_geglu = config.gated_linear_unit and config.activation_func is quick_gelu
+    for ok, what in ((config.num_moe_experts, "--num-experts"), (config.add_bias_linear, "biases (add_bias_linear)"),
+                     (quick_geglu and config.glu_linear_offset == 1.0, "--quick-geglu --glu-linear-offset 1"),
+                     (config.softmax_type == "learnable", "--softmax-type learnable")):
         if not ok:
             raise ConversionError(f"GPT-OSS needs {what}")
 
@@ -214,9 +218,9 @@ def _fc2_stack(*experts: torch.Tensor) -> torch.Tensor:
     return torch.stack([t.transpose(0, 1) if t.dim() == 2 else t for t in experts]).contiguous()
 
 
-def _experts(args, mc: str, hp: str) -> list[Entry]:
+def _experts(config, mc: str, hp: str) -> list[Entry]:
     out = []
-    experts = range(args.num_experts)
+    experts = range(config.num_moe_experts)
     for part, hf_suffix in (("weight", ""), ("bias", "_bias")):
         for layer, name, split, stack in (("linear_fc1", "gate_up_proj", _fc1_rows, _fc1_stack),
                                           ("linear_fc2", "down_proj", _fc2_of, _fc2_stack)):
@@ -227,26 +231,26 @@ def _experts(args, mc: str, hp: str) -> list[Entry]:
     return out
 
 
-def _attention(args, mc: str, hp: str) -> list[Entry]:
-    out = [gpt.qkv(f"{mc}self_attention.linear_qkv.{p}", f"{hp}self_attn.", p, args.num_attention_heads,
-                   args.num_query_groups) for p in ("weight", "bias")]
+def _attention(config, mc: str, hp: str) -> list[Entry]:
+    out = [gpt.qkv(f"{mc}self_attention.linear_qkv.{p}", f"{hp}self_attn.", p, config.num_attention_heads,
+                   config.num_query_groups) for p in ("weight", "bias")]
     out += [gpt.same(f"{mc}self_attention.linear_proj.{p}", f"{hp}self_attn.o_proj.{p}") for p in ("weight", "bias")]
     return out + [gpt.same(f"{mc}self_attention.core_attention.softmax_offset", f"{hp}self_attn.sinks")]
 
 
-def hf_map(args, **_) -> list[Entry]:
-    check_args(args)
+def hf_map(config, build, **_) -> list[Entry]:
+    check_config(config)
     out = [gpt.same("embedding.word_embeddings.weight", "model.embed_tokens.weight"),
            gpt.same("decoder.final_layernorm.weight", "model.norm.weight")]
-    if args.untie_embeddings_and_output_weights:
+    if build.untie_embeddings_and_output_weights:
         out.append(gpt.same("output_layer.weight", "lm_head.weight"))
-    for i in range(args.num_layers):
+    for i in range(config.num_layers):
         mc, hp = f"decoder.layers.{i}.", f"model.layers.{i}."
         out += [gpt.same(mc + "input_layernorm.weight", hp + "input_layernorm.weight"),
                 gpt.same(mc + "pre_mlp_layernorm.weight", hp + "post_attention_layernorm.weight"),
                 gpt.same(mc + "mlp.router.weight", hp + "mlp.router.weight"),
                 gpt.same(mc + "mlp.router.bias", hp + "mlp.router.bias")]
-        out += _attention(args, mc, hp) + _experts(args, mc, hp)
+        out += _attention(config, mc, hp) + _experts(config, mc, hp)
     return out
 
 

@@ -20,6 +20,7 @@ import torch
 
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import ConversionError, Entry, Family
+from mtmegatron.models.families.llava.section import LlavaBuild
 
 _CLIP_L14_336 = dict(vision_model_type="clip", img_h=336, img_w=336, patch_dim=14, vision_num_layers=23,
                      vision_hidden_size=1024, vision_ffn_hidden_size=4096, vision_num_attention_heads=16,
@@ -124,26 +125,26 @@ def flags_from_hf(config: dict, **_) -> list[str]:
     ]
 
 
-def hf_config(args, record: dict | None = None, num_hf_layers: int | None = None, feature_layer: int = -1,
-              **_) -> dict:
+def hf_config(config, build, record: dict | None = None, num_hf_layers: int | None = None, feature_layer: int = -1,
+              section=None, **_) -> dict:
     """config.json of the LlavaForConditionalGeneration equal to our model (+ ``num_hf_layers`` - ours carried
     tower layers); ``record``: the HF-only values recorded at conversion (image token, image_seq_length...)."""
-    record = record or {}
-    if args.vision_model_type != "clip":
-        fail(f"--vision-model-type {args.vision_model_type}: only the CLIP tower has an HF mapping")
-    if args.img_h != args.img_w:
-        fail(f"--img-h {args.img_h} != --img-w {args.img_w}: HF's CLIP tower takes square images")
-    text = gpt.llama_hf_config(args)
+    record, llava = record or {}, section  # section: the LlavaBuild (families/llava/section.py)
+    if llava.vision_model_type != "clip":
+        fail(f"--vision-model-type {llava.vision_model_type}: only the CLIP tower has an HF mapping")
+    if llava.img_h != llava.img_w:
+        fail(f"--img-h {llava.img_h} != --img-w {llava.img_w}: HF's CLIP tower takes square images")
+    text = gpt.llama_hf_config(config, build)
     text.pop("architectures")
     text.pop("torch_dtype")
-    grid = args.img_h // args.patch_dim
-    vision = {"model_type": "clip_vision_model", "hidden_size": args.vision_hidden_size,
-              "intermediate_size": args.vision_ffn_hidden_size,
-              "num_hidden_layers": num_hf_layers or args.vision_num_layers,
-              "num_attention_heads": args.vision_num_attention_heads, "num_channels": 3, "image_size": args.img_h,
-              "patch_size": args.patch_dim, "hidden_act": "quick_gelu", "layer_norm_eps": args.vision_norm_epsilon,
+    grid = llava.img_h // llava.patch_dim
+    vision = {"model_type": "clip_vision_model", "hidden_size": llava.vision_hidden_size,
+              "intermediate_size": llava.vision_ffn_hidden_size,
+              "num_hidden_layers": num_hf_layers or llava.vision_num_layers,
+              "num_attention_heads": llava.vision_num_attention_heads, "num_channels": 3, "image_size": llava.img_h,
+              "patch_size": llava.patch_dim, "hidden_act": "quick_gelu", "layer_norm_eps": llava.vision_norm_epsilon,
               "projection_dim": record.get("projection_dim", LLAVA_VISION_DEFAULTS["projection_dim"])}
-    drop_cls = bool(args.disable_vision_class_token)
+    drop_cls = bool(llava.disable_vision_class_token)
     return {
         "architectures": [FAMILY.hf_architecture], "model_type": FAMILY.hf_model_type, "torch_dtype": "float32",
         "image_token_index": record["image_token_index"],
@@ -206,17 +207,17 @@ def _carried(path: str, name: str, hf_name: str) -> Entry:
     return Entry(_ANCHOR, (hf_name,), None, read)
 
 
-def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
+def hf_map(config, build, rope_interleave: bool = True, layout=None, section=None, **_) -> list[Entry]:
     pre = layout["prefixes"]
     out = [Entry("language_model." + e.mcore, tuple(_language_name(pre, n) for n in e.hf), e.to_mcore, e.to_hf)
-           for e in gpt.decoder_map(args)]
-    vp, heads = pre["vision"], args.vision_num_attention_heads
+           for e in gpt.decoder_map(config, build)]
+    vp, heads = pre["vision"], section.vision_num_attention_heads
     out.append(Entry("vision_model.class_token", (vp + "embeddings.class_embedding",), lambda t: t.reshape(1, 1, -1),
                      lambda t: (t.reshape(-1),)))
-    out += [gpt.same("vision_model." + m, vp + h) for m, h in _vision_pairs(args.vision_num_layers)]
+    out += [gpt.same("vision_model." + m, vp + h) for m, h in _vision_pairs(section.vision_num_layers)]
     out += [_vision_qkv(f"vision_model.decoder.layers.{i}.self_attention.linear_qkv.{kind}",
                         f"{vp}encoder.layers.{i}.self_attn.", kind, heads)
-            for i in range(args.vision_num_layers) for kind in ("weight", "bias")]
+            for i in range(section.vision_num_layers) for kind in ("weight", "bias")]
     out += [gpt.same(f"vision_projection.encoder.linear_fc{i}.{kind}", f"{pre['projector']}linear_{i}.{kind}")
             for i in (1, 2) for kind in ("weight", "bias")]
     carried = layout.get("carried")
@@ -230,5 +231,5 @@ def hf_map(args, rope_interleave: bool = True, layout=None) -> list[Entry]:
 
 
 FAMILY = Family(name="llava", presets=PRESETS, hf_model_type="llava", hf_architecture="LlavaForConditionalGeneration",
-                flags_from_hf=flags_from_hf, hf_config=hf_config, hf_map=hf_map, is_multimodal=True,
+                flags_from_hf=flags_from_hf, hf_config=hf_config, hf_map=hf_map, hf_section=LlavaBuild, is_multimodal=True,
                 chat_template="llama3", task="llava")

@@ -23,7 +23,7 @@ and the four special token ids. Refused, one line naming the field: another ``hi
 vision rotary base, a merger output (``vision_config.hidden_size``) other than the language width, a head dim that
 is not a multiple of 4, a field that is not an integer. ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id``
 (the model never reads them) are recorded by convert (``carried_text_fields``) and written back into
-``text_config`` on export (``hf_config(args, record=...)``); not read by transformers: ``initializer_range``, the
+``text_config`` on export (``hf_config(config, build, record=...)``); not read by transformers: ``initializer_range``, the
 older ``spatial_patch_size``.
 Not yet: checkpoint fingerprints (a training checkpoint names its ``--model``; its vision fields are not in the
 fingerprint).
@@ -36,6 +36,7 @@ import torch
 
 import mtmegatron.models.families.gpt as gpt
 from mtmegatron.models.families.base import ConversionError, Entry, Family
+from mtmegatron.models.families.qwen2_vl.section import QwenVlHf
 
 TEXT_COMMON = dict(gpt.LLAMA_COMMON, layernorm_epsilon=1e-6, rotary_base=1000000, add_qkv_bias=True,
                    position_embedding_type="mrope")
@@ -174,52 +175,52 @@ def flags_from_hf(config: dict, **_) -> list[str]:
 
 
 # ---- flags -> HF config.json ----------------------------------------------------------------------------------
-def text_config(family: Family, args, record: dict | None = None) -> dict:
+def text_config(family: Family, config, build, record: dict | None = None) -> dict:
     """The ``text_config`` of a Qwen VL config.json: the Qwen2 decoder with M-RoPE ``rope_parameters``, and the
     token ids recorded at conversion (``record``: ``carried_text_fields``)."""
-    head_dim = args.kv_channels or args.hidden_size // args.num_attention_heads
-    if head_dim * args.num_attention_heads != args.hidden_size:
+    head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
+    if head_dim * config.num_attention_heads != config.hidden_size:
         fail(f"--kv-channels {head_dim}: HF's Qwen VL text model takes hidden_size / heads as its head dim")
-    config = gpt.hf_config_base(family, args)
+    out = gpt.hf_config_base(family, config, build)
     for field in ("architectures", "model_type", "torch_dtype", "attention_bias", "head_dim", "rope_theta"):
-        config.pop(field, None)
-    config.update(use_sliding_window=False, sliding_window=None,
-                  rope_parameters={"rope_type": "default", "mrope_section": list(args.mrope_section),
-                                   "rope_theta": float(args.rotary_base)})
-    config.update({field: value for field, value in (record or {}).items() if field in CARRIED_TEXT_FIELDS})
-    return config
+        out.pop(field, None)
+    out.update(use_sliding_window=False, sliding_window=None,
+                  rope_parameters={"rope_type": "default", "mrope_section": list(config.mrope_section),
+                                   "rope_theta": float(build.rotary_base)})
+    out.update({field: value for field, value in (record or {}).items() if field in CARRIED_TEXT_FIELDS})
+    return out
 
 
-def vision_shape(args, hidden_field: str, heads_field: str) -> dict:
+def vision_shape(section, hidden_field: str, heads_field: str) -> dict:
     """The vision_config fields both Qwen VL generations share."""
-    if args.vision_norm_epsilon != 1e-6:
-        fail(f"--vision-norm-epsilon {args.vision_norm_epsilon}: HF's Qwen VL vision tower uses 1e-6")
-    return {"depth": args.vision_num_layers, hidden_field: args.vision_hidden_size,
-            heads_field: args.vision_num_attention_heads, "in_channels": 3, "patch_size": args.patch_dim,
-            "spatial_merge_size": args.vision_spatial_merge_size,
-            "temporal_patch_size": args.vision_temporal_patch_size}
+    if section.vision_norm_epsilon != 1e-6:
+        fail(f"--vision-norm-epsilon {section.vision_norm_epsilon}: HF's Qwen VL vision tower uses 1e-6")
+    return {"depth": section.vision_num_layers, hidden_field: section.vision_hidden_size,
+            heads_field: section.vision_num_attention_heads, "in_channels": 3, "patch_size": section.patch_dim,
+            "spatial_merge_size": section.vision_spatial_merge_size,
+            "temporal_patch_size": section.vision_temporal_patch_size}
 
 
-def vl_config(family: Family, args, vision: dict, record: dict | None = None) -> dict:
+def vl_config(family: Family, config, build, section, vision: dict, record: dict | None = None) -> dict:
     return {"architectures": [family.hf_architecture], "model_type": family.hf_model_type, "torch_dtype": "float32",
-            **{field: getattr(args, field) for field in TOKEN_FIELDS},
-            "tie_word_embeddings": not args.untie_embeddings_and_output_weights,
-            "text_config": text_config(family, args, record), "vision_config": vision}
+            **{field: getattr(section, field) for field in TOKEN_FIELDS},
+            "tie_word_embeddings": not build.untie_embeddings_and_output_weights,
+            "text_config": text_config(family, config, build, record), "vision_config": vision}
 
 
-def hf_config(args, record: dict | None = None, **_) -> dict:
-    if args.vision_ffn_hidden_size % args.vision_hidden_size:
-        fail(f"--vision-ffn-hidden-size {args.vision_ffn_hidden_size}: HF's Qwen2-VL takes an integer mlp_ratio of "
-             f"the width {args.vision_hidden_size}")
-    vision = {**vision_shape(args, "embed_dim", "num_heads"), "hidden_size": args.hidden_size,
-              "hidden_act": "quick_gelu", "mlp_ratio": args.vision_ffn_hidden_size // args.vision_hidden_size}
-    return vl_config(FAMILY, args, vision, record)
+def hf_config(config, build, record: dict | None = None, section=None, **_) -> dict:
+    if section.vision_ffn_hidden_size % section.vision_hidden_size:
+        fail(f"--vision-ffn-hidden-size {section.vision_ffn_hidden_size}: HF's Qwen2-VL takes an integer mlp_ratio of "
+             f"the width {section.vision_hidden_size}")
+    vision = {**vision_shape(section, "embed_dim", "num_heads"), "hidden_size": config.hidden_size,
+              "hidden_act": "quick_gelu", "mlp_ratio": section.vision_ffn_hidden_size // section.vision_hidden_size}
+    return vl_config(FAMILY, config, build, section, vision, record)
 
 
 # ---- tensors ------------------------------------------------------------------------------------------------
-def language_map(args) -> list[Entry]:
+def language_map(config, build) -> list[Entry]:
     """The qwen2.5 decoder's map under ``language_model.`` (the HF names are the decoder's own on disk)."""
-    return [Entry("language_model." + e.mcore, e.hf, e.to_mcore, e.to_hf) for e in gpt.decoder_map(args)]
+    return [Entry("language_model." + e.mcore, e.hf, e.to_mcore, e.to_hf) for e in gpt.decoder_map(config, build)]
 
 
 def fused_qkv(mcore: str, hf: str, heads: int) -> Entry:
@@ -228,24 +229,24 @@ def fused_qkv(mcore: str, hf: str, heads: int) -> Entry:
                  lambda t: (torch.cat(gpt.qkv_to_hf(t, heads, heads)),))
 
 
-def patch_embed(args) -> Entry:
-    shape = (args.vision_hidden_size, 3, args.vision_temporal_patch_size, args.patch_dim, args.patch_dim)
+def patch_embed(section) -> Entry:
+    shape = (section.vision_hidden_size, 3, section.vision_temporal_patch_size, section.patch_dim, section.patch_dim)
     return Entry("vision_model.patch_embed.weight", ("visual.patch_embed.proj.weight",),
                  lambda w: w.reshape(w.shape[0], -1), lambda t: (t.reshape(shape),))
 
 
-def vision_map(args, mlp_entries, norm_kinds: tuple) -> list[Entry]:
+def vision_map(section, mlp_entries, norm_kinds: tuple) -> list[Entry]:
     """The tower: ``mlp_entries(mcore layer prefix, hf block prefix)`` gives a block's MLP entries; ``norm_kinds``
     the norms' tensors (LayerNorm: weight and bias; RMSNorm: weight)."""
-    out = [patch_embed(args)]
-    for i in range(args.vision_num_layers):
+    out = [patch_embed(section)]
+    for i in range(section.vision_num_layers):
         m, h = f"vision_model.decoder.layers.{i}.", f"visual.blocks.{i}."
         for kind in norm_kinds:
             out += [gpt.same(f"{m}input_layernorm.{kind}", f"{h}norm1.{kind}"),
                     gpt.same(f"{m}pre_mlp_layernorm.{kind}", f"{h}norm2.{kind}")]
         for kind in ("weight", "bias"):
             out += [fused_qkv(f"{m}self_attention.linear_qkv.{kind}", f"{h}attn.qkv.{kind}",
-                              args.vision_num_attention_heads),
+                              section.vision_num_attention_heads),
                     gpt.same(f"{m}self_attention.linear_proj.{kind}", f"{h}attn.proj.{kind}")]
         out += mlp_entries(m, h)
     out += [gpt.same(f"vision_model.merger_norm.{kind}", f"visual.merger.ln_q.{kind}") for kind in norm_kinds]
@@ -259,11 +260,11 @@ def _plain_mlp(m: str, h: str) -> list[Entry]:
             for i in (1, 2) for kind in ("weight", "bias")]
 
 
-def hf_map(args, **_) -> list[Entry]:
-    return language_map(args) + vision_map(args, _plain_mlp, ("weight", "bias"))
+def hf_map(config, build, section=None, **_) -> list[Entry]:
+    return language_map(config, build) + vision_map(section, _plain_mlp, ("weight", "bias"))
 
 
 FAMILY = Family(name="qwen2-vl", presets=PRESETS, hf_model_type="qwen2_vl",
                 hf_architecture="Qwen2VLForConditionalGeneration", flags_from_hf=flags_from_hf, hf_config=hf_config,
-                hf_map=hf_map,
+                hf_map=hf_map, hf_section=QwenVlHf,
                 vision_encoder="packed", task="qwen_vl")

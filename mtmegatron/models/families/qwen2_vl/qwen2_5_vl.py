@@ -66,13 +66,13 @@ def flags_from_hf(config: dict, **_) -> list[str]:
     return qwen2_vl.vl_flags(FAMILY, config, shape, "out_hidden_size", vision["out_hidden_size"])
 
 
-def hf_config(args, record: dict | None = None, **_) -> dict:
-    vision = {**qwen2_vl.vision_shape(args, "hidden_size", "num_heads"), "out_hidden_size": args.hidden_size,
-              "intermediate_size": args.vision_ffn_hidden_size, "hidden_act": "silu",
-              "window_size": args.vision_window_size,
-              "fullatt_block_indexes": list(args.vision_full_attention_layers or []),
-              "tokens_per_second": args.vision_tokens_per_second}
-    return qwen2_vl.vl_config(FAMILY, args, vision, record)
+def hf_config(config, build, record: dict | None = None, section=None, **_) -> dict:
+    vision = {**qwen2_vl.vision_shape(section, "hidden_size", "num_heads"), "out_hidden_size": config.hidden_size,
+              "intermediate_size": section.vision_ffn_hidden_size, "hidden_act": "silu",
+              "window_size": section.vision_window_size,
+              "fullatt_block_indexes": list(section.vision_full_attention_layers or []),
+              "tokens_per_second": section.vision_tokens_per_second}
+    return qwen2_vl.vl_config(FAMILY, config, build, section, vision, record)
 
 
 def _swiglu_mlp(m: str, h: str) -> list[Entry]:
@@ -83,11 +83,11 @@ def _swiglu_mlp(m: str, h: str) -> list[Entry]:
     return out
 
 
-def hf_map(args, **_) -> list[Entry]:
-    return qwen2_vl.language_map(args) + qwen2_vl.vision_map(args, _swiglu_mlp, ("weight",))
+def hf_map(config, build, section=None, **_) -> list[Entry]:
+    return qwen2_vl.language_map(config, build) + qwen2_vl.vision_map(section, _swiglu_mlp, ("weight",))
 
 
 FAMILY = Family(name="qwen2.5-vl", presets=PRESETS, hf_model_type="qwen2_5_vl",
                 hf_architecture="Qwen2_5_VLForConditionalGeneration", flags_from_hf=flags_from_hf, hf_config=hf_config,
-                hf_map=hf_map,
+                hf_map=hf_map, hf_section=qwen2_vl.QwenVlHf,
                 vision_encoder="packed", task="qwen_vl")

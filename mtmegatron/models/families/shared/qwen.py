@@ -13,14 +13,14 @@ QWEN3_COMMON = dict(gpt.LLAMA_COMMON, layernorm_epsilon=1e-6, rotary_base=100000
 QWEN3_TINY = {**gpt.TINY_DENSE, "kv_channels": 32}  # head dim 32 with hidden 128 / 8 heads = 16, as in the real ones
 
 
-def qwen_config(family: Family, args) -> dict:
+def qwen_config(family: Family, config, build) -> dict:
     """Qwen's config.json: no attention_bias field, an unused sliding window."""
-    config = gpt.hf_config_base(family, args)
-    del config["attention_bias"]
-    config.update(use_sliding_window=False, sliding_window=None)
-    return config
+    out = gpt.hf_config_base(family, config, build)
+    del out["attention_bias"]
+    out.update(use_sliding_window=False, sliding_window=None)
+    return out
 
 
-def qwen3_config(family: Family, args) -> dict:
+def qwen3_config(family: Family, config, build) -> dict:
     """Qwen3's config.json: Qwen's with attention_bias back (false)."""
-    return {**qwen_config(family, args), "attention_bias": False}
+    return {**qwen_config(family, config, build), "attention_bias": False}
