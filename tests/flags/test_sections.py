@@ -314,3 +314,29 @@ def test_a_task_is_built_once_from_the_run_and_its_modules_read_no_args(tmp_path
     readers = sorted(str(p.relative_to(PACKAGE / "tasks")) for p in (PACKAGE / "tasks").rglob("*.py")
                      if re.search(r"\bargs\.\w", p.read_text()))
     assert readers == ["qwen_vl/data.py", "qwen_vl/generate_images.py"]
+
+
+def test_the_hf_maps_read_the_model_config_build_and_family_section_not_args():
+    """convert/ fills what the families' HF config and map read once (convert/model.hf_inputs): megatron-core's
+    TransformerConfig, ModelBuild and the family's own section; the modules on them read no ``args.<name>``."""
+    import re
+
+    from mtmegatron.convert.model import hf_inputs, parse_flags
+    from mtmegatron.models import families
+    from mtmegatron.models.families.qwen2_vl.section import QwenVlHf
+    from mtmegatron.models.section import ModelBuild
+
+    batch = ["--micro-batch-size", "1", "--global-batch-size", "1"]
+    args = parse_flags(["--model", "qwen2-vl", "--model-size", "tiny", *batch])
+    inputs = hf_inputs(args)
+    assert inputs["section"] == QwenVlHf.of(args) and inputs["build"] == ModelBuild.of(args)
+    assert (inputs["config"].num_layers, inputs["config"].hidden_size) == (args.num_layers, args.hidden_size)
+    hf = families.get("qwen2-vl").hf_config(**inputs)
+    assert (hf["image_token_id"], hf["vision_config"]["depth"]) == (args.image_token_id, args.vision_num_layers)
+    assert hf_inputs(parse_flags(["--model", "llama3", "--model-size", "tiny", *batch]))["section"] is None
+    moved = ["models/families/gpt.py", "models/families/mixtral.py", "models/families/qwen3_moe.py",
+             "models/families/glm4_moe.py", "models/families/deepseek_v3/__init__.py",
+             "models/families/gpt_oss/__init__.py", "models/families/llava/__init__.py",
+             "models/families/qwen2_vl/__init__.py", "models/families/qwen2_vl/qwen2_5_vl.py",
+             "models/families/gemma3/hf.py", "convert/llava.py"]
+    assert [m for m in moved if re.search(r"\bargs\.\w", (PACKAGE / m).read_text())] == []
