@@ -64,10 +64,13 @@ def runs(tmp_path_factory):
                                           "--context-parallel-size", "2", *OFFLOAD), tmp / "log_dp2cp2")
     dp_cp = [r["loss"] for r in rows if "loss" in r]
     startup = [[ln for ln in proc.stdout.splitlines() if ln.startswith("mtmegatron: LoRA r")] for proc in (tp2, pp2)]
+    resume_line = [ln for ln in pp2.stdout.splitlines() if "continuing at iteration" in ln]
+    expected_resume = f"mtmegatron: loaded {base} with the adapters of {adapters} (continuing at iteration {RESUME_AT})"
     fsdp2_keys = sorted(dcp.FileSystemReader(str(fsdp2 / f"iter_{FSDP2_SAVE:07d}")).read_metadata().state_dict_metadata)
     return {"whole": whole, "resumed": resumed, "base_bytes": _bytes(base / "iter_0000001"),
             "adapter_bytes": _bytes(adapters / f"iter_{RESUME_AT:07d}"), "startup": startup, "dp_cp": dp_cp,
-            "fsdp2": fsdp2_losses, "mfsdp": mfsdp_losses, "fsdp2_keys": fsdp2_keys, "offload_stdout": offload.stdout}
+            "fsdp2": fsdp2_losses, "mfsdp": mfsdp_losses, "fsdp2_keys": fsdp2_keys, "offload_stdout": offload.stdout,
+            "resume_line": resume_line, "expected_resume": expected_resume}
 
 
 def test_the_loss_falls(runs):
@@ -85,6 +88,10 @@ def test_resume_at_another_layout_reproduces_the_losses(runs):
     whole, resumed = runs["whole"], runs["resumed"]
     assert len(resumed) == ITERS - RESUME_AT
     assert max(abs(a - b) for a, b in zip(resumed, whole[RESUME_AT:])) < 1e-5, (whole, resumed)
+
+
+def test_resume_line_names_the_base_and_the_adapters(runs):
+    assert runs["resume_line"] == [runs["expected_resume"]]  # the iteration comes from the adapters, not the base
 
 
 def test_startup_line_counts_the_adapters(runs):
