@@ -3,10 +3,12 @@
 A family module defines ``FAMILY = Family(...)``, the whole of what the rest of the package may know about it:
 - ``name``: the ``--model`` value; ``presets``: ``{size: {dest: value}}`` (Megatron-LM dests; explicit flags win);
 - ``hf_model_type`` / ``hf_architecture``: its HF ``config.json`` identity (None: no HF mapping);
-- ``flags_from_hf(config, **options) -> [flags]`` and ``hf_config(args, **options) -> config.json``: the HF config
-  both ways (``ConversionError`` for what cannot be represented);
-- ``hf_map(args, rope_interleave=True, layout=None) -> [Entry]``: the one table of mcore tensor <-> HF tensors
-  with a transform and its inverse, from which convert/mapping.py derives both directions;
+- ``flags_from_hf(config, **options) -> [flags]`` and ``hf_config(config, build, section=None, **options) ->
+  config.json``: the HF config both ways (``ConversionError`` for what cannot be represented); ``config`` is
+  megatron-core's TransformerConfig, ``build`` models/section.py's ModelBuild, ``section`` the family's
+  ``hf_section`` (filled by convert/model.hf_inputs);
+- ``hf_map(config, build, rope_interleave=True, layout=None, section=None) -> [Entry]``: the one table of mcore
+  tensor <-> HF tensors with a transform and its inverse, from which convert/mapping.py derives both directions;
 - ``matches(fingerprint) -> bool``: whether a checkpoint's recorded model fields (models/fingerprint.py) are this
   family's (asked most specific family first, ``_BY_FINGERPRINT``) when a checkpoint names no ``--model``;
 - ``is_multimodal`` (images through a vision tower: the multimodal data, step and model builder) and
