@@ -72,7 +72,7 @@ def _backend_answers(name: str | None, dtype_name: str, head_dim: int) -> tuple[
 
 def _answers(args) -> tuple[str, bool]:
     dtype = "bfloat16" if args.bf16 else "float16" if args.fp16 else "float32"
-    return _backend_answers(getattr(args, "backend", None), dtype,
+    return _backend_answers(args.backend, dtype,
                             args.kv_channels or args.hidden_size // args.num_attention_heads)
 
 

@@ -21,7 +21,7 @@ from mtmegatron.plan.activations import _dims, activation_dtype_bytes
 
 def ours(args) -> bool:
     """FP8 runs in our linears (not TransformerEngine's layers)."""
-    return bool(args.fp8) and not getattr(args, "transformer_engine_layers", False)
+    return bool(args.fp8) and not args.transformer_engine_layers
 
 
 def layer_delta_bytes(args, moe: bool, layer_params: float) -> float:
