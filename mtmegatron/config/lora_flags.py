@@ -70,12 +70,7 @@ def check_lora_args(args: argparse.Namespace, error: type[Exception]) -> None:
 
 def _check_fsdp(args: argparse.Namespace, error: type[Exception]) -> None:
     """torch FSDP2 and Megatron-FSDP (patches/megatron_fsdp_frozen_params.py) hold the frozen base and the adapters
-    in one unit; megatron-core 0.16.1's float16 optimizer under FSDP2 cannot step fp32 adapters, and a half-precision
-    base loaded under Megatron-FSDP is not in its model weights (docs/lora.md)."""
-    if args.use_megatron_fsdp and (args.bf16 or args.fp16):
-        raise error("--lora-r with --use-megatron-fsdp and --bf16/--fp16: the frozen base has no fp32 main weights, "
-                    "which Megatron-FSDP's checkpoint load copies into the model weights (the first loss is NaN); "
-                    "use fp32, --use-torch-fsdp2, or DDP with --use-distributed-optimizer")
+    in one unit; megatron-core 0.16.1's float16 optimizer under FSDP2 cannot step fp32 adapters (docs/lora.md)."""
     if args.use_torch_fsdp2 and args.lora_fp32_adapters:
         raise error("--lora-fp32-adapters with --use-torch-fsdp2: megatron-core 0.16.1's float16 optimizer takes an "
                     "fp32 parameter's gradient from its main_grad, which FSDP2's parameters do not have; drop "

@@ -25,10 +25,6 @@ CASES = {
                                     "has no --multi-latent-attention"),
     "fp32 adapters in an fp32 run": (["--lora-r", "8", "--lora-fp32-adapters"],
                                      "--lora-fp32-adapters needs --bf16 or --fp16"),
-    "half-precision megatron-fsdp": (["--lora-r", "8", "--bf16", "--use-megatron-fsdp", "--use-distributed-optimizer",
-                                      "--no-gradient-accumulation-fusion"],
-                                     "--lora-r with --use-megatron-fsdp and --bf16/--fp16: the frozen base has no fp32 "
-                                     "main weights"),
     "fp32 adapters under fsdp2": (["--lora-r", "8", "--bf16", "--lora-fp32-adapters", "--use-torch-fsdp2",
                                    "--no-gradient-accumulation-fusion"],
                                   "--lora-fp32-adapters with --use-torch-fsdp2: megatron-core 0.16.1's float16 "

@@ -16,8 +16,9 @@ any layout under DDP + the distributed optimizer, under torch FSDP2 (training/ch
 converter; and Megatron-FSDP loads theirs (and a plain optimizer's: FSDP2, DDP) by asking for the same rows, which
 DCP fills in place (it reads by overlap). The model's weights are the optimizer's main weights cast to the model's
 dtype (exact: Megatron-FSDP's model weights are that cast); after a load the main weights are copied into the model
-weight buffers and all-gathered as after an optimizer step. Independent of the sharding strategy (no_shard: one
-chunk of all rows per rank, a DP replica).
+weight buffers and all-gathered as after an optimizer step; a parameter the load leaves out (a LoRA base load keeps
+the frozen base's entries only) keeps its main weights as the model's dtype holds them (bf16 LoRA: equal to bf16 DDP
+exactly, docs/lora.md). Independent of the sharding strategy (no_shard: one chunk of all rows per rank, a DP replica).
 Measured (tests/parallel/test_fsdp_checkpoint.py, fp32, optim_grads, DP2): a resumed run continues the one that
 saved exactly; DDP + the distributed optimizer at DP2 and TP2 continue it within 1.2e-7; Megatron-FSDP continues a TP2
 distributed-optimizer run exactly. By hand: no_shard, optim, optim_grads_params and bf16 (optim_grads) resume
@@ -137,8 +138,8 @@ def _model_entries(template: dict, rows: dict[str, _Rows], is_loading: bool, buf
         local = row.param._local_tensor
         if local.dtype == row.dtype:
             data = local if is_loading else local.detach()
-        elif is_loading:
-            data = torch.empty_like(local, dtype=row.dtype)
+        elif is_loading:  # starts as the model weight: a parameter the load leaves out (a LoRA base load's
+            data = local.detach().to(row.dtype)  # adapters) keeps its weights in finish_load
             buffers[id(row.param)] = (row.param, data)
         else:
             data = local.detach().to(row.dtype)
