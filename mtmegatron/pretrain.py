@@ -122,7 +122,7 @@ def run(args, backend, task, data=None) -> int:
         state.start = checkpointing.load(args.load, model, optimizer, scheduler, args, state.train_state)
         if state.start > 0 or not fresh:
             print_rank0(rank, f"mtmegatron: loaded {args.load}"  # with --lora-load, the iteration is the adapters'
-                        + (f" with the adapters of {args.lora_load}" if getattr(args, "lora_load", None) else "")
+                        + (f" with the adapters of {args.lora_load}" if args.lora_load else "")
                         + f" (continuing at iteration {state.start})")
     if args.ckpt_convert_format:  # Megatron-LM's conversion: save what was loaded in that format, then exit
         checkpointing.save(os.path.join(args.ckpt_convert_save, args.ckpt_convert_format), state.start, model,
