@@ -24,7 +24,7 @@ import json
 import pytest
 import torch
 
-from helpers.hf_parity import MAX_ABS, model_flags, save_reference
+from helpers.hf_parity import MAX_ABS, model_flags
 
 LORA = ["--lora-r", "4", "--lora-alpha", "8", "--transformer-impl", "local"]
 HF_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -101,48 +101,22 @@ def _our_losses(base, adapters_dir, tokens) -> list[float]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from helpers.hf_parity import converted_model
+    from helpers.lora_adapted import adapted_base
     from megatron.core import parallel_state
 
     from mtmegatron.convert.commands import hf_to_mcore, mcore_to_hf
-    from mtmegatron.lora.section import Lora
-    from mtmegatron.lora.wrap import adapters, merge, wrap
-    from mtmegatron.training.checkpoint import checkpointing
 
-    tmp = tmp_path_factory.mktemp("lora")
-    hf_dir, base = tmp / "hf", tmp / "base"
-    save_reference("llama3", hf_dir)
-    hf_to_mcore(str(hf_dir), str(base), "llama3")
-    parallel_state.destroy_model_parallel()  # each step below sets up the one-rank parallel state it needs
-    reference = torch.load(hf_dir / "reference.pt")
-    tokens = reference["tokens"]
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-    args, model = converted_model(1, "cpu", model_flags(base) + LORA, str(base))
-    out = {"tmp": tmp, "tokens": tokens, "base_logits": reference["logits"]}
     try:
-        (model,) = wrap([model], Lora.of(args), args.seed)
-        out["trained"] = sorted(name for name, p in model.named_parameters() if p.requires_grad)
-        generator = torch.Generator().manual_seed(7)
-        with torch.no_grad():
-            out["at_init"] = model(tokens, positions, None).float()
-            for _, _, lora in adapters([model]):
-                lora.lora_b.normal_(0, 0.05, generator=generator)
-            out["adapted"] = model(tokens, positions, None).float()
-        args.no_save_optim = True  # a LoRA run's checkpoint without the optimizer state: the adapters are enough
-        checkpointing.save(str(tmp / "adapters"), 1, [model], None, None, args)
-        merge([model])
-        with torch.no_grad():
-            out["merged_in_place"] = model(tokens, positions, None).float()
-        parallel_state.destroy_model_parallel()
-        mcore_to_hf(str(base), str(tmp / "merged"), lora_load=str(tmp / "adapters"), peft_out=str(tmp / "peft"))
-        parallel_state.destroy_model_parallel()
+        out = adapted_base("llama3", tmp_path_factory.mktemp("lora"), LORA, record_init=True)
+        tmp, hf_dir, base = out["tmp"], out["hf_dir"], out["base"]
+        out["base_logits"] = out["reference"]["logits"]
         hf_to_mcore(str(hf_dir), str(tmp / "imported"), "llama3", peft_in=str(tmp / "peft"))  # and back again
         mcore_to_hf(str(base), None, lora_load=str(tmp / "imported"), peft_out=str(tmp / "peft_again"))
         parallel_state.destroy_model_parallel()
         out["hf_peft_losses"] = _peft_made_adapter(hf_dir, tmp / "peft_trained")
         hf_to_mcore(str(hf_dir), str(tmp / "peft_imported"), "llama3", peft_in=str(tmp / "peft_trained"))
         parallel_state.destroy_model_parallel()
-        out["our_losses"] = _our_losses(base, tmp / "peft_imported", tokens)
+        out["our_losses"] = _our_losses(base, tmp / "peft_imported", out["tokens"])
         parallel_state.destroy_model_parallel()
         out["generated"] = _generate(tmp, base)  # last: generate ends its process group
     finally:

@@ -20,7 +20,7 @@ import shlex
 import pytest
 import torch
 
-from helpers.hf_parity import MAX_ABS, model_flags, save_reference
+from helpers.hf_parity import MAX_ABS, model_flags
 
 MLA_TARGETS = ["linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"]
 LORA = ["--lora-r", "4", "--lora-alpha", "8", "--transformer-impl", "local", "--lora-target-modules", *MLA_TARGETS]
@@ -35,45 +35,21 @@ def _mtp_layers(base) -> int:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from helpers.hf_parity import converted_model
+    from helpers.lora_adapted import adapted_base
     from megatron.core import parallel_state
 
-    from mtmegatron.convert.commands import hf_to_mcore, mcore_to_hf
     from mtmegatron.convert.model import parse_flags
-    from mtmegatron.lora.section import Lora
-    from mtmegatron.lora.wrap import adapters, merge, wrap
-    from mtmegatron.training.checkpoint import checkpointing
 
-    tmp = tmp_path_factory.mktemp("lora_mla")
-    hf_dir, base = tmp / "hf", tmp / "base"
-    save_reference("deepseek-v3", hf_dir)
-    hf_to_mcore(str(hf_dir), str(base), "deepseek-v3")
-    parallel_state.destroy_model_parallel()
-    tokens = torch.load(hf_dir / "reference.pt")["tokens"]
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-    out = {"tmp": tmp, "tokens": tokens,
-           "default": parse_flags(model_flags(base) + ["--lora-r", "4"]).lora_target_modules}
+    def base_as_converted(args, base):  # the record names the base as converted (its MTP layer: no adapter)
+        args.mtp_num_layers = _mtp_layers(base)
+
     try:
-        args, model = converted_model(1, "cpu", model_flags(base) + LORA, str(base))
-        (model,) = wrap([model], Lora.of(args), args.seed)
-        out["adapted_names"] = sorted(name for name, _, _ in adapters([model]))
-        generator = torch.Generator().manual_seed(7)
-        with torch.no_grad():
-            for _, _, lora in adapters([model]):
-                lora.lora_b.normal_(0, 0.05, generator=generator)
-            out["adapted"] = model(tokens, positions, None).float()
-        args.no_save_optim = True  # the adapters are enough
-        args.mtp_num_layers = _mtp_layers(base)  # the record names the base as converted (its MTP layer: no adapter)
-        checkpointing.save(str(tmp / "adapters"), 1, [model], None, None, args)
-        merge([model])
-        with torch.no_grad():
-            out["merged_in_place"] = model(tokens, positions, None).float()
-        parallel_state.destroy_model_parallel()
-        mcore_to_hf(str(base), str(tmp / "merged"), lora_load=str(tmp / "adapters"), peft_out=str(tmp / "peft"))
+        out = adapted_base("deepseek-v3", tmp_path_factory.mktemp("lora_mla"), LORA, before_save=base_as_converted)
     finally:
         parallel_state.destroy_model_parallel()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+    out["default"] = parse_flags(model_flags(out["base"]) + ["--lora-r", "4"]).lora_target_modules
     return out
 
 
