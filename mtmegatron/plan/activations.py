@@ -146,7 +146,7 @@ def layer_bytes(args, moe: bool, chunk=None) -> float:
         if "mlp" in recomputed:
             mlp = 0
     per_token = norm_side / (t if sp else 1) + attention + mlp * D / t
-    lora_d = 4 if getattr(args, "lora_fp32_adapters", False) else D  # LoRA adapters (plan/params._lora_elements)
+    lora_d = 4 if args.lora_fp32_adapters else D  # LoRA adapters (plan/params._lora_elements)
     per_token += (getattr(chunk, "lora_dense", 0.0)
                   + (args.moe_router_topk * getattr(chunk, "lora_expert", 0.0) if moe else 0.0)) * lora_d
     total = s * b * per_token

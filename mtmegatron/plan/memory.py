@@ -157,7 +157,7 @@ def rank_memory(args, stage: StageParams, layout: Layout) -> RankMemory:
         optimizer, host = optimizer // o_shards, host // o_shards
     trainable = stage.local - stage.frozen_dense - stage.frozen_expert
     weights, gradients = stage.local * _param_bytes(args) // w_shards, trainable * grad_bytes // g_shards
-    if getattr(args, "torch_fsdp2_cpu_offload", False) and args.use_torch_fsdp2:
+    if args.torch_fsdp2_cpu_offload and args.use_torch_fsdp2:
         # torch's CPUOffloadPolicy: parameter shards, gradients and the optimizer state (built from the host
         # parameters) live on the host; the device holds the gathered units (not measured: docs/memory.md)
         host, optimizer, weights, gradients = host + optimizer, 0, 0, 0
